@@ -1,0 +1,306 @@
+//! [`LockClient`], its builder, and the state its locks share.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::RedisResult;
+
+use crate::error::Error;
+use crate::identity::Identities;
+use crate::keys::{self, LockKeys};
+use crate::lock::Lock;
+use crate::pool::Pool;
+use crate::wait::{LocalQueues, WaitSettings};
+
+/// The longest lease accepted: one year. Longer leases are almost surely a
+/// unit mistake, and a lock that outlives its holder that long is a stuck
+/// lock.
+pub(crate) const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A connection to one Redis server, from which [`Lock`]s are made.
+///
+/// Cheap to clone (an `Arc`); clones share the connection pools, the thread
+/// identities and the local wait queues. `Send + Sync`: share one client
+/// between all threads of a process.
+///
+/// # Examples
+///
+/// ```no_run
+/// # fn main() -> Result<(), redbaton::Error> {
+/// let client = redbaton::LockClient::open("redis://127.0.0.1/")?;
+/// let lock = client.lock("inventory:001")?;
+/// let guard = lock.lock()?;
+/// // ... the critical section ...
+/// guard.unlock()?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    shared: Arc<Shared>,
+}
+
+/// What every [`Lock`] of one client needs.
+pub(crate) struct Shared {
+    pub(crate) prefix: String,
+    pub(crate) default_lease: Duration,
+    pub(crate) baton_ttl: Duration,
+    pub(crate) io_timeout: Duration,
+    pub(crate) wait: WaitSettings,
+    /// Short commands: scripts, `INCR`, `EXISTS`. Each is held for one round
+    /// trip, never while waiting.
+    pub(crate) commands: Pool,
+    /// Connections parked in `BLPOP`; kept apart so that waiters can never
+    /// take the connection a releasing holder needs.
+    pub(crate) parking: Pool,
+    pub(crate) identities: Identities,
+    pub(crate) queues: LocalQueues,
+}
+
+impl Shared {
+    /// Runs one exchange on a command connection, for lock `name`.
+    pub(crate) fn run<T>(
+        &self,
+        name: &str,
+        exchange: impl FnOnce(&mut redis::Connection) -> RedisResult<T>,
+    ) -> Result<T, Error> {
+        let mut conn = self.commands.get(self.io_timeout)?;
+        conn.run(exchange)
+            .map_err(|err| Error::from_redis(err, name, self.commands.addr()))
+    }
+
+    /// The calling thread's identity under this client.
+    pub(crate) fn identity(&self) -> Result<Arc<str>, Error> {
+        self.identities.current(|counter| {
+            self.run("", |c| redis::cmd("INCR").arg(counter).query(c))
+        })
+    }
+}
+
+impl LockClient {
+    /// Makes a client for the Redis at `url` with every setting at its
+    /// default. Does not connect: the first lock call does.
+    ///
+    /// `url` is `redis://[user:password@]host[:port][/db]` (or
+    /// `redis+unix:///path`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] when `url` cannot be parsed.
+    pub fn open(url: &str) -> Result<LockClient, Error> {
+        LockClient::builder(url).build()
+    }
+
+    /// Starts a [`LockClientBuilder`] for the Redis at `url`.
+    pub fn builder(url: &str) -> LockClientBuilder {
+        LockClientBuilder::new(url)
+    }
+
+    /// A handle on the lock called `name`. Cheap; makes no network call.
+    ///
+    /// Any non-empty UTF-8 string is a valid name: braces, colons, spaces and
+    /// emoji included.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] when `name` is empty.
+    pub fn lock(&self, name: &str) -> Result<Lock, Error> {
+        let keys = LockKeys::new(&self.shared.prefix, name)?;
+        Ok(Lock::new(Arc::clone(&self.shared), keys))
+    }
+}
+
+impl fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClient")
+            .field("addr", &self.shared.commands.addr())
+            .field("prefix", &self.shared.prefix)
+            .field("instance", &self.shared.identities.instance())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Settings of a [`LockClient`]; every setter documents its default.
+///
+/// Bad values are reported by [`build`](LockClientBuilder::build), not by the
+/// setters.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// # fn main() -> Result<(), redbaton::Error> {
+/// let client = redbaton::LockClient::builder("redis://127.0.0.1/")
+///     .prefix("billing")
+///     .pool_size(4)
+///     .default_lease(Duration::from_secs(10))
+///     .build()?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct LockClientBuilder {
+    /// Parsed at once, reported by `build`; the URL text itself is not kept,
+    /// so no password can end up in `Debug` output.
+    client: RedisResult<redis::Client>,
+    prefix: String,
+    pool_size: u32,
+    parking_connections: u32,
+    default_lease: Duration,
+    max_park: Duration,
+    io_timeout: Duration,
+    baton_ttl: Duration,
+}
+
+impl LockClientBuilder {
+    fn new(url: &str) -> Self {
+        LockClientBuilder {
+            client: redis::Client::open(url),
+            prefix: "redbaton".to_owned(),
+            pool_size: 8,
+            parking_connections: 16,
+            default_lease: Duration::from_secs(30),
+            max_park: Duration::from_secs(2),
+            io_timeout: Duration::from_secs(3),
+            baton_ttl: Duration::from_secs(5),
+        }
+    }
+
+    /// The first segment of every key, so that several applications can share
+    /// one Redis. Must be non-empty and contain no `{` or `}`.
+    /// Defaults to `"redbaton"`.
+    pub fn prefix(mut self, prefix: &str) -> Self {
+        self.prefix = prefix.to_owned();
+        self
+    }
+
+    /// How many connections carry lock commands (acquire, release, ...).
+    /// Each is held for one round trip only, so a few serve many threads.
+    /// Defaults to 8.
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// How many connections may be parked in `BLPOP` at once. A process parks
+    /// at most one per lock name it is waiting for, however many of its
+    /// threads wait; waiters beyond this limit look again every maximum park
+    /// time instead. Defaults to 16.
+    pub fn parking_connections(mut self, count: u32) -> Self {
+        self.parking_connections = count;
+        self
+    }
+
+    /// How long a lock lives in Redis after it was last acquired or
+    /// re-entered: a holder that dies frees the lock after this long.
+    /// At least 1 ms, at most a year. Defaults to 30 s.
+    pub fn default_lease(mut self, lease: Duration) -> Self {
+        self.default_lease = lease;
+        self
+    }
+
+    /// The longest a waiter sits in one `BLPOP` before it looks at the lock
+    /// again. Waiters wake earlier when the holder releases or its lease
+    /// ends, so this only bounds the cost of a lost wake-up. Defaults to 2 s.
+    pub fn max_park(mut self, max_park: Duration) -> Self {
+        self.max_park = max_park;
+        self
+    }
+
+    /// How long connecting, one command's reply, and waiting for a pooled
+    /// connection may each take before the call fails with
+    /// [`Error::Unreachable`] or [`Error::PoolTimeout`]. Defaults to 3 s.
+    pub fn io_timeout(mut self, timeout: Duration) -> Self {
+        self.io_timeout = timeout;
+        self
+    }
+
+    /// How long an unclaimed baton stays in Redis. Too short and a wake-up is
+    /// lost on a busy server (waiters then wait up to `max_park`); it never
+    /// leaks either way. Defaults to 5 s.
+    pub fn baton_ttl(mut self, ttl: Duration) -> Self {
+        self.baton_ttl = ttl;
+        self
+    }
+
+    /// Checks the settings and makes the client. Does not connect.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for a URL that does not parse,
+    /// [`Error::InvalidLease`] for a default lease under 1 ms or over a year,
+    /// [`Error::InvalidConfig`] for any other setting out of range.
+    pub fn build(self) -> Result<LockClient, Error> {
+        let client = self
+            .client
+            .map_err(|source| Error::InvalidUrl { source })?;
+        keys::validate_prefix(&self.prefix)?;
+        validate_lease(self.default_lease)?;
+        for (what, count) in [
+            ("pool_size", self.pool_size),
+            ("parking_connections", self.parking_connections),
+        ] {
+            if count == 0 {
+                return Err(Error::InvalidConfig(format!("{what} must be at least 1")));
+            }
+        }
+        for (what, value) in [
+            ("max_park", self.max_park),
+            ("io_timeout", self.io_timeout),
+            ("baton_ttl", self.baton_ttl),
+        ] {
+            if value < Duration::from_millis(1) || value > MAX_LEASE {
+                return Err(Error::InvalidConfig(format!(
+                    "{what} is {value:?}; it must be between 1 ms and a year"
+                )));
+            }
+        }
+        let commands = Pool::new(client.clone(), self.pool_size, self.io_timeout, "command");
+        let parking = Pool::new(client, self.parking_connections, self.io_timeout, "parking");
+        Ok(LockClient {
+            shared: Arc::new(Shared {
+                identities: Identities::new(keys::identity_counter(&self.prefix)),
+                prefix: self.prefix,
+                default_lease: self.default_lease,
+                baton_ttl: self.baton_ttl,
+                io_timeout: self.io_timeout,
+                wait: WaitSettings {
+                    max_park: self.max_park,
+                    io_timeout: self.io_timeout,
+                },
+                commands,
+                parking,
+                queues: LocalQueues::default(),
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for LockClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let addr = match &self.client {
+            Ok(client) => client.get_connection_info().addr().to_string(),
+            Err(_) => "<invalid URL>".to_owned(),
+        };
+        f.debug_struct("LockClientBuilder")
+            .field("addr", &addr)
+            .field("prefix", &self.prefix)
+            .field("pool_size", &self.pool_size)
+            .field("parking_connections", &self.parking_connections)
+            .field("default_lease", &self.default_lease)
+            .field("max_park", &self.max_park)
+            .field("io_timeout", &self.io_timeout)
+            .field("baton_ttl", &self.baton_ttl)
+            .finish()
+    }
+}
+
+/// A lease is sent as PEXPIRE milliseconds: it must be at least one.
+pub(crate) fn validate_lease(lease: Duration) -> Result<(), Error> {
+    if lease < Duration::from_millis(1) || lease > MAX_LEASE {
+        return Err(Error::InvalidLease { lease });
+    }
+    Ok(())
+}
+
+/// Milliseconds of a duration already checked to be in range.
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}

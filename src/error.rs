@@ -1,0 +1,154 @@
+//! The one error type of the crate.
+//!
+//! "Someone else holds the lock" is not an error: `try_lock` returns
+//! `Ok(None)`. Errors are bad input, Redis failures, and lost ownership.
+
+use std::time::Duration;
+
+use redis::{ErrorKind, RedisError};
+
+/// Everything that can go wrong in redbaton.
+///
+/// Messages never contain the Redis URL, so passwords do not leak into logs.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock name cannot be used.
+    #[error("invalid lock name {name:?}: {reason}")]
+    InvalidName {
+        /// The name that was refused.
+        name: String,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+
+    /// A lease of zero (or less than a millisecond) was given.
+    #[error("invalid lease {lease:?}: a lease must be between 1 ms and a year (it is sent as PEXPIRE milliseconds)")]
+    InvalidLease {
+        /// The lease that was refused.
+        lease: Duration,
+    },
+
+    /// A client setting is out of range; the message names it.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+
+    /// The Redis URL could not be parsed.
+    #[error("invalid Redis URL: {source}; expected redis://[user:password@]host[:port][/db]")]
+    InvalidUrl {
+        /// The parser's complaint.
+        #[source]
+        source: RedisError,
+    },
+
+    /// Redis did not answer: connection refused, reset, or no reply within the
+    /// I/O timeout.
+    #[error("Redis at {addr} is unreachable ({detail}); check that it is running and reachable, or raise io_timeout")]
+    Unreachable {
+        /// `host:port` of the server (never the password).
+        addr: String,
+        /// What the connection reported.
+        detail: String,
+        /// Whether the failure was a timeout rather than a refusal or reset.
+        timed_out: bool,
+    },
+
+    /// Every pooled connection stayed busy for the whole wait.
+    #[error("no pooled Redis connection became free within {waited:?}; raise pool_size or shorten what runs under the pool")]
+    PoolTimeout {
+        /// How long the caller waited for a connection.
+        waited: Duration,
+    },
+
+    /// A key redbaton uses holds a value of another type: something else
+    /// wrote there.
+    #[error("a redbaton key of lock {name:?} holds a value of the wrong type ({detail}); delete the key or choose another key prefix")]
+    WrongType {
+        /// The lock name whose keys are damaged.
+        name: String,
+        /// What Redis reported.
+        detail: String,
+    },
+
+    /// A release was refused because this thread does not own the lock: its
+    /// lease ran out (and perhaps another holder took it), or it was
+    /// force-unlocked. Nothing was changed in Redis.
+    #[error("lock {name:?} is not held by this thread (its lease ran out or it was force-unlocked); the critical section may have overlapped another holder: use fencing tokens or a longer lease")]
+    NotOwner {
+        /// The lock name.
+        name: String,
+    },
+
+    /// Redis answered with an error not covered above (for example `NOPERM`
+    /// from an ACL, or `READONLY` from a replica).
+    #[error("Redis refused the command: {source}")]
+    Redis {
+        /// The server's reply.
+        #[source]
+        source: RedisError,
+    },
+}
+
+impl Error {
+    /// True when the failure is a timeout: no reply within the I/O timeout, or
+    /// no pooled connection within the pool wait.
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            Error::PoolTimeout { .. } => true,
+            Error::Unreachable { timed_out, .. } => *timed_out,
+            _ => false,
+        }
+    }
+
+    /// True when Redis could not be reached at all.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, Error::Unreachable { .. })
+    }
+
+    /// True when a release was refused because this thread no longer owns
+    /// the lock.
+    pub fn is_not_owner(&self) -> bool {
+        matches!(self, Error::NotOwner { .. })
+    }
+
+    /// Classifies a Redis error met while working on lock `name`.
+    pub(crate) fn from_redis(err: RedisError, name: &str, addr: &str) -> Error {
+        if err.code() == Some("WRONGTYPE") {
+            return Error::WrongType {
+                name: name.to_owned(),
+                detail: err.detail().unwrap_or("WRONGTYPE").to_owned(),
+            };
+        }
+        if breaks_connection(&err) {
+            return Error::Unreachable {
+                addr: addr.to_owned(),
+                detail: describe_io(&err),
+                timed_out: err.is_timeout(),
+            };
+        }
+        Error::Redis { source: err }
+    }
+}
+
+/// Whether an error leaves the connection in an unknown state: a reply may
+/// still be on its way, so the connection must be closed, not reused.
+/// Error replies from the server leave the connection in step.
+pub(crate) fn breaks_connection(err: &RedisError) -> bool {
+    !matches!(
+        err.kind(),
+        ErrorKind::Server(_) | ErrorKind::Extension | ErrorKind::UnexpectedReturnType
+    )
+}
+
+/// A short, password-free description of a transport failure.
+pub(crate) fn describe_io(err: &RedisError) -> String {
+    if err.is_timeout() {
+        "timed out waiting for a reply".to_owned()
+    } else if err.is_connection_refusal() {
+        "connection refused".to_owned()
+    } else if err.is_connection_dropped() {
+        "connection dropped".to_owned()
+    } else {
+        err.to_string()
+    }
+}

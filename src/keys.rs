@@ -1,0 +1,106 @@
+//! Where a lock lives in Redis.
+//!
+//! For prefix `P` and lock name `N`, the keys are `P:{T}:lock`, `P:{T}:baton`
+//! and `P:{T}:fence`, where `T` is `N` with `%`, `{` and `}` percent-encoded.
+//! Redis Cluster hashes only the part between the first `{` and the next `}`;
+//! the prefix may not contain braces and the encoded name contains none, so
+//! that part is always exactly `T` and the three keys of one lock always share
+//! a slot, whatever characters the name holds. The encoding is reversible, so
+//! two names never share keys.
+
+use crate::error::Error;
+
+/// The three keys of one lock name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LockKeys {
+    /// The name the user gave.
+    pub(crate) name: String,
+    /// Hash: `flag` (owner identity), `count` (depth), `fence` (token).
+    pub(crate) lock: String,
+    /// List: at most one `"ok"` token for a waiter.
+    pub(crate) baton: String,
+    /// String: the per-lock fencing counter.
+    pub(crate) fence: String,
+}
+
+impl LockKeys {
+    /// Lays out the keys of `name` under `prefix` (already validated).
+    pub(crate) fn new(prefix: &str, name: &str) -> Result<Self, Error> {
+        if name.is_empty() {
+            return Err(Error::InvalidName {
+                name: String::new(),
+                reason: "a lock name must not be empty",
+            });
+        }
+        let tag = hash_tag(name);
+        Ok(LockKeys {
+            name: name.to_owned(),
+            lock: format!("{prefix}:{{{tag}}}:lock"),
+            baton: format!("{prefix}:{{{tag}}}:baton"),
+            fence: format!("{prefix}:{{{tag}}}:fence"),
+        })
+    }
+}
+
+/// The key of the `INCR` counter that numbers thread identities.
+pub(crate) fn identity_counter(prefix: &str) -> String {
+    format!("{prefix}:identity")
+}
+
+/// Checks a key prefix: non-empty and brace-free, so that it cannot open a
+/// hash tag of its own.
+pub(crate) fn validate_prefix(prefix: &str) -> Result<(), Error> {
+    if prefix.is_empty() || prefix.contains(['{', '}']) {
+        return Err(Error::InvalidConfig(format!(
+            "key prefix {prefix:?} must be non-empty and contain no '{{' or '}}'"
+        )));
+    }
+    Ok(())
+}
+
+/// Percent-encodes the three characters that could end the hash tag early or
+/// make the encoding ambiguous. Everything else (colons, spaces, NUL, emoji)
+/// is kept as is, so keys stay readable in `redis-cli`.
+fn hash_tag(name: &str) -> String {
+    let mut tag = String::with_capacity(name.len());
+    for c in name.chars() {
+        match c {
+            '%' => tag.push_str("%25"),
+            '{' => tag.push_str("%7B"),
+            '}' => tag.push_str("%7D"),
+            c => tag.push(c),
+        }
+    }
+    tag
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_one_brace_free_hash_tag() {
+        let keys = LockKeys::new("redbaton", "a{b}c%d").unwrap();
+        assert_eq!(keys.lock, "redbaton:{a%7Bb%7Dc%25d}:lock");
+        assert_eq!(keys.baton, "redbaton:{a%7Bb%7Dc%25d}:baton");
+        assert_eq!(keys.fence, "redbaton:{a%7Bb%7Dc%25d}:fence");
+    }
+
+    #[test]
+    fn encoding_keeps_distinct_names_apart() {
+        let a = LockKeys::new("p", "{x}").unwrap();
+        let b = LockKeys::new("p", "%7Bx%7D").unwrap();
+        assert_ne!(a.lock, b.lock);
+    }
+
+    #[test]
+    fn empty_name_and_braced_prefix_are_refused() {
+        assert!(matches!(
+            LockKeys::new("p", ""),
+            Err(Error::InvalidName { .. })
+        ));
+        assert!(validate_prefix("a{b").is_err());
+        assert!(validate_prefix("").is_err());
+        assert!(validate_prefix("app:locks").is_ok());
+    }
+}

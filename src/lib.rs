@@ -1,0 +1,58 @@
+//! A blocking, sync-first distributed lock on Redis.
+//!
+//! Threads of many processes, on many machines, share one lock through a
+//! Redis server. A thread that loses the race does not spin: it parks in
+//! `BLPOP` on the lock's notification list, and the thread that releases
+//! pushes one token (the *baton*) there, which wakes exactly one waiter.
+//!
+//! # Quick start
+//!
+//! ```no_run
+//! # fn main() -> Result<(), redbaton::Error> {
+//! let client = redbaton::LockClient::open("redis://127.0.0.1/")?;
+//! let lock = client.lock("inventory:001")?;
+//!
+//! let guard = lock.lock()?; // blocks until acquired
+//! let token = guard.fencing_token(); // pass to storage that checks it
+//! // ... the critical section ...
+//! guard.unlock()?; // or drop it: released on drop, failures logged
+//! # let _ = token;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What holds
+//!
+//! - **Mutual exclusion** while leases last: the lock is a Redis hash taken
+//!   and released by atomic Lua scripts that check the owner.
+//! - **Re-entrance**: a thread that holds a lock may take it again; it is free
+//!   after as many releases.
+//! - **Crash safety**: every acquisition sets a lease (`PEXPIRE`); a holder
+//!   that dies frees the lock when its lease ends, and waiters wake then, not
+//!   at their next poll.
+//! - **No busy waiting**: a waiter costs at most a couple of commands per
+//!   maximum park time, and a process parks one connection per lock name
+//!   however many of its threads wait.
+//! - **Fencing tokens** that increase with every fresh acquisition.
+//!
+//! A single Redis is not safe across failover: a replica promoted before it
+//! received the lock can grant it again. See the README for the limits.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+#![warn(missing_debug_implementations, rust_2018_idioms)]
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+mod client;
+mod error;
+mod guard;
+mod identity;
+mod keys;
+mod lock;
+mod pool;
+mod scripts;
+mod wait;
+
+pub use client::{LockClient, LockClientBuilder};
+pub use error::Error;
+pub use guard::LockGuard;
+pub use lock::Lock;

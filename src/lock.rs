@@ -1,0 +1,239 @@
+//! [`Lock`]: the handle on one lock name, and the ways to acquire it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::ErrorKind;
+
+use crate::client::{millis, Shared};
+use crate::error::Error;
+use crate::guard::LockGuard;
+use crate::keys::LockKeys;
+use crate::scripts;
+use crate::wait::{self, Attempt};
+
+/// A handle on one distributed lock, made by [`LockClient::lock`].
+///
+/// Cheap to clone, `Send + Sync`: hand clones to threads. The lock is
+/// re-entrant per thread: a thread that holds it may lock it again and gets a
+/// second guard; the lock is free once every guard is gone.
+///
+/// [`LockClient::lock`]: crate::LockClient::lock
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// # fn main() -> Result<(), redbaton::Error> {
+/// let client = redbaton::LockClient::open("redis://127.0.0.1/")?;
+/// let lock = client.lock("reports:nightly")?;
+///
+/// match lock.try_lock_for(Duration::from_millis(500))? {
+///     Some(guard) => println!("got it, fencing token {}", guard.fencing_token()),
+///     None => println!("someone else is running the report"),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Lock {
+    shared: Arc<Shared>,
+    keys: Arc<LockKeys>,
+}
+
+impl Lock {
+    pub(crate) fn new(shared: Arc<Shared>, keys: LockKeys) -> Lock {
+        Lock {
+            shared,
+            keys: Arc::new(keys),
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.keys.name
+    }
+
+    /// Blocks until the calling thread holds the lock.
+    ///
+    /// While another holds it, the thread waits without spinning: in a
+    /// `BLPOP` until the holder releases or its lease ends (one thread per
+    /// process per lock name parks in Redis; the others wait locally).
+    /// Uncontended, this is one script call (plus one `INCR` on a thread's
+    /// first call).
+    ///
+    /// # Errors
+    /// Redis failures ([`Error::Unreachable`], [`Error::PoolTimeout`],
+    /// [`Error::WrongType`], [`Error::Redis`]). Contention is never an error.
+    pub fn lock(&self) -> Result<LockGuard, Error> {
+        loop {
+            if let Some(guard) = self.acquire(None)? {
+                return Ok(guard);
+            }
+        }
+    }
+
+    /// One attempt: the guard if the lock was free (or already this
+    /// thread's), `None` if another holds it. Never waits, never takes a
+    /// baton. One script call.
+    ///
+    /// # Errors
+    /// As [`lock`](Lock::lock).
+    pub fn try_lock(&self) -> Result<Option<LockGuard>, Error> {
+        let identity = self.shared.identity()?;
+        match self.attempt(&identity)? {
+            Attempt::Acquired(guard) => Ok(Some(guard)),
+            Attempt::Held { .. } => Ok(None),
+        }
+    }
+
+    /// Like [`lock`](Lock::lock), but gives up after `timeout` and returns
+    /// `None`. A timeout too large to be a point in time means no deadline.
+    ///
+    /// # Errors
+    /// As [`lock`](Lock::lock).
+    pub fn try_lock_for(&self, timeout: Duration) -> Result<Option<LockGuard>, Error> {
+        match Instant::now().checked_add(timeout) {
+            Some(deadline) => self.try_lock_until(deadline),
+            None => self.lock().map(Some),
+        }
+    }
+
+    /// Like [`lock`](Lock::lock), but gives up at `deadline` and returns
+    /// `None`. A waiter that has just been handed the baton makes its one
+    /// attempt even if the deadline passed meanwhile, and returns the guard
+    /// if that attempt wins.
+    ///
+    /// # Errors
+    /// As [`lock`](Lock::lock).
+    pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard>, Error> {
+        self.acquire(Some(deadline))
+    }
+
+    /// Runs `critical_section` holding the lock and returns its value.
+    ///
+    /// # Errors
+    /// As [`lock`](Lock::lock); and [`Error::NotOwner`] when the lock was no
+    /// longer this thread's at release (its lease ran out during the
+    /// critical section): the value is dropped, because the section may
+    /// have overlapped another holder.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redbaton::Error> {
+    /// # let client = redbaton::LockClient::open("redis://127.0.0.1/")?;
+    /// let lock = client.lock("counter")?;
+    /// let next = lock.with_lock(|| 41 + 1)?;
+    /// assert_eq!(next, 42);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_lock<T>(&self, critical_section: impl FnOnce() -> T) -> Result<T, Error> {
+        let guard = self.lock()?;
+        let value = critical_section();
+        guard.unlock()?;
+        Ok(value)
+    }
+
+    /// Whether anyone holds the lock right now. One `EXISTS`; the answer may
+    /// be stale by the time it arrives.
+    ///
+    /// # Errors
+    /// Redis failures.
+    pub fn is_locked(&self) -> Result<bool, Error> {
+        self.shared.run(&self.keys.name, |c| {
+            redis::cmd("EXISTS").arg(&self.keys.lock).query(c)
+        })
+    }
+
+    /// Removes the lock whoever holds it, at any depth, and wakes one waiter.
+    /// Returns whether there was a lock to remove.
+    ///
+    /// Administrative: the holder is not told until its release fails with
+    /// [`Error::NotOwner`], and its critical section may overlap the next
+    /// holder's.
+    ///
+    /// # Errors
+    /// Redis failures; [`Error::WrongType`] when the key holds something
+    /// else (it is left alone).
+    pub fn force_unlock(&self) -> Result<bool, Error> {
+        let removed: i64 = self.shared.run(&self.keys.name, |c| {
+            scripts::FORCE_UNLOCK
+                .key(&self.keys.lock)
+                .key(&self.keys.baton)
+                .arg(millis(self.shared.baton_ttl))
+                .invoke(c)
+        })?;
+        Ok(removed == 1)
+    }
+
+    /// The first attempt, then the wait loop until `deadline`.
+    fn acquire(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>, Error> {
+        let identity = self.shared.identity()?;
+        if let Attempt::Acquired(guard) = self.attempt(&identity)? {
+            return Ok(Some(guard));
+        }
+        wait::wait_until(
+            &self.shared.queues,
+            &self.shared.parking,
+            self.shared.wait,
+            &self.keys,
+            deadline,
+            || self.attempt(&identity),
+        )
+    }
+
+    /// One run of the acquire script.
+    fn attempt(&self, identity: &Arc<str>) -> Result<Attempt<LockGuard>, Error> {
+        let lease = self.shared.default_lease;
+        let reply: Vec<i64> = self.shared.run(&self.keys.name, |c| {
+            scripts::ACQUIRE
+                .key(&self.keys.lock)
+                .key(&self.keys.fence)
+                .arg(&**identity)
+                .arg(millis(lease))
+                .invoke(c)
+        })?;
+        match reply[..] {
+            [1, fence, _depth] => Ok(Attempt::Acquired(LockGuard::new(
+                self.clone(),
+                Arc::clone(identity),
+                fence.unsigned_abs(),
+                lease,
+            ))),
+            [0, lease_left] => Ok(Attempt::Held {
+                lease_left: u64::try_from(lease_left).ok().map(Duration::from_millis),
+            }),
+            _ => Err(Error::Redis {
+                source: (ErrorKind::UnexpectedReturnType, "unexpected reply from the acquire script").into(),
+            }),
+        }
+    }
+
+    /// Runs the release script for `identity`: `Ok(depth left)`.
+    pub(crate) fn release(&self, identity: &str, lease: Duration) -> Result<u64, Error> {
+        let left: i64 = self.shared.run(&self.keys.name, |c| {
+            scripts::RELEASE
+                .key(&self.keys.lock)
+                .key(&self.keys.baton)
+                .arg(identity)
+                .arg(millis(lease))
+                .arg(millis(self.shared.baton_ttl))
+                .invoke(c)
+        })?;
+        u64::try_from(left).map_err(|_| Error::NotOwner {
+            name: self.keys.name.clone(),
+        })
+    }
+}
+
+impl fmt::Debug for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lock")
+            .field("name", &self.keys.name)
+            .field("key", &self.keys.lock)
+            .finish_non_exhaustive()
+    }
+}

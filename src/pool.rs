@@ -1,0 +1,167 @@
+//! Connections to Redis: an r2d2 manager that never hands out a connection
+//! whose state is unknown.
+//!
+//! redis-rs keeps a connection "open" after a read timeout, but the reply
+//! it timed out on may still arrive and would then be read as the answer to
+//! the next command (for a `BLPOP`, that reply is a baton: a wake-up stolen
+//! from every other waiter). So every transport error marks the connection
+//! broken, and r2d2 drops it instead of pooling it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::{ConnectionLike, RedisError, RedisResult};
+
+use crate::error::{breaks_connection, describe_io, Error};
+
+/// A pooled Redis connection with a "state unknown" mark.
+pub(crate) struct Conn {
+    inner: redis::Connection,
+    broken: bool,
+}
+
+impl Conn {
+    /// Runs one exchange; a transport error marks the connection broken so
+    /// that it is closed when it goes back to the pool.
+    pub(crate) fn run<T>(
+        &mut self,
+        exchange: impl FnOnce(&mut redis::Connection) -> RedisResult<T>,
+    ) -> RedisResult<T> {
+        let result = exchange(&mut self.inner);
+        if let Err(err) = &result {
+            if breaks_connection(err) {
+                self.broken = true;
+            }
+        }
+        result
+    }
+
+    /// Sets how long the next reads may wait (a `BLPOP` needs longer than the
+    /// I/O timeout).
+    pub(crate) fn set_read_timeout(&mut self, timeout: Duration) -> RedisResult<()> {
+        let result = self.inner.set_read_timeout(Some(timeout));
+        if result.is_err() {
+            self.broken = true;
+        }
+        result
+    }
+}
+
+/// The last failure to open a connection, kept so that a pool wait that
+/// ends empty-handed can say "unreachable" rather than "pool busy".
+/// Cloned into the manager and r2d2's error handler; all clones share one
+/// record.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct ConnectFailures {
+    last: Arc<Mutex<Option<RedisError>>>,
+}
+
+impl r2d2::HandleError<RedisError> for ConnectFailures {
+    fn handle_error(&self, error: RedisError) {
+        log::debug!("redbaton: opening a Redis connection failed: {}", describe_io(&error));
+        *self.last.lock() = Some(error);
+    }
+}
+
+/// Opens connections with the I/O timeout on connect, read and write.
+#[derive(Debug)]
+pub(crate) struct Manager {
+    client: redis::Client,
+    io_timeout: Duration,
+    failures: ConnectFailures,
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = Conn;
+    type Error = RedisError;
+
+    fn connect(&self) -> RedisResult<Conn> {
+        let inner = self.client.get_connection_with_timeout(self.io_timeout)?;
+        inner.set_read_timeout(Some(self.io_timeout))?;
+        inner.set_write_timeout(Some(self.io_timeout))?;
+        *self.failures.last.lock() = None;
+        Ok(Conn {
+            inner,
+            broken: false,
+        })
+    }
+
+    fn is_valid(&self, conn: &mut Conn) -> RedisResult<()> {
+        conn.run(|c| redis::cmd("PING").query::<()>(c))
+    }
+
+    fn has_broken(&self, conn: &mut Conn) -> bool {
+        conn.broken || !conn.inner.is_open()
+    }
+}
+
+/// One bounded pool of connections to one server.
+#[derive(Debug)]
+pub(crate) struct Pool {
+    pool: r2d2::Pool<Manager>,
+    failures: ConnectFailures,
+    /// `host:port`, for error messages (never the password).
+    addr: Arc<str>,
+}
+
+/// A connection borrowed from a [`Pool`]; goes back (or is closed) on drop.
+pub(crate) type PooledConn = r2d2::PooledConnection<Manager>;
+
+impl Pool {
+    /// Builds a pool without connecting: the first caller connects, so a
+    /// client can be made before Redis is up.
+    pub(crate) fn new(
+        client: redis::Client,
+        max_size: u32,
+        io_timeout: Duration,
+        name: &str,
+    ) -> Pool {
+        let addr: Arc<str> = client.get_connection_info().addr().to_string().into();
+        let failures = ConnectFailures::default();
+        let manager = Manager {
+            client,
+            io_timeout,
+            failures: failures.clone(),
+        };
+        let pool = r2d2::Pool::builder()
+            .max_size(max_size)
+            .min_idle(Some(0))
+            // Checking out with a PING would double the round trips of every
+            // lock call; broken connections are caught by `Conn::run` instead.
+            .test_on_check_out(false)
+            .connection_timeout(io_timeout)
+            .error_handler(Box::new(failures.clone()))
+            .build_unchecked(manager);
+        log::debug!("redbaton: {name} pool of {max_size} connections to {addr}");
+        Pool {
+            pool,
+            failures,
+            addr,
+        }
+    }
+
+    /// `host:port` of the server.
+    pub(crate) fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Borrows a connection, waiting at most `wait`.
+    ///
+    /// # Errors
+    /// [`Error::Unreachable`] when the pool had room but could not connect,
+    /// [`Error::PoolTimeout`] when every connection stayed busy.
+    pub(crate) fn get(&self, wait: Duration) -> Result<PooledConn, Error> {
+        self.pool.get_timeout(wait).map_err(|_| {
+            let room = self.pool.state().connections < self.pool.max_size();
+            match self.failures.last.lock().as_ref() {
+                Some(err) if room => Error::Unreachable {
+                    addr: self.addr.to_string(),
+                    detail: describe_io(err),
+                    timed_out: err.is_timeout(),
+                },
+                _ => Error::PoolTimeout { waited: wait },
+            }
+        })
+    }
+}

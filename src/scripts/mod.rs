@@ -1,0 +1,20 @@
+//! The server-side half of the protocol: one Lua script per operation, each
+//! run atomically by Redis. The `.lua` files document their KEYS, ARGV and
+//! replies; [`redis::Script`] sends them with `EVALSHA` and reloads them when
+//! the server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Take, re-enter, or report the holder's remaining lease.
+pub(crate) static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("acquire.lua")));
+
+/// Undo one level; the last level deletes the lock and pushes the baton.
+pub(crate) static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("release.lua")));
+
+/// Administrative release of whoever holds the lock.
+pub(crate) static FORCE_UNLOCK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("force_unlock.lua")));

@@ -1,0 +1,239 @@
+//! The wait loop: how a thread that lost the race waits for the lock without
+//! spinning.
+//!
+//! In Redis, a waiter parks in `BLPOP` on the lock's baton list for
+//! min(time left before its deadline, the holder's remaining lease + a margin,
+//! the maximum park time). It wakes with a baton (the holder released) or by
+//! timeout (the holder's lease ran out, or it is time to look again), and then
+//! makes one acquire attempt, even when its deadline has just passed, so a
+//! baton it took is never dropped unused.
+//!
+//! Inside one process, threads waiting for the same lock name take turns:
+//! one of them (the *parker*) waits in Redis for all, the others wait on a
+//! condition variable until the parker leaves (it acquired the lock, gave up
+//! at its deadline, or failed). So a process holds at most one parked
+//! connection per lock name, however many of its threads wait, and parked
+//! connections come from their own pool, so they never take a connection a
+//! releasing holder needs.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::Error;
+use crate::keys::LockKeys;
+use crate::pool::Pool;
+
+/// Added to the holder's remaining lease so that the waiter wakes just
+/// after Redis expires the key, not just before.
+const LEASE_END_MARGIN: Duration = Duration::from_millis(5);
+
+/// What one acquire attempt found.
+#[derive(Debug)]
+pub(crate) enum Attempt<T> {
+    /// The lock is ours.
+    Acquired(T),
+    /// Someone else holds it; their lease ends in `lease_left` (`None`: the
+    /// key has no TTL, so only a release will free it).
+    Held { lease_left: Option<Duration> },
+}
+
+/// Settings of the wait loop, taken from the client.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WaitSettings {
+    pub(crate) max_park: Duration,
+    pub(crate) io_timeout: Duration,
+}
+
+/// Waits until `attempt` acquires or `deadline` passes (`None`: no deadline).
+///
+/// The caller has already made one failed attempt and passes what it found.
+pub(crate) fn wait_until<T>(
+    queues: &LocalQueues,
+    parking: &Pool,
+    settings: WaitSettings,
+    keys: &LockKeys,
+    deadline: Option<Instant>,
+    mut attempt: impl FnMut() -> Result<Attempt<T>, Error>,
+) -> Result<Option<T>, Error> {
+    let member = queues.join(&keys.lock);
+    let Some(_turn) = member.wait_for_turn(deadline) else {
+        return Ok(None);
+    };
+    loop {
+        // The previous parker may have left because it acquired the lock, so
+        // look before parking.
+        let lease_left = match attempt()? {
+            Attempt::Acquired(value) => return Ok(Some(value)),
+            Attempt::Held { lease_left } => lease_left,
+        };
+        let now = Instant::now();
+        let mut park = settings.max_park;
+        if let Some(left) = lease_left {
+            park = park.min(left + LEASE_END_MARGIN);
+        }
+        if let Some(deadline) = deadline {
+            if deadline <= now {
+                return Ok(None);
+            }
+            park = park.min(deadline - now);
+        }
+        park_in_redis(parking, settings, keys, park)?;
+    }
+}
+
+/// One `BLPOP` of at most `park` on the baton list. Whether a baton came
+/// does not matter to the caller: either way the next step is an attempt.
+fn park_in_redis(
+    parking: &Pool,
+    settings: WaitSettings,
+    keys: &LockKeys,
+    park: Duration,
+) -> Result<(), Error> {
+    let mut conn = match parking.get(park.min(settings.io_timeout)) {
+        Ok(conn) => conn,
+        // Every parking connection is busy with other lock names: wait here
+        // instead for the same time, then look again. Bounded: one attempt
+        // per park interval, as when parked.
+        Err(Error::PoolTimeout { .. }) => {
+            log::debug!("redbaton: no free parking connection for {:?}", keys.name);
+            return Ok(());
+        }
+        Err(err) => return Err(err),
+    };
+    // BLPOP takes seconds with millisecond precision; 0 would mean "forever".
+    let millis = park.as_millis().clamp(1, u128::from(u32::MAX));
+    let timeout = format!("{}.{:03}", millis / 1000, millis % 1000);
+    // The socket must outlast the server-side timeout: a client that gave up
+    // first would leave a BLPOP behind that could swallow a baton. If it fails
+    // anyway, `Conn::run` marks the connection broken and dropping it closes
+    // the socket, which cancels the server-side BLPOP.
+    conn.set_read_timeout(park + settings.io_timeout)
+        .map_err(|err| Error::from_redis(err, &keys.name, parking.addr()))?;
+    let _baton: Option<(String, String)> = conn
+        .run(|c| redis::cmd("BLPOP").arg(&keys.baton).arg(&timeout).query(c))
+        .map_err(|err| Error::from_redis(err, &keys.name, parking.addr()))?;
+    Ok(())
+}
+
+/// Per-process queues of threads waiting for each lock name.
+#[derive(Debug, Default)]
+pub(crate) struct LocalQueues {
+    queues: Mutex<HashMap<String, Arc<Queue>>>,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    state: Mutex<QueueState>,
+    parker_left: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct QueueState {
+    /// Threads waiting for this name, the parker included.
+    members: usize,
+    /// Whether one of them is currently the parker.
+    parker_busy: bool,
+}
+
+impl LocalQueues {
+    fn join(&self, lock_key: &str) -> Member<'_> {
+        // Count the member while the map is locked, so that a member leaving
+        // at the same moment cannot remove the queue this one is joining.
+        let mut queues = self.queues.lock();
+        let queue = Arc::clone(queues.entry(lock_key.to_owned()).or_default());
+        queue.state.lock().members += 1;
+        drop(queues);
+        Member {
+            queues: self,
+            lock_key: lock_key.to_owned(),
+            queue,
+        }
+    }
+
+    /// Number of lock names with local waiters (for tests).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.queues.lock().len()
+    }
+}
+
+/// A thread's place among the local waiters of one lock name.
+struct Member<'a> {
+    queues: &'a LocalQueues,
+    lock_key: String,
+    queue: Arc<Queue>,
+}
+
+impl Member<'_> {
+    /// Waits until this thread may park in Redis, or `deadline` passes.
+    ///
+    /// Without a deadline this waits on the condition variable with no
+    /// timeout: the parker's own waits are bounded (its `BLPOP` by the park
+    /// time, its socket by the I/O timeout) and its [`Turn`] hands over on
+    /// every exit, panics included.
+    fn wait_for_turn(&self, deadline: Option<Instant>) -> Option<Turn<'_>> {
+        let mut state = self.queue.state.lock();
+        while state.parker_busy {
+            match deadline {
+                None => self.queue.parker_left.wait(&mut state),
+                Some(deadline) => {
+                    if self
+                        .queue
+                        .parker_left
+                        .wait_until(&mut state, deadline)
+                        .timed_out()
+                    {
+                        return None;
+                    }
+                }
+            }
+        }
+        state.parker_busy = true;
+        Some(Turn { queue: &self.queue })
+    }
+}
+
+impl Drop for Member<'_> {
+    fn drop(&mut self) {
+        let mut queues = self.queues.queues.lock();
+        let mut state = self.queue.state.lock();
+        state.members -= 1;
+        if state.members == 0 {
+            queues.remove(&self.lock_key);
+        }
+    }
+}
+
+/// The parker's role; handed to the next local waiter when dropped.
+struct Turn<'a> {
+    queue: &'a Queue,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.queue.state.lock().parker_busy = false;
+        self.queue.parker_left.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_parker_at_a_time_and_queues_are_removed_when_empty() {
+        let queues = LocalQueues::default();
+        let a = queues.join("k");
+        let b = queues.join("k");
+        let turn = a.wait_for_turn(None).expect("first member parks");
+        let soon = Instant::now() + Duration::from_millis(20);
+        assert!(b.wait_for_turn(Some(soon)).is_none(), "second must wait");
+        drop(turn);
+        assert!(b.wait_for_turn(Some(soon)).is_some());
+        drop((a, b));
+        assert_eq!(queues.len(), 0);
+    }
+}
