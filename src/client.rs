@@ -72,9 +72,8 @@ impl Shared {
 
     /// The calling thread's identity under this client.
     pub(crate) fn identity(&self) -> Result<Arc<str>, Error> {
-        self.identities.current(|counter| {
-            self.run("", |c| redis::cmd("INCR").arg(counter).query(c))
-        })
+        self.identities
+            .current(|counter| self.run("", |c| redis::cmd("INCR").arg(counter).query(c)))
     }
 }
 
@@ -228,9 +227,7 @@ impl LockClientBuilder {
     /// [`Error::InvalidLease`] for a default lease under 1 ms or over a year,
     /// [`Error::InvalidConfig`] for any other setting out of range.
     pub fn build(self) -> Result<LockClient, Error> {
-        let client = self
-            .client
-            .map_err(|source| Error::InvalidUrl { source })?;
+        let client = self.client.map_err(|source| Error::InvalidUrl { source })?;
         keys::validate_prefix(&self.prefix)?;
         validate_lease(self.default_lease)?;
         for (what, count) in [

@@ -79,7 +79,10 @@ impl Drop for LockGuard {
             return;
         }
         if let Err(err) = self.lock.release(&self.identity, self.lease) {
-            log::warn!("redbaton: releasing lock {:?} on drop failed: {err}", self.lock.name());
+            log::warn!(
+                "redbaton: releasing lock {:?} on drop failed: {err}",
+                self.lock.name()
+            );
         }
     }
 }

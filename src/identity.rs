@@ -106,11 +106,8 @@ mod tests {
         assert_eq!(calls, 1);
 
         // Another thread after the counter went back to 1 (Redis lost it).
-        let other = std::thread::scope(|s| {
-            s.spawn(|| ids.current(|_| Ok(1)).unwrap())
-                .join()
-                .unwrap()
-        });
+        let other =
+            std::thread::scope(|s| s.spawn(|| ids.current(|_| Ok(1)).unwrap()).join().unwrap());
         assert_ne!(first, other);
         assert!(other.ends_with(":8"), "{other}");
     }

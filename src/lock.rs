@@ -207,7 +207,11 @@ impl Lock {
                 lease_left: u64::try_from(lease_left).ok().map(Duration::from_millis),
             }),
             _ => Err(Error::Redis {
-                source: (ErrorKind::UnexpectedReturnType, "unexpected reply from the acquire script").into(),
+                source: (
+                    ErrorKind::UnexpectedReturnType,
+                    "unexpected reply from the acquire script",
+                )
+                    .into(),
             }),
         }
     }

@@ -59,7 +59,10 @@ pub(crate) struct ConnectFailures {
 
 impl r2d2::HandleError<RedisError> for ConnectFailures {
     fn handle_error(&self, error: RedisError) {
-        log::debug!("redbaton: opening a Redis connection failed: {}", describe_io(&error));
+        log::debug!(
+            "redbaton: opening a Redis connection failed: {}",
+            describe_io(&error)
+        );
         *self.last.lock() = Some(error);
     }
 }

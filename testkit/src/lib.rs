@@ -1,0 +1,24 @@
+//! Test support for redbaton's integration tests, examples and benches.
+//!
+//! Everything here talks to real processes: [`RedisServer`] owns a throwaway
+//! `redis-server` child bound to a free loopback port, and [`ChildProcess`]
+//! runs a second real process (usually the current test binary re-executed
+//! on one `#[ignore]`d test) whose stdout is read line by line.
+//!
+//! This crate is test support, so misuse and environment failures panic with
+//! a message meant for the person reading the test output, except where a
+//! `try_` variant says otherwise. Every wait is bounded by a deadline so a
+//! broken server or child fails the test instead of hanging it.
+//!
+//! The process helpers rely on POSIX signals and are therefore Unix-only.
+
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod child;
+mod process;
+mod server;
+
+pub use child::ChildProcess;
+pub use process::pid_exists;
+pub use server::RedisServer;

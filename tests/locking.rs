@@ -1,0 +1,345 @@
+//! Single-process behaviour of one lock: re-entry, ownership, fencing,
+//! deadlines, administration, and the scripts themselves.
+
+mod support;
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redbaton::{Error, LockClient};
+use support::{client, eventually, lock_key};
+use testkit::RedisServer;
+
+#[test]
+fn reentered_lock_is_free_only_after_the_last_unlock() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let lock = client.lock("reentry").unwrap();
+
+    let first = lock.lock().unwrap();
+    let second = lock.lock().unwrap();
+    let third = lock.try_lock().unwrap().expect("the holder may re-enter");
+    let mut raw = server.connection();
+    let depth: u32 = redis::cmd("HGET")
+        .arg(lock_key("reentry"))
+        .arg("count")
+        .query(&mut raw)
+        .unwrap();
+    assert_eq!(depth, 3);
+
+    // Another thread tries after each unlock; it must stay out until the last.
+    let (ask, asked) = mpsc::channel::<()>();
+    let (tell, told) = mpsc::channel::<bool>();
+    let other = {
+        let lock = lock.clone();
+        thread::spawn(move || {
+            while asked.recv().is_ok() {
+                let got = lock.try_lock().unwrap();
+                tell.send(got.is_some()).unwrap();
+            }
+        })
+    };
+    let probe = || {
+        ask.send(()).unwrap();
+        told.recv_timeout(Duration::from_secs(5)).unwrap()
+    };
+    assert!(!probe(), "held at depth 3");
+    third.unlock().unwrap();
+    assert!(!probe(), "held at depth 2");
+    drop(second);
+    assert!(!probe(), "held at depth 1");
+    first.unlock().unwrap();
+    assert!(probe(), "free after the third unlock");
+    drop(ask);
+    other.join().unwrap();
+}
+
+#[test]
+fn fencing_tokens_increase_per_acquisition_and_stay_on_reentry() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let lock = client.lock("fenced").unwrap();
+
+    let mut last = 0;
+    for round in 0..5 {
+        // Alternate threads so that ownership really changes hands.
+        let lock = lock.clone();
+        let (outer, inner) = thread::spawn(move || {
+            let outer = lock.lock().unwrap();
+            let inner = lock.lock().unwrap();
+            let tokens = (outer.fencing_token(), inner.fencing_token());
+            drop(inner);
+            outer.unlock().unwrap();
+            tokens
+        })
+        .join()
+        .unwrap();
+        assert_eq!(outer, inner, "re-entry keeps the token (round {round})");
+        assert!(outer > last, "token {outer} after {last} (round {round})");
+        last = outer;
+    }
+}
+
+#[test]
+fn release_by_a_thread_that_no_longer_owns_the_lock_is_refused_and_changes_nothing() {
+    let server = RedisServer::start();
+    let short = LockClient::builder(&server.url())
+        .default_lease(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let lock = short.lock("stolen").unwrap();
+    let stale = lock.lock().unwrap();
+    eventually(Duration::from_secs(3), "the lease to end", || {
+        !lock.is_locked().unwrap()
+    });
+
+    // A new holder (another client, so another identity) takes it.
+    let successor_client = client(&server);
+    let successor_lock = successor_client.lock("stolen").unwrap();
+    let successor = successor_lock
+        .try_lock()
+        .unwrap()
+        .expect("the lock is free");
+    let mut raw = server.connection();
+    let before: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(lock_key("stolen"))
+        .query(&mut raw)
+        .unwrap();
+
+    let err = stale.unlock().unwrap_err();
+    assert!(
+        matches!(err, Error::NotOwner { ref name } if name == "stolen"),
+        "{err}"
+    );
+    assert!(err.is_not_owner());
+
+    let after: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(lock_key("stolen"))
+        .query(&mut raw)
+        .unwrap();
+    assert_eq!(before, after, "the successor's lock is untouched");
+    assert!(successor.fencing_token() > 0);
+    successor.unlock().unwrap();
+    assert!(!successor_lock.is_locked().unwrap());
+}
+
+#[test]
+fn try_lock_for_returns_none_after_its_deadline() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let lock = client.lock("busy").unwrap();
+    let _held = lock.lock().unwrap();
+
+    let waiter = lock.clone();
+    let (start, outcome) = thread::spawn(move || {
+        let start = Instant::now();
+        let got = waiter.try_lock_for(Duration::from_millis(500)).unwrap();
+        (start.elapsed(), got.is_some())
+    })
+    .join()
+    .unwrap();
+    assert!(!outcome, "the lock stayed held");
+    assert!(
+        start >= Duration::from_millis(500),
+        "gave up early: {start:?}"
+    );
+    assert!(
+        start < Duration::from_millis(900),
+        "gave up late: {start:?}"
+    );
+}
+
+#[test]
+fn zero_wait_is_one_attempt_and_huge_wait_is_no_deadline() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let lock = client.lock("edges").unwrap();
+    let held = lock.lock().unwrap();
+
+    let other = lock.clone();
+    let zero = thread::spawn(move || other.try_lock_for(Duration::ZERO).unwrap().is_some());
+    assert!(!zero.join().unwrap());
+
+    let other = lock.clone();
+    let (done, finished) = mpsc::channel();
+    let forever = thread::spawn(move || {
+        let guard = other.try_lock_for(Duration::MAX).unwrap();
+        done.send(guard.is_some()).unwrap();
+    });
+    held.unlock().unwrap();
+    assert!(finished.recv_timeout(Duration::from_secs(5)).unwrap());
+    forever.join().unwrap();
+}
+
+#[test]
+fn waiter_wakes_when_holder_releases() {
+    let server = RedisServer::start();
+    // A long maximum park: only the baton can wake the waiter quickly.
+    let client = LockClient::builder(&server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let lock = client.lock("baton").unwrap();
+    let held = lock.lock().unwrap();
+
+    let waiter = lock.clone();
+    let (acquired, acquisitions) = mpsc::channel();
+    let handle = thread::spawn(move || {
+        let guard = waiter.lock().unwrap();
+        acquired.send(Instant::now()).unwrap();
+        drop(guard);
+    });
+    // Let the waiter park (creating the situation, not synchronising).
+    thread::sleep(Duration::from_millis(300));
+    let released = Instant::now();
+    held.unlock().unwrap();
+    let woke = acquisitions
+        .recv_timeout(Duration::from_secs(5))
+        .expect("woken by the baton");
+    assert!(woke.duration_since(released) < Duration::from_millis(500));
+    handle.join().unwrap();
+}
+
+#[test]
+fn with_lock_returns_the_value_and_releases() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let lock = client.lock("scoped").unwrap();
+    let value = lock.with_lock(|| {
+        assert!(lock.is_locked().unwrap());
+        42
+    });
+    assert_eq!(value.unwrap(), 42);
+    assert!(!lock.is_locked().unwrap());
+}
+
+#[test]
+fn force_unlock_removes_any_holder_and_wakes_a_waiter() {
+    let server = RedisServer::start();
+    let client = LockClient::builder(&server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let lock = client.lock("admin").unwrap();
+    let held = lock.lock().unwrap();
+    let _again = lock.lock().unwrap();
+
+    let waiter = lock.clone();
+    let (tx, rx) = mpsc::channel();
+    let handle = thread::spawn(move || {
+        let guard = waiter.lock().unwrap();
+        tx.send(guard.fencing_token()).unwrap();
+        // Keep holding until the test has looked.
+        thread::sleep(Duration::from_millis(200));
+    });
+    thread::sleep(Duration::from_millis(200));
+    let admin = support::client(&server).lock("admin").unwrap();
+    assert!(admin.force_unlock().unwrap());
+    let token = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the waiter was woken");
+    assert!(token > held.fencing_token());
+    assert!(held.unlock().unwrap_err().is_not_owner());
+    handle.join().unwrap();
+    assert!(!admin.force_unlock().unwrap(), "nothing left to remove");
+}
+
+#[test]
+fn scripts_are_reloaded_after_script_flush() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let lock = client.lock("flushed").unwrap();
+    lock.lock().unwrap().unlock().unwrap();
+    let mut raw = server.connection();
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query::<()>(&mut raw)
+        .unwrap();
+    let guard = lock.lock().unwrap();
+    assert!(lock.is_locked().unwrap());
+    guard.unlock().unwrap();
+    assert!(!lock.is_locked().unwrap());
+}
+
+#[test]
+fn keys_of_one_lock_share_a_cluster_slot_for_any_name() {
+    let server = RedisServer::start();
+    // A cluster-enabled server answers CLUSTER KEYSLOT for the keys that the
+    // lock really wrote on the plain one.
+    let cluster = RedisServer::start_with(&["--cluster-enabled", "yes"]);
+    let client = client(&server);
+    let mut raw = server.connection();
+    let mut cluster_raw = cluster.connection();
+    let names = [
+        "plain",
+        "with:colons:and spaces",
+        "{braced}",
+        "}{",
+        "a{b}c",
+        "{}",
+        "%7B",
+        "emoji 🔒🦀",
+        "nul\0byte",
+    ];
+    let mut first_slots = Vec::new();
+    for name in names {
+        redis::cmd("FLUSHALL").query::<()>(&mut raw).unwrap();
+        let lock = client.lock(name).unwrap();
+        let guard = lock.lock().unwrap();
+        let mut keys: Vec<String> = redis::cmd("KEYS")
+            .arg("redbaton:{*")
+            .query(&mut raw)
+            .unwrap();
+        guard.unlock().unwrap();
+        keys.extend(
+            redis::cmd("KEYS")
+                .arg("redbaton:{*")
+                .query::<Vec<String>>(&mut raw)
+                .unwrap(),
+        );
+        keys.sort();
+        keys.dedup();
+        assert_eq!(
+            keys.len(),
+            3,
+            "{name:?}: lock, baton and fence keys, got {keys:?}"
+        );
+        let slots: Vec<i64> = keys
+            .iter()
+            .map(|key| {
+                redis::cmd("CLUSTER")
+                    .arg("KEYSLOT")
+                    .arg(key)
+                    .query(&mut cluster_raw)
+                    .unwrap()
+            })
+            .collect();
+        assert!(
+            slots.windows(2).all(|w| w[0] == w[1]),
+            "{name:?}: {keys:?} in slots {slots:?}"
+        );
+        first_slots.push(slots[0]);
+    }
+    // The name decides the slot, so locks spread over a cluster.
+    first_slots.sort_unstable();
+    first_slots.dedup();
+    assert!(first_slots.len() > 1);
+}
+
+#[test]
+fn locks_under_odd_names_work_end_to_end() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    for name in ["{braced}", "a}b{c", "emoji 🔒", "nul\0byte", "%"] {
+        let lock = client.lock(name).unwrap();
+        let guard = lock.lock().unwrap();
+        assert!(lock.is_locked().unwrap(), "{name:?}");
+        let other = lock.clone();
+        assert!(thread::spawn(move || other.try_lock().unwrap().is_none())
+            .join()
+            .unwrap());
+        guard.unlock().unwrap();
+        assert!(!lock.is_locked().unwrap(), "{name:?}");
+    }
+}

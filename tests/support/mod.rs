@@ -1,0 +1,38 @@
+//! Helpers shared by the integration tests. Servers come from `testkit`.
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::time::{Duration, Instant};
+
+use redbaton::LockClient;
+use testkit::RedisServer;
+
+/// A client on `server` with settings suited to tests: short I/O timeout.
+pub fn client(server: &RedisServer) -> LockClient {
+    LockClient::builder(&server.url())
+        .io_timeout(Duration::from_secs(2))
+        .build()
+        .expect("client settings are valid")
+}
+
+/// Polls `condition` every few ms until it holds; panics at `timeout`.
+pub fn eventually(timeout: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !condition() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The lock key of `name` under the default prefix, as the README documents
+/// it (names used in tests contain no `%`, `{` or `}`).
+pub fn lock_key(name: &str) -> String {
+    format!("redbaton:{{{name}}}:lock")
+}
+
+/// The baton key of `name` under the default prefix.
+pub fn baton_key(name: &str) -> String {
+    format!("redbaton:{{{name}}}:baton")
+}

@@ -1,0 +1,180 @@
+//! What waiting costs: commands sent while parked, connections held, and
+//! releases that must not queue behind waiters.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redbaton::LockClient;
+use testkit::RedisServer;
+
+#[test]
+fn twenty_waiters_during_a_three_second_hold_send_a_bounded_number_of_commands() {
+    const WAITERS: u64 = 20;
+    const HOLD: Duration = Duration::from_secs(3);
+    const MAX_PARK: Duration = Duration::from_secs(1);
+
+    let server = RedisServer::start();
+    let client = LockClient::builder(&server.url())
+        .max_park(MAX_PARK)
+        .build()
+        .unwrap();
+    let lock = client.lock("popular").unwrap();
+    let held = lock.lock().unwrap();
+
+    let before = server.command_calls();
+    let (done, finished) = mpsc::channel();
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let lock = lock.clone();
+            let done = done.clone();
+            thread::spawn(move || {
+                let guard = lock.lock().unwrap();
+                drop(guard);
+                done.send(()).unwrap();
+            })
+        })
+        .collect();
+    thread::sleep(HOLD);
+    let during = server.commands_since(&before);
+    held.unlock().unwrap();
+    for _ in 0..WAITERS {
+        finished
+            .recv_timeout(Duration::from_secs(30))
+            .expect("every waiter gets the lock");
+    }
+    for waiter in waiters {
+        waiter.join().unwrap();
+    }
+
+    let total: u64 = during.values().sum();
+    let parks_per_waiter = HOLD.as_millis() as u64 / MAX_PARK.as_millis() as u64;
+    // First attempts (one script call, one INCR for a new thread's identity)
+    // plus a small multiple of waiters × hold / max park.
+    let bound = 2 * WAITERS + 2 * WAITERS * parks_per_waiter;
+    println!("commands during the hold: {total} {during:?} (bound {bound})");
+    assert!(total <= bound, "{total} commands > {bound}: {during:?}");
+    // One thread parks for the whole process: about one BLPOP per max park.
+    let blpops = during.get("blpop").copied().unwrap_or(0);
+    assert!(
+        (1..=parks_per_waiter + 2).contains(&blpops),
+        "{blpops} BLPOPs: {during:?}"
+    );
+}
+
+#[test]
+fn a_thousand_local_waiters_park_one_connection() {
+    let server = RedisServer::start();
+    let client = LockClient::builder(&server.url())
+        .pool_size(4)
+        .build()
+        .unwrap();
+    let lock = client.lock("crowded").unwrap();
+    let held = lock.lock().unwrap();
+    let started = Arc::new(AtomicUsize::new(0));
+    let (done, finished) = mpsc::channel();
+    let waiters: Vec<_> = (0..1000)
+        .map(|_| {
+            let (lock, started, done) = (lock.clone(), Arc::clone(&started), done.clone());
+            thread::Builder::new()
+                .stack_size(64 * 1024)
+                .spawn(move || {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    let guard = lock.try_lock_for(Duration::from_secs(60)).unwrap();
+                    done.send(guard.is_some()).unwrap();
+                })
+                .unwrap()
+        })
+        .collect();
+    support::eventually(Duration::from_secs(30), "waiters to start", || {
+        started.load(Ordering::SeqCst) == 1000
+    });
+    let mut raw = server.connection();
+    let mut blocked = 0;
+    support::eventually(Duration::from_secs(30), "a parked waiter", || {
+        let info: String = redis::cmd("INFO").arg("clients").query(&mut raw).unwrap();
+        blocked = info
+            .lines()
+            .find_map(|l| l.strip_prefix("blocked_clients:"))
+            .and_then(|n| n.trim().parse::<u32>().ok())
+            .unwrap();
+        blocked > 0
+    });
+    let clients: String = redis::cmd("CLIENT").arg("LIST").query(&mut raw).unwrap();
+    let connections = clients.lines().count();
+    assert_eq!(blocked, 1, "one connection parked for 1000 waiting threads");
+    // 4 command connections, 1 parked, and this test's own.
+    assert!(connections <= 6, "{connections} connections:\n{clients}");
+    held.unlock().unwrap();
+    for _ in 0..1000 {
+        assert!(finished.recv_timeout(Duration::from_secs(60)).unwrap());
+    }
+    for waiter in waiters {
+        waiter.join().unwrap();
+    }
+}
+
+#[test]
+fn thirty_two_threads_on_a_pool_of_two_all_finish_and_releases_never_wait_for_parkers() {
+    const THREADS: usize = 32;
+    const ROUNDS: usize = 5;
+    let server = RedisServer::start();
+    // A long maximum park: a release stuck behind a parked waiter would take
+    // seconds, far beyond the bound below.
+    let client = LockClient::builder(&server.url())
+        .pool_size(2)
+        .max_park(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let lock = client.lock("narrow").unwrap();
+    let inside = Arc::new(AtomicBool::new(false));
+    let entries = Arc::new(AtomicUsize::new(0));
+    let start = Arc::new(Barrier::new(THREADS));
+    let (done, finished) = mpsc::channel();
+    let threads: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let (lock, inside, entries, start, done) = (
+                lock.clone(),
+                Arc::clone(&inside),
+                Arc::clone(&entries),
+                Arc::clone(&start),
+                done.clone(),
+            );
+            thread::spawn(move || {
+                start.wait();
+                let mut slowest_release = Duration::ZERO;
+                for _ in 0..ROUNDS {
+                    let guard = lock.lock().unwrap();
+                    assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                    entries.fetch_add(1, Ordering::SeqCst);
+                    thread::sleep(Duration::from_millis(1));
+                    inside.store(false, Ordering::SeqCst);
+                    let releasing = Instant::now();
+                    guard.unlock().unwrap();
+                    slowest_release = slowest_release.max(releasing.elapsed());
+                }
+                done.send(slowest_release).unwrap();
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..THREADS {
+        slowest = slowest.max(
+            finished
+                .recv_timeout(Duration::from_secs(60))
+                .expect("every thread finishes"),
+        );
+    }
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert_eq!(entries.load(Ordering::SeqCst), THREADS * ROUNDS);
+    println!("slowest release: {slowest:?}");
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a release waited {slowest:?}"
+    );
+}
