@@ -96,13 +96,10 @@ impl Outcome {
         if self.sold == STOCK && self.stock_left == 0 {
             None
         } else if self.sold > removed {
-            Some(format!(
-                "WRONG: {} sales never reached the stock (oversold)",
-                self.sold - removed
-            ))
+            Some(format!("WRONG: oversold by {}", self.sold - removed))
         } else {
             Some(format!(
-                "WRONG: {} items left the stock unsold",
+                "WRONG: {} items vanished unsold",
                 removed - self.sold
             ))
         }

@@ -56,3 +56,8 @@ pub use client::{LockClient, LockClientBuilder};
 pub use error::Error;
 pub use guard::LockGuard;
 pub use lock::Lock;
+
+/// Compiles the README's examples as doctests, so the front door stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
