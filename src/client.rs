@@ -10,8 +10,10 @@ use crate::error::Error;
 use crate::identity::Identities;
 use crate::keys::{self, LockKeys};
 use crate::lock::Lock;
+use crate::ownership::Ownerships;
 use crate::pool::Pool;
 use crate::wait::{LocalQueues, WaitSettings};
+use crate::watchdog::{Watchdog, WatchdogStats};
 
 /// The longest lease accepted: one year. Longer leases are almost surely a
 /// unit mistake, and a lock that outlives its holder that long is a stuck
@@ -56,6 +58,8 @@ pub(crate) struct Shared {
     pub(crate) parking: Pool,
     pub(crate) identities: Identities,
     pub(crate) queues: LocalQueues,
+    pub(crate) ownerships: Ownerships,
+    pub(crate) watchdog: Watchdog,
 }
 
 impl Shared {
@@ -105,6 +109,12 @@ impl LockClient {
     pub fn lock(&self, name: &str) -> Result<Lock, Error> {
         let keys = LockKeys::new(&self.shared.prefix, name)?;
         Ok(Lock::new(Arc::clone(&self.shared), keys))
+    }
+
+    /// What the watchdog has done so far: renewal rounds (one round trip
+    /// each), leases renewed, and locks found lost.
+    pub fn watchdog_stats(&self) -> WatchdogStats {
+        self.shared.watchdog.stats()
     }
 }
 
@@ -188,9 +198,10 @@ impl LockClientBuilder {
         self
     }
 
-    /// How long a lock lives in Redis after it was last acquired or
-    /// re-entered: a holder that dies frees the lock after this long.
-    /// At least 1 ms, at most a year. Defaults to 30 s.
+    /// The lease of locks taken without a fixed lease: the watchdog renews
+    /// it every third of this while the guard lives, and a holder that dies
+    /// frees the lock within this long. At least 1 ms, at most a year.
+    /// Defaults to 30 s.
     pub fn default_lease(mut self, lease: Duration) -> Self {
         self.default_lease = lease;
         self
@@ -265,6 +276,8 @@ impl LockClientBuilder {
                 commands,
                 parking,
                 queues: LocalQueues::default(),
+                ownerships: Ownerships::default(),
+                watchdog: Watchdog::new(),
             }),
         })
     }

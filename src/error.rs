@@ -70,11 +70,12 @@ pub enum Error {
         detail: String,
     },
 
-    /// A release was refused because this thread does not own the lock: its
-    /// lease ran out (and perhaps another holder took it), or it was
-    /// force-unlocked. Nothing was changed in Redis.
-    #[error("lock {name:?} is not held by this thread (its lease ran out or it was force-unlocked); the critical section may have overlapped another holder: use fencing tokens or a longer lease")]
-    NotOwner {
+    /// The guard's lock is no longer this thread's: its lease ran out (a
+    /// fixed lease, or renewal failed), or it was force-unlocked, and perhaps
+    /// another holder has it now. A release in this state is refused and
+    /// changes nothing in Redis.
+    #[error("lock {name:?} was lost: this thread no longer owns it (its lease ran out or it was force-unlocked), so its critical section may have overlapped another holder's; use fencing tokens, or a longer lease")]
+    LockLost {
         /// The lock name.
         name: String,
     },
@@ -105,10 +106,9 @@ impl Error {
         matches!(self, Error::Unreachable { .. })
     }
 
-    /// True when a release was refused because this thread no longer owns
-    /// the lock.
-    pub fn is_not_owner(&self) -> bool {
-        matches!(self, Error::NotOwner { .. })
+    /// True when the lock was lost: this thread no longer owns it.
+    pub fn is_lost(&self) -> bool {
+        matches!(self, Error::LockLost { .. })
     }
 
     /// Classifies a Redis error met while working on lock `name`.

@@ -3,10 +3,12 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::client::validate_lease;
 use crate::error::Error;
 use crate::lock::Lock;
+use crate::ownership::{LeaseMode, LeaseStatus};
 
 /// Held while the calling thread owns a [`Lock`]; releases one level of it
 /// when dropped or [`unlock`](LockGuard::unlock)ed.
@@ -14,8 +16,9 @@ use crate::lock::Lock;
 /// The lock is free for others once the last guard of the holding thread is
 /// gone (re-entered locks count levels). Releasing is one script call; it
 /// takes at most twice the client's I/O timeout (a pooled connection, then
-/// the reply). Dropping a guard logs a failed release with `log::warn!`;
-/// call [`unlock`](LockGuard::unlock) to get the error instead.
+/// the reply), plus one watchdog round trip if a renewal is in flight.
+/// Dropping a guard logs a failed release with `log::warn!`; call
+/// [`unlock`](LockGuard::unlock) to get the error instead.
 ///
 /// A guard is `!Send`: the lock belongs to the thread that took it.
 ///
@@ -28,19 +31,28 @@ pub struct LockGuard {
     lock: Lock,
     identity: Arc<str>,
     fence: u64,
-    lease: Duration,
+    mode: LeaseMode,
+    /// Shared by the guards of this ownership (re-entry) and the watchdog.
+    status: Arc<LeaseStatus>,
     released: bool,
     /// Raw pointers are `!Send`; the identity is the thread's.
     _not_send: PhantomData<*const ()>,
 }
 
 impl LockGuard {
-    pub(crate) fn new(lock: Lock, identity: Arc<str>, fence: u64, lease: Duration) -> Self {
+    pub(crate) fn new(
+        lock: Lock,
+        identity: Arc<str>,
+        fence: u64,
+        mode: LeaseMode,
+        status: Arc<LeaseStatus>,
+    ) -> Self {
         LockGuard {
             lock,
             identity,
             fence,
-            lease,
+            mode,
+            status,
             released: false,
             _not_send: PhantomData,
         }
@@ -60,16 +72,99 @@ impl LockGuard {
         &self.lock
     }
 
+    /// Whether the lock is known to be no longer this thread's: the watchdog
+    /// found it gone or could not renew it before its lease ended, a fixed
+    /// lease has run out, or an `extend` or release was refused. No network
+    /// call. `false` is not a promise: the lease may end the next moment.
+    pub fn is_lost(&self) -> bool {
+        self.status.is_lost()
+    }
+
+    /// Sets the lock's remaining lease to `lease` from now. Owner-checked in
+    /// Redis: one script call.
+    ///
+    /// With a fixed lease this pushes its end out. With a renewed lease the
+    /// watchdog goes on renewing to the client's lease, so the extension
+    /// lasts until the next renewal.
+    ///
+    /// # Errors
+    /// [`Error::InvalidLease`] for a lease under 1 ms or over a year;
+    /// [`Error::LockLost`] when the lock is no longer this thread's (the
+    /// guard is then marked lost and nothing changes in Redis); Redis
+    /// failures.
+    pub fn extend(&self, lease: Duration) -> Result<(), Error> {
+        validate_lease(lease)?;
+        let sent = Instant::now();
+        if self.lock.renew(&self.identity, self.fence, lease)? {
+            self.status.fixed_lease_from(sent, lease);
+            Ok(())
+        } else {
+            Err(self.lost())
+        }
+    }
+
+    /// The lock's remaining lease, read from Redis (`PTTL`). One script call.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] when the lock is no longer this thread's; Redis
+    /// failures.
+    pub fn remaining_lease(&self) -> Result<Duration, Error> {
+        match self.lock.holder()? {
+            Some(holder)
+                if holder.owner == *self.identity && holder.fencing_token == self.fence =>
+            {
+                // Every acquisition sets a lease; none means someone ran
+                // PERSIST on the key, and it will not end by itself.
+                Ok(holder.remaining_lease.unwrap_or(Duration::MAX))
+            }
+            _ => Err(self.lost()),
+        }
+    }
+
     /// Releases this level of the lock and reports the outcome.
     ///
     /// # Errors
-    /// [`Error::NotOwner`] when the lock was no longer this thread's (its
+    /// [`Error::LockLost`] when the lock was no longer this thread's (its
     /// lease ran out, or it was force-unlocked): nothing was changed, and a
     /// newer holder keeps the lock. Redis failures otherwise; the lock then
     /// ends with its lease.
     pub fn unlock(mut self) -> Result<(), Error> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<(), Error> {
         self.released = true;
-        self.lock.release(&self.identity, self.lease).map(drop)
+        let shared = self.lock.shared();
+        // Withdraw from the watchdog first, so that no renewal follows the
+        // release (a renewal never re-creates a lock, but it must not touch
+        // the next holder's either).
+        shared
+            .ownerships
+            .leave(self.lock.keys(), &self.identity, &self.status);
+        if self.status.is_lost() {
+            return Err(self.lost());
+        }
+        match self
+            .lock
+            .release(&self.identity, self.fence, self.mode.lease())
+        {
+            Err(Error::LockLost { .. }) => Err(self.lost()),
+            other => other.map(drop),
+        }
+    }
+
+    /// Marks this ownership lost and makes the error for it.
+    fn lost(&self) -> Error {
+        if self.status.mark_lost() {
+            log::warn!("redbaton: lock {:?} was lost", self.lock.name());
+        }
+        self.lock
+            .shared()
+            .ownerships
+            .forget(self.lock.keys(), &self.identity, &self.status);
+        Error::LockLost {
+            name: self.lock.name().to_owned(),
+        }
     }
 }
 
@@ -78,7 +173,7 @@ impl Drop for LockGuard {
         if self.released {
             return;
         }
-        if let Err(err) = self.lock.release(&self.identity, self.lease) {
+        if let Err(err) = self.release() {
             log::warn!(
                 "redbaton: releasing lock {:?} on drop failed: {err}",
                 self.lock.name()
@@ -93,6 +188,7 @@ impl fmt::Debug for LockGuard {
         f.debug_struct("LockGuard")
             .field("name", &self.lock.name())
             .field("fencing_token", &self.fence)
+            .field("lost", &self.is_lost())
             .finish_non_exhaustive()
     }
 }

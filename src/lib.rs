@@ -48,14 +48,17 @@ mod guard;
 mod identity;
 mod keys;
 mod lock;
+mod ownership;
 mod pool;
 mod scripts;
 mod wait;
+mod watchdog;
 
 pub use client::{LockClient, LockClientBuilder};
 pub use error::Error;
 pub use guard::LockGuard;
-pub use lock::Lock;
+pub use lock::{Holder, Lock};
+pub use watchdog::WatchdogStats;
 
 /// Compiles the README's examples as doctests, so the front door stays true.
 #[cfg(doctest)]

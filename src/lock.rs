@@ -6,12 +6,14 @@ use std::time::{Duration, Instant};
 
 use redis::ErrorKind;
 
-use crate::client::{millis, Shared};
+use crate::client::{millis, validate_lease, Shared};
 use crate::error::Error;
 use crate::guard::LockGuard;
 use crate::keys::LockKeys;
+use crate::ownership::LeaseMode;
 use crate::scripts;
 use crate::wait::{self, Attempt};
+use crate::watchdog::Watchdog;
 
 /// A handle on one distributed lock, made by [`LockClient::lock`].
 ///
@@ -40,6 +42,22 @@ use crate::wait::{self, Attempt};
 pub struct Lock {
     shared: Arc<Shared>,
     keys: Arc<LockKeys>,
+    /// `None`: renewed by the watchdog while a guard lives.
+    fixed_lease: Option<Duration>,
+}
+
+/// Who holds a lock, from [`Lock::holder`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Holder {
+    /// The holder's identity: `<client instance uuid>:<thread number>`.
+    pub owner: String,
+    /// Re-entry depth: how many guards the holder has.
+    pub depth: u32,
+    /// The fencing token of this ownership.
+    pub fencing_token: u64,
+    /// Time left on the lease; `None` if the key has no expiry.
+    pub remaining_lease: Option<Duration>,
 }
 
 impl Lock {
@@ -47,12 +65,69 @@ impl Lock {
         Lock {
             shared,
             keys: Arc::new(keys),
+            fixed_lease: None,
         }
     }
 
     /// The lock's name.
     pub fn name(&self) -> &str {
         &self.keys.name
+    }
+
+    /// A handle on the same lock whose acquisitions have a fixed `lease`:
+    /// no renewal, the lock ends when the lease does even if the guard still
+    /// lives (the guard then reports [`is_lost`](LockGuard::is_lost)).
+    ///
+    /// Without this, a lock lives as long as its guard: the client's
+    /// watchdog renews it every third of the client's default lease, and a
+    /// holder that dies frees it within one lease.
+    ///
+    /// # Errors
+    /// [`Error::InvalidLease`] for a lease under 1 ms or over a year.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn main() -> Result<(), redbaton::Error> {
+    /// # let client = redbaton::LockClient::open("redis://127.0.0.1/")?;
+    /// let lock = client.lock("batch:export")?.with_fixed_lease(Duration::from_secs(60))?;
+    /// let guard = lock.lock()?; // gone after 60 s, whatever happens
+    /// # drop(guard);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_fixed_lease(&self, lease: Duration) -> Result<Lock, Error> {
+        validate_lease(lease)?;
+        Ok(Lock {
+            fixed_lease: Some(lease),
+            ..self.clone()
+        })
+    }
+
+    /// Who holds the lock now, or `None` when it is free. One script call
+    /// (an atomic read); the answer may be stale by the time it arrives.
+    ///
+    /// # Errors
+    /// Redis failures; [`Error::WrongType`] when the key holds something
+    /// else.
+    pub fn holder(&self) -> Result<Option<Holder>, Error> {
+        let reply: Vec<redis::Value> = self.shared.run(&self.keys.name, |c| {
+            scripts::HOLDER.key(&self.keys.lock).invoke(c)
+        })?;
+        if reply.is_empty() {
+            return Ok(None);
+        }
+        let (owner, depth, fence, pttl): (String, u32, u64, i64) =
+            redis::from_redis_value(redis::Value::Array(reply)).map_err(|err| {
+                Error::from_redis(err.into(), &self.keys.name, self.shared.commands.addr())
+            })?;
+        Ok(Some(Holder {
+            owner,
+            depth,
+            fencing_token: fence,
+            remaining_lease: u64::try_from(pttl).ok().map(Duration::from_millis),
+        }))
     }
 
     /// Blocks until the calling thread holds the lock.
@@ -114,7 +189,7 @@ impl Lock {
     /// Runs `critical_section` holding the lock and returns its value.
     ///
     /// # Errors
-    /// As [`lock`](Lock::lock); and [`Error::NotOwner`] when the lock was no
+    /// As [`lock`](Lock::lock); and [`Error::LockLost`] when the lock was no
     /// longer this thread's at release (its lease ran out during the
     /// critical section): the value is dropped, because the section may
     /// have overlapped another holder.
@@ -152,7 +227,7 @@ impl Lock {
     /// Returns whether there was a lock to remove.
     ///
     /// Administrative: the holder is not told until its release fails with
-    /// [`Error::NotOwner`], and its critical section may overlap the next
+    /// [`Error::LockLost`], and its critical section may overlap the next
     /// holder's.
     ///
     /// # Errors
@@ -187,22 +262,37 @@ impl Lock {
 
     /// One run of the acquire script.
     fn attempt(&self, identity: &Arc<str>) -> Result<Attempt<LockGuard>, Error> {
-        let lease = self.shared.default_lease;
+        let mode = match self.fixed_lease {
+            Some(lease) => LeaseMode::Fixed(lease),
+            None => LeaseMode::Renewed(self.shared.default_lease),
+        };
+        let sent = Instant::now();
         let reply: Vec<i64> = self.shared.run(&self.keys.name, |c| {
             scripts::ACQUIRE
                 .key(&self.keys.lock)
                 .key(&self.keys.fence)
                 .arg(&**identity)
-                .arg(millis(lease))
+                .arg(millis(mode.lease()))
                 .invoke(c)
         })?;
         match reply[..] {
-            [1, fence, _depth] => Ok(Attempt::Acquired(LockGuard::new(
-                self.clone(),
-                Arc::clone(identity),
-                fence.unsigned_abs(),
-                lease,
-            ))),
+            [1, fence, _depth] => {
+                let fence = fence.unsigned_abs();
+                let (status, new_renewal) = self
+                    .shared
+                    .ownerships
+                    .enter(&self.keys, identity, fence, mode, sent);
+                if new_renewal {
+                    Watchdog::wake(&self.shared);
+                }
+                Ok(Attempt::Acquired(LockGuard::new(
+                    self.clone(),
+                    Arc::clone(identity),
+                    fence,
+                    mode,
+                    status,
+                )))
+            }
             [0, lease_left] => Ok(Attempt::Held {
                 lease_left: u64::try_from(lease_left).ok().map(Duration::from_millis),
             }),
@@ -216,20 +306,49 @@ impl Lock {
         }
     }
 
-    /// Runs the release script for `identity`: `Ok(depth left)`.
-    pub(crate) fn release(&self, identity: &str, lease: Duration) -> Result<u64, Error> {
+    /// Runs the release script for the ownership `fence` of `identity`:
+    /// `Ok(depth left)`.
+    pub(crate) fn release(
+        &self,
+        identity: &str,
+        fence: u64,
+        lease: Duration,
+    ) -> Result<u64, Error> {
         let left: i64 = self.shared.run(&self.keys.name, |c| {
             scripts::RELEASE
                 .key(&self.keys.lock)
                 .key(&self.keys.baton)
                 .arg(identity)
+                .arg(fence)
                 .arg(millis(lease))
                 .arg(millis(self.shared.baton_ttl))
                 .invoke(c)
         })?;
-        u64::try_from(left).map_err(|_| Error::NotOwner {
+        u64::try_from(left).map_err(|_| Error::LockLost {
             name: self.keys.name.clone(),
         })
+    }
+
+    /// Owner-checked `PEXPIRE` of the ownership `fence` of `identity`:
+    /// whether it was still theirs.
+    pub(crate) fn renew(&self, identity: &str, fence: u64, lease: Duration) -> Result<bool, Error> {
+        let renewed: i64 = self.shared.run(&self.keys.name, |c| {
+            scripts::RENEW
+                .key(&self.keys.lock)
+                .arg(identity)
+                .arg(fence)
+                .arg(millis(lease))
+                .invoke(c)
+        })?;
+        Ok(renewed == 1)
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    pub(crate) fn keys(&self) -> &LockKeys {
+        &self.keys
     }
 }
 
@@ -238,6 +357,7 @@ impl fmt::Debug for Lock {
         f.debug_struct("Lock")
             .field("name", &self.keys.name)
             .field("key", &self.keys.lock)
+            .field("fixed_lease", &self.fixed_lease)
             .finish_non_exhaustive()
     }
 }

@@ -84,11 +84,12 @@ fn fencing_tokens_increase_per_acquisition_and_stay_on_reentry() {
 #[test]
 fn release_by_a_thread_that_no_longer_owns_the_lock_is_refused_and_changes_nothing() {
     let server = RedisServer::start();
-    let short = LockClient::builder(&server.url())
-        .default_lease(Duration::from_millis(300))
-        .build()
+    let short = client(&server);
+    let lock = short
+        .lock("stolen")
+        .unwrap()
+        .with_fixed_lease(Duration::from_millis(300))
         .unwrap();
-    let lock = short.lock("stolen").unwrap();
     let stale = lock.lock().unwrap();
     eventually(Duration::from_secs(3), "the lease to end", || {
         !lock.is_locked().unwrap()
@@ -109,10 +110,10 @@ fn release_by_a_thread_that_no_longer_owns_the_lock_is_refused_and_changes_nothi
 
     let err = stale.unlock().unwrap_err();
     assert!(
-        matches!(err, Error::NotOwner { ref name } if name == "stolen"),
+        matches!(err, Error::LockLost { ref name } if name == "stolen"),
         "{err}"
     );
-    assert!(err.is_not_owner());
+    assert!(err.is_lost());
 
     let after: Vec<(String, String)> = redis::cmd("HGETALL")
         .arg(lock_key("stolen"))
@@ -240,7 +241,7 @@ fn force_unlock_removes_any_holder_and_wakes_a_waiter() {
         .recv_timeout(Duration::from_secs(5))
         .expect("the waiter was woken");
     assert!(token > held.fencing_token());
-    assert!(held.unlock().unwrap_err().is_not_owner());
+    assert!(held.unlock().unwrap_err().is_lost());
     handle.join().unwrap();
     assert!(!admin.force_unlock().unwrap(), "nothing left to remove");
 }

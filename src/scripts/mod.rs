@@ -18,3 +18,11 @@ pub(crate) static RELEASE: LazyLock<Script> =
 /// Administrative release of whoever holds the lock.
 pub(crate) static FORCE_UNLOCK: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("force_unlock.lua")));
+
+/// Owner-checked `PEXPIRE`: the watchdog's renewal and `guard.extend()`.
+pub(crate) static RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("renew.lua")));
+
+/// Atomic read of owner, depth, fence and remaining lease.
+pub(crate) static HOLDER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("holder.lua")));

@@ -4,22 +4,26 @@
 -- KEYS[1]  lock key   (hash: flag, count, fence)
 -- KEYS[2]  baton key  (list holding at most one "ok" token)
 -- ARGV[1]  identity of the caller
--- ARGV[2]  lease in milliseconds, refreshed when an inner level is released
--- ARGV[3]  baton TTL in milliseconds
+-- ARGV[2]  fencing token of the caller's ownership
+-- ARGV[3]  lease in milliseconds, refreshed when an inner level is released
+-- ARGV[4]  baton TTL in milliseconds
 --
 -- Returns -1     the caller does not own the lock (its lease ran out, or it was
---                force-unlocked); nothing was changed
+--                force-unlocked); nothing was changed. The fence is part of
+--                the check: a thread whose lock was lost and which took the
+--                lock again must not release the new ownership with a guard
+--                of the old one.
 --         depth  > 0: an inner level was released, the lock is still held
 --         0      the lock was freed and the baton pushed
-local owner = redis.call('HGET', KEYS[1], 'flag')
-if owner ~= ARGV[1] then
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'count')
+if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
   return -1
 end
 
-local depth = tonumber(redis.call('HGET', KEYS[1], 'count'))
+local depth = tonumber(held[3])
 if depth > 1 then
   redis.call('HSET', KEYS[1], 'count', depth - 1)
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return depth - 1
 end
 
@@ -35,5 +39,5 @@ redis.call('DEL', KEYS[1])
 redis.call('RPUSH', KEYS[2], 'ok')
 -- One token wakes one waiter; a second token would only cost a wasted retry.
 redis.call('LTRIM', KEYS[2], 0, 0)
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return 0
