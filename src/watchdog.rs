@@ -98,6 +98,9 @@ impl Watchdog {
 
 /// The thread's body: ends when the client is gone.
 fn run(shared: &Weak<Shared>, wake: &Receiver<()>) {
+    // Whether the renewal script is known to be loaded on the server; the
+    // first round loads it up front instead of failing once per lock.
+    let mut script_loaded = false;
     loop {
         let next_due = match shared.upgrade() {
             Some(shared) => next_due(&shared),
@@ -117,7 +120,7 @@ fn run(shared: &Weak<Shared>, wake: &Receiver<()>) {
         let Some(shared) = shared.upgrade() else {
             return;
         };
-        renew_due(&shared);
+        renew_due(&shared, &mut script_loaded);
     }
 }
 
@@ -131,7 +134,7 @@ fn next_due(shared: &Shared) -> Option<Instant> {
 }
 
 /// One round: renews every ownership due soon, in one pipeline.
-fn renew_due(shared: &Shared) {
+fn renew_due(shared: &Shared, script_loaded: &mut bool) {
     let mut entries = shared.ownerships.lock();
     let now = Instant::now();
     let mut due: Vec<_> = entries
@@ -160,7 +163,7 @@ fn renew_due(shared: &Shared) {
             .arg(millis(lease));
     }
     let sent = Instant::now();
-    let replies = send_round(shared, &pipe);
+    let replies = send_round(shared, &pipe, script_loaded);
     shared.watchdog.rounds.fetch_add(1, Ordering::Relaxed);
 
     for (index, key) in due.iter().enumerate() {
@@ -215,13 +218,32 @@ fn lose(shared: &Shared, entry: &crate::ownership::Entry, why: &str) {
     }
 }
 
-/// Sends the round on a command connection; reloads the script once if the
-/// server forgot it (restart, `SCRIPT FLUSH`). Renewal is idempotent, so
-/// sending the round again is safe.
-fn send_round(shared: &Shared, pipe: &redis::Pipeline) -> Result<Vec<Value>, ()> {
+/// Sends the round on a command connection; (re)loads the script first when
+/// it is not known to be loaded, and once more if the server forgot it
+/// (restart, `SCRIPT FLUSH`). Renewal is idempotent, so sending the round
+/// again is safe.
+fn send_round(
+    shared: &Shared,
+    pipe: &redis::Pipeline,
+    script_loaded: &mut bool,
+) -> Result<Vec<Value>, ()> {
     let mut conn = shared.commands.get(shared.io_timeout).map_err(|err| {
         log::warn!("redbaton: watchdog could not get a connection: {err}");
     })?;
+    let load = |conn: &mut crate::pool::PooledConn| {
+        conn.run(|c| scripts::RENEW.prepare_invoke().load(c))
+            .map(drop)
+            .map_err(|err| {
+                log::warn!(
+                    "redbaton: watchdog could not load its script: {}",
+                    describe_io(&err)
+                );
+            })
+    };
+    if !*script_loaded {
+        load(&mut conn)?;
+        *script_loaded = true;
+    }
     for _ in 0..2 {
         let values: Vec<Value> = conn.run(|c| pipe.query(c)).map_err(|err| {
             log::warn!("redbaton: watchdog renewal failed: {}", describe_io(&err));

@@ -4,22 +4,18 @@
 mod support;
 
 use std::collections::HashMap;
-use std::env;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use redbaton::LockClient;
-use testkit::{ChildProcess, RedisServer};
-
-const ROLE: &str = "REDBATON_CHILD_ROLE";
-const URL: &str = "REDBATON_CHILD_URL";
-const CHILD: &str = "child_entry";
+use support::spawn_child;
+use testkit::RedisServer;
 
 /// Entry point of the child processes; does nothing in a normal test run.
 #[test]
 #[ignore = "child-process entry point, started by the other tests of this file"]
 fn child_entry() {
-    let (Ok(role), Ok(url)) = (env::var(ROLE), env::var(URL)) else {
+    let Some((role, url)) = support::child_role() else {
         return;
     };
     match role.as_str() {
@@ -118,10 +114,6 @@ fn hold_worker(url: &str) {
     println!("ACQUIRED {}", guard.fencing_token());
     thread::sleep(Duration::from_secs(30));
     panic!("the test should have killed this process");
-}
-
-fn spawn_child(role: &str, server: &RedisServer) -> ChildProcess {
-    ChildProcess::spawn_test(CHILD, &[(ROLE, role.to_owned()), (URL, server.url())])
 }
 
 #[test]

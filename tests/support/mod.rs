@@ -36,3 +36,25 @@ pub fn lock_key(name: &str) -> String {
 pub fn baton_key(name: &str) -> String {
     format!("redbaton:{{{name}}}:baton")
 }
+
+/// Environment variables that tell a re-executed test binary what to do.
+pub const CHILD_ROLE: &str = "REDBATON_CHILD_ROLE";
+/// The Redis URL a child process works against.
+pub const CHILD_URL: &str = "REDBATON_CHILD_URL";
+
+/// Re-runs this test binary's `child_entry` test as a child process with
+/// `role`, working against `server`.
+pub fn spawn_child(role: &str, server: &RedisServer) -> testkit::ChildProcess {
+    testkit::ChildProcess::spawn_test(
+        "child_entry",
+        &[(CHILD_ROLE, role.to_owned()), (CHILD_URL, server.url())],
+    )
+}
+
+/// In a child process: its role and Redis URL. `None` in a normal test run.
+pub fn child_role() -> Option<(String, String)> {
+    Some((
+        std::env::var(CHILD_ROLE).ok()?,
+        std::env::var(CHILD_URL).ok()?,
+    ))
+}

@@ -1,0 +1,340 @@
+//! Leases: the watchdog keeps live holders' locks, fixed leases end on time,
+//! paused holders lose their lock, and lost guards say so.
+
+mod support;
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redbaton::{Error, LockClient};
+use support::{child_role, client, eventually, spawn_child};
+use testkit::RedisServer;
+
+/// Entry point of the child processes; does nothing in a normal test run.
+#[test]
+#[ignore = "child-process entry point, started by the other tests of this file"]
+fn child_entry() {
+    let Some((role, url)) = child_role() else {
+        return;
+    };
+    match role.as_str() {
+        "try-for-two-seconds" => {
+            let client = LockClient::open(&url).unwrap();
+            let got = client
+                .lock("renewed")
+                .unwrap()
+                .try_lock_for(Duration::from_secs(2))
+                .unwrap();
+            println!("GOT {}", got.is_some());
+        }
+        "wait-then-hold" => {
+            let client = LockClient::open(&url).unwrap();
+            let lock = client.lock("fixed").unwrap();
+            println!("WAITING");
+            let guard = lock
+                .try_lock_for(Duration::from_secs(10))
+                .unwrap()
+                .expect("acquired");
+            println!("ACQUIRED {}", guard.fencing_token());
+            // Hold until the parent has looked.
+            let mut raw = redis::Client::open(url).unwrap().get_connection().unwrap();
+            let _: Option<(String, String)> = redis::cmd("BLPOP")
+                .arg("parent-done")
+                .arg(10)
+                .query(&mut raw)
+                .unwrap();
+            guard.unlock().unwrap();
+            println!("RELEASED");
+        }
+        "hold-and-watch" => {
+            let client = LockClient::builder(&url)
+                .default_lease(Duration::from_secs(1))
+                .build()
+                .unwrap();
+            let guard = client.lock("paused").unwrap().lock().unwrap();
+            println!("ACQUIRED {}", guard.fencing_token());
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !guard.is_lost() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(10));
+            }
+            println!("LOST {}", guard.is_lost());
+            let refused = guard.unlock().unwrap_err();
+            println!("UNLOCK {}", refused.is_lost());
+        }
+        other => panic!("unknown child role {other}"),
+    }
+}
+
+fn client_with_lease(server: &RedisServer, lease: Duration) -> LockClient {
+    LockClient::builder(&server.url())
+        .default_lease(lease)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_renewed_guard_outlives_three_leases_and_keeps_another_process_out() {
+    let server = RedisServer::start();
+    let lease = Duration::from_millis(600);
+    let client = client_with_lease(&server, lease);
+    let lock = client.lock("renewed").unwrap();
+    let guard = lock.lock().unwrap();
+    let mut other = spawn_child("try-for-two-seconds", &server);
+    // The child tries for 2 s; we hold for all of it (over 3 leases).
+    assert_eq!(other.wait_for_line("GOT", Duration::from_secs(30)), "false");
+    assert!(!guard.is_lost());
+    let left = guard.remaining_lease().unwrap();
+    assert!(left <= lease && left > Duration::ZERO, "{left:?}");
+    let stats = client.watchdog_stats();
+    assert!(stats.renewals >= 5, "{stats:?}");
+    assert_eq!(stats.losses, 0);
+    guard.unlock().unwrap();
+}
+
+#[test]
+fn with_a_fixed_lease_another_process_takes_the_lock_and_the_old_guard_reports_lost() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let lock = client
+        .lock("fixed")
+        .unwrap()
+        .with_fixed_lease(Duration::from_millis(500))
+        .unwrap();
+    let guard = lock.lock().unwrap();
+    let acquired = Instant::now();
+    let old_token = guard.fencing_token();
+
+    let mut other = spawn_child("wait-then-hold", &server);
+    other.wait_for_line("WAITING", Duration::from_secs(30));
+    let new_token: u64 = other
+        .wait_for_line("ACQUIRED", Duration::from_secs(10))
+        .parse()
+        .unwrap();
+    let took_over = acquired.elapsed();
+    assert!(
+        took_over >= Duration::from_millis(450),
+        "{took_over:?}: before the lease ended"
+    );
+    assert!(new_token > old_token);
+
+    assert!(guard.is_lost(), "the lease ended under a live guard");
+    let holder = lock.holder().unwrap().expect("the other process holds it");
+    let err = guard.unlock().unwrap_err();
+    assert!(matches!(err, Error::LockLost { .. }), "{err}");
+    assert_eq!(
+        lock.holder().unwrap(),
+        Some(holder.clone()),
+        "the new holder's lock is untouched"
+    );
+    assert_eq!(holder.fencing_token, new_token);
+
+    let mut raw = server.connection();
+    redis::cmd("RPUSH")
+        .arg("parent-done")
+        .arg(1)
+        .query::<()>(&mut raw)
+        .unwrap();
+    other.wait_for_line("RELEASED", Duration::from_secs(10));
+}
+
+#[test]
+fn a_holder_paused_past_its_lease_loses_the_lock_and_learns_it_on_resume() {
+    let server = RedisServer::start();
+    let mut holder = spawn_child("hold-and-watch", &server);
+    let old_token: u64 = holder
+        .wait_for_line("ACQUIRED", Duration::from_secs(30))
+        .parse()
+        .unwrap();
+    holder.signal_stop();
+
+    let client = client(&server);
+    let lock = client.lock("paused").unwrap();
+    let started = Instant::now();
+    let guard = lock
+        .try_lock_for(Duration::from_secs(5))
+        .unwrap()
+        .expect("the paused holder's lease ends");
+    assert!(
+        started.elapsed() < Duration::from_millis(1_500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(guard.fencing_token() > old_token);
+
+    holder.signal_continue();
+    assert_eq!(holder.wait_for_line("LOST", Duration::from_secs(5)), "true");
+    assert_eq!(
+        holder.wait_for_line("UNLOCK", Duration::from_secs(5)),
+        "true"
+    );
+    // The resumed holder changed nothing: the lock is still ours.
+    assert!(!guard.is_lost());
+    assert!(guard.remaining_lease().unwrap() > Duration::ZERO);
+    guard.unlock().unwrap();
+}
+
+#[test]
+fn extend_by_the_owner_pushes_a_fixed_lease_out() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let lock = client
+        .lock("extended")
+        .unwrap()
+        .with_fixed_lease(Duration::from_millis(400))
+        .unwrap();
+    let guard = lock.lock().unwrap();
+    guard.extend(Duration::from_secs(10)).unwrap();
+    thread::sleep(Duration::from_millis(600)); // past the original lease
+    assert!(!guard.is_lost());
+    assert!(guard.remaining_lease().unwrap() > Duration::from_secs(5));
+    assert!(lock.is_locked().unwrap());
+    let err = guard.extend(Duration::ZERO).unwrap_err();
+    assert!(matches!(err, Error::InvalidLease { .. }), "{err}");
+    guard.unlock().unwrap();
+    assert!(!lock.is_locked().unwrap());
+}
+
+#[test]
+fn extend_by_a_guard_that_lost_its_lock_is_refused_and_changes_nothing() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let lock = client
+        .lock("lapsed")
+        .unwrap()
+        .with_fixed_lease(Duration::from_millis(200))
+        .unwrap();
+    let stale = lock.lock().unwrap();
+    eventually(Duration::from_secs(3), "the lease to end", || {
+        !lock.is_locked().unwrap()
+    });
+    let other_client = support::client(&server);
+    let successor = other_client
+        .lock("lapsed")
+        .unwrap()
+        .with_fixed_lease(Duration::from_secs(5))
+        .unwrap()
+        .lock()
+        .unwrap();
+
+    let err = stale.extend(Duration::from_secs(60)).unwrap_err();
+    assert!(err.is_lost(), "{err}");
+    assert!(stale.is_lost());
+    assert!(
+        successor.remaining_lease().unwrap() <= Duration::from_secs(5),
+        "not extended by the stale guard"
+    );
+    assert!(stale.remaining_lease().unwrap_err().is_lost());
+    drop(stale);
+    assert_eq!(
+        lock.holder().unwrap().unwrap().fencing_token,
+        successor.fencing_token()
+    );
+}
+
+#[test]
+fn holder_reports_owner_depth_token_and_lease() {
+    let server = RedisServer::start();
+    let client = client_with_lease(&server, Duration::from_secs(20));
+    let lock = client.lock("inspected").unwrap();
+    assert_eq!(lock.holder().unwrap(), None);
+    let outer = lock.lock().unwrap();
+    let inner = lock.lock().unwrap();
+    let holder = lock.holder().unwrap().unwrap();
+    assert_eq!(holder.depth, 2);
+    assert_eq!(holder.fencing_token, outer.fencing_token());
+    let left = holder.remaining_lease.unwrap();
+    assert!(
+        left > Duration::from_secs(15) && left <= Duration::from_secs(20),
+        "{left:?}"
+    );
+    drop(inner);
+    assert_eq!(lock.holder().unwrap().unwrap().depth, 1);
+    drop(outer);
+    assert_eq!(lock.holder().unwrap(), None);
+}
+
+#[test]
+fn renewal_finds_a_force_unlocked_lock_gone_and_does_not_recreate_it() {
+    let server = RedisServer::start();
+    let client = client_with_lease(&server, Duration::from_millis(300));
+    let lock = client.lock("removed").unwrap();
+    let guard = lock.lock().unwrap();
+    assert!(support::client(&server)
+        .lock("removed")
+        .unwrap()
+        .force_unlock()
+        .unwrap());
+    eventually(Duration::from_secs(3), "the watchdog to notice", || {
+        guard.is_lost()
+    });
+    assert_eq!(client.watchdog_stats().losses, 1);
+    let rounds = client.watchdog_stats().rounds;
+    thread::sleep(Duration::from_millis(400)); // more than one renewal interval
+    assert_eq!(
+        client.watchdog_stats().rounds,
+        rounds,
+        "a lost lock is not renewed"
+    );
+    assert!(
+        !lock.is_locked().unwrap(),
+        "renewal never re-creates a lock"
+    );
+    assert!(guard.unlock().unwrap_err().is_lost());
+}
+
+#[test]
+fn reentered_locks_share_one_renewal_that_ends_with_the_last_guard() {
+    let server = RedisServer::start();
+    let client = client_with_lease(&server, Duration::from_millis(300));
+    let lock = client.lock("shared-renewal").unwrap();
+    let outer = lock.lock().unwrap();
+    let inner = lock.lock().unwrap();
+    eventually(Duration::from_secs(3), "three renewal rounds", || {
+        client.watchdog_stats().rounds >= 3
+    });
+    let stats = client.watchdog_stats();
+    assert_eq!(
+        stats.renewals, stats.rounds,
+        "one renewal per round for two guards: {stats:?}"
+    );
+    drop(inner);
+    assert!(!outer.is_lost());
+    outer.unlock().unwrap();
+    let after = client.watchdog_stats();
+    thread::sleep(Duration::from_millis(400)); // more than one renewal interval
+    assert_eq!(
+        client.watchdog_stats().rounds,
+        after.rounds,
+        "no renewal after the last release"
+    );
+    assert!(!lock.is_locked().unwrap());
+}
+
+#[test]
+fn renewal_that_cannot_reach_redis_marks_the_guard_lost_when_the_lease_ends() {
+    let server = RedisServer::start();
+    let lease = Duration::from_millis(600);
+    let client = LockClient::builder(&server.url())
+        .default_lease(lease)
+        .io_timeout(Duration::from_millis(150))
+        .build()
+        .unwrap();
+    let lock = client.lock("unreachable").unwrap();
+    let guard = lock.lock().unwrap();
+    server.pause();
+    let paused = Instant::now();
+    let deadline = paused + Duration::from_secs(5);
+    while !guard.is_lost() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(10));
+    }
+    let noticed = paused.elapsed();
+    server.resume();
+    assert!(guard.is_lost(), "still not lost after {noticed:?}");
+    // Not before the lease could have ended, and not long after.
+    assert!(noticed >= lease / 2, "lost after only {noticed:?}");
+    assert!(
+        noticed < lease + Duration::from_millis(800),
+        "lost only after {noticed:?}"
+    );
+    assert!(guard.unlock().unwrap_err().is_lost());
+}
