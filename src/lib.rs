@@ -29,7 +29,9 @@
 //!   after as many releases.
 //! - **Crash safety**: every acquisition sets a lease (`PEXPIRE`); a holder
 //!   that dies frees the lock when its lease ends, and waiters wake then, not
-//!   at their next poll.
+//!   at their next poll. While a guard lives, the client's watchdog thread
+//!   renews the lease (or, with [`Lock::with_fixed_lease`], the lock ends on
+//!   time); a guard whose lock ran out reports [`LockGuard::is_lost`].
 //! - **No busy waiting**: a waiter costs at most a couple of commands per
 //!   maximum park time, and a process parks one connection per lock name
 //!   however many of its threads wait.
