@@ -138,15 +138,15 @@ impl LockGuard {
         // Withdraw from the watchdog first, so that no renewal follows the
         // release (a renewal never re-creates a lock, but it must not touch
         // the next holder's either).
-        shared
+        let left = shared
             .ownerships
             .leave(self.lock.keys(), &self.identity, &self.status);
-        if self.status.is_lost() {
+        let Some(left) = left.filter(|_| !self.status.is_lost()) else {
             return Err(self.lost());
-        }
+        };
         match self
             .lock
-            .release(&self.identity, self.fence, self.mode.lease())
+            .release(&self.identity, self.fence, left, self.mode.lease())
         {
             Err(Error::LockLost { .. }) => Err(self.lost()),
             other => other.map(drop),

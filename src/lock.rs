@@ -266,6 +266,13 @@ impl Lock {
             Some(lease) => LeaseMode::Fixed(lease),
             None => LeaseMode::Renewed(self.shared.default_lease),
         };
+        // Re-entry is granted only to the ownership this thread's live guards
+        // belong to; the stored depth is set to theirs + 1.
+        let (held_fence, guards) = self
+            .shared
+            .ownerships
+            .held(&self.keys, identity)
+            .unwrap_or((0, 0));
         let sent = Instant::now();
         let reply: Vec<i64> = self.shared.run(&self.keys.name, |c| {
             scripts::ACQUIRE
@@ -273,6 +280,8 @@ impl Lock {
                 .key(&self.keys.fence)
                 .arg(&**identity)
                 .arg(millis(mode.lease()))
+                .arg(held_fence)
+                .arg(guards + 1)
                 .invoke(c)
         })?;
         match reply[..] {
@@ -306,12 +315,13 @@ impl Lock {
         }
     }
 
-    /// Runs the release script for the ownership `fence` of `identity`:
-    /// `Ok(depth left)`.
+    /// Runs the release script for the ownership `fence` of `identity`,
+    /// which keeps `guards_left` live guards: `Ok(depth left)`.
     pub(crate) fn release(
         &self,
         identity: &str,
         fence: u64,
+        guards_left: usize,
         lease: Duration,
     ) -> Result<u64, Error> {
         let left: i64 = self.shared.run(&self.keys.name, |c| {
@@ -320,6 +330,7 @@ impl Lock {
                 .key(&self.keys.baton)
                 .arg(identity)
                 .arg(fence)
+                .arg(guards_left)
                 .arg(millis(lease))
                 .arg(millis(self.shared.baton_ttl))
                 .invoke(c)

@@ -155,23 +155,39 @@ impl Ownerships {
         (Arc::clone(&entry.status), wake_watchdog)
     }
 
-    /// Forgets one guard of the ownership whose status is `status`; the last
-    /// guard removes the entry, so the watchdog never renews it again.
+    /// The ownership `identity` holds on `keys` through live guards: its
+    /// fencing token and how many guards it has.
+    pub(crate) fn held(&self, keys: &LockKeys, identity: &Arc<str>) -> Option<(u64, usize)> {
+        let entries = self.entries.lock();
+        let entry = entries.get(&(keys.lock.clone(), Arc::clone(identity)))?;
+        Some((entry.fence, entry.guards))
+    }
+
+    /// Forgets one guard of the ownership whose status is `status` and
+    /// returns how many are left; the last guard removes the entry, so the
+    /// watchdog never renews it again. `None` when the ownership is no
+    /// longer recorded (it was lost).
     ///
     /// Called before the release script is sent. Waits for a renewal round
     /// in progress (the watchdog holds the entries while it talks to Redis),
     /// so no renewal can arrive after the release.
-    pub(crate) fn leave(&self, keys: &LockKeys, identity: &Arc<str>, status: &Arc<LeaseStatus>) {
+    pub(crate) fn leave(
+        &self,
+        keys: &LockKeys,
+        identity: &Arc<str>,
+        status: &Arc<LeaseStatus>,
+    ) -> Option<usize> {
         let mut entries = self.entries.lock();
         let key = (keys.lock.clone(), Arc::clone(identity));
-        if let Some(entry) = entries.get_mut(&key) {
-            if Arc::ptr_eq(&entry.status, status) {
-                entry.guards -= 1;
-                if entry.guards == 0 {
-                    entries.remove(&key);
-                }
-            }
+        let entry = entries
+            .get_mut(&key)
+            .filter(|entry| Arc::ptr_eq(&entry.status, status))?;
+        entry.guards -= 1;
+        let left = entry.guards;
+        if left == 0 {
+            entries.remove(&key);
         }
+        Some(left)
     }
 
     /// Removes the ownership of `status` (it was found lost).
@@ -209,10 +225,10 @@ mod tests {
         let (b, wake_b) = ownerships.enter(&keys, &id, 7, mode, now);
         assert!(Arc::ptr_eq(&a, &b));
         assert!(wake_a && !wake_b, "one watchdog entry");
-        ownerships.leave(&keys, &id, &a);
-        assert_eq!(ownerships.lock().len(), 1);
-        ownerships.leave(&keys, &id, &b);
-        assert_eq!(ownerships.lock().len(), 0);
+        assert_eq!(ownerships.held(&keys, &id), Some((7, 2)));
+        assert_eq!(ownerships.leave(&keys, &id, &a), Some(1));
+        assert_eq!(ownerships.leave(&keys, &id, &b), Some(0));
+        assert_eq!(ownerships.held(&keys, &id), None);
     }
 
     #[test]
@@ -223,8 +239,12 @@ mod tests {
         let (old, _) = ownerships.enter(&keys, &id, 1, mode, now);
         let (new, _) = ownerships.enter(&keys, &id, 2, mode, now);
         assert!(old.is_lost() && !new.is_lost());
-        ownerships.leave(&keys, &id, &old);
-        assert_eq!(ownerships.lock().len(), 1, "the new ownership stays");
+        assert_eq!(ownerships.leave(&keys, &id, &old), None);
+        assert_eq!(
+            ownerships.held(&keys, &id),
+            Some((2, 1)),
+            "the new ownership stays"
+        );
     }
 
     #[test]

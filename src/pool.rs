@@ -7,8 +7,9 @@
 //! from every other waiter). So every transport error marks the connection
 //! broken, and r2d2 drops it instead of pooling it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use redis::{ConnectionLike, RedisError, RedisResult};
@@ -19,6 +20,19 @@ use crate::error::{breaks_connection, describe_io, Error};
 pub(crate) struct Conn {
     inner: redis::Connection,
     broken: bool,
+    /// The pool's generation when this connection was opened.
+    generation: u64,
+    health: Arc<Health>,
+}
+
+/// Shared by a pool's connections: a transport failure on one of them
+/// starts a new generation, and idle connections of older generations are
+/// closed instead of handed out. After a server restart every idle
+/// connection is dead, and without this each caller would meet one of them
+/// and fail once.
+#[derive(Debug, Default)]
+pub(crate) struct Health {
+    generation: AtomicU64,
 }
 
 impl Conn {
@@ -32,6 +46,7 @@ impl Conn {
         if let Err(err) = &result {
             if breaks_connection(err) {
                 self.broken = true;
+                self.health.generation.fetch_add(1, Ordering::AcqRel);
             }
         }
         result
@@ -73,6 +88,7 @@ pub(crate) struct Manager {
     client: redis::Client,
     io_timeout: Duration,
     failures: ConnectFailures,
+    health: Arc<Health>,
 }
 
 impl r2d2::ManageConnection for Manager {
@@ -87,6 +103,8 @@ impl r2d2::ManageConnection for Manager {
         Ok(Conn {
             inner,
             broken: false,
+            generation: self.health.generation.load(Ordering::Acquire),
+            health: Arc::clone(&self.health),
         })
     }
 
@@ -104,6 +122,7 @@ impl r2d2::ManageConnection for Manager {
 pub(crate) struct Pool {
     pool: r2d2::Pool<Manager>,
     failures: ConnectFailures,
+    health: Arc<Health>,
     /// `host:port`, for error messages (never the password).
     addr: Arc<str>,
 }
@@ -122,10 +141,12 @@ impl Pool {
     ) -> Pool {
         let addr: Arc<str> = client.get_connection_info().addr().to_string().into();
         let failures = ConnectFailures::default();
+        let health = Arc::new(Health::default());
         let manager = Manager {
             client,
             io_timeout,
             failures: failures.clone(),
+            health: Arc::clone(&health),
         };
         let pool = r2d2::Pool::builder()
             .max_size(max_size)
@@ -140,6 +161,7 @@ impl Pool {
         Pool {
             pool,
             failures,
+            health,
             addr,
         }
     }
@@ -155,15 +177,36 @@ impl Pool {
     /// [`Error::Unreachable`] when the pool had room but could not connect,
     /// [`Error::PoolTimeout`] when every connection stayed busy.
     pub(crate) fn get(&self, wait: Duration) -> Result<PooledConn, Error> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let mut conn = self.checkout(deadline.saturating_duration_since(Instant::now()))?;
+            if conn.generation >= self.health.generation.load(Ordering::Acquire) {
+                return Ok(conn);
+            }
+            // Opened before a transport failure: probably dead. Closed when
+            // dropped; bounded, since every connection is replaced once.
+            conn.broken = true;
+        }
+    }
+
+    fn checkout(&self, wait: Duration) -> Result<PooledConn, Error> {
         self.pool.get_timeout(wait).map_err(|_| {
-            let room = self.pool.state().connections < self.pool.max_size();
+            // With room in the pool, the wait was for a new connection that
+            // could not be opened in time: Redis is the problem, not the pool.
+            if self.pool.state().connections >= self.pool.max_size() {
+                return Error::PoolTimeout { waited: wait };
+            }
             match self.failures.last.lock().as_ref() {
-                Some(err) if room => Error::Unreachable {
+                Some(err) => Error::Unreachable {
                     addr: self.addr.to_string(),
                     detail: describe_io(err),
                     timed_out: err.is_timeout(),
                 },
-                _ => Error::PoolTimeout { waited: wait },
+                None => Error::Unreachable {
+                    addr: self.addr.to_string(),
+                    detail: format!("no connection could be opened within {wait:?}"),
+                    timed_out: true,
+                },
             }
         })
     }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::error::Error;
+use crate::error::{breaks_connection, describe_io, Error};
 use crate::keys::LockKeys;
 use crate::pool::Pool;
 
@@ -62,12 +62,21 @@ pub(crate) fn wait_until<T>(
     let Some(_turn) = member.wait_for_turn(deadline) else {
         return Ok(None);
     };
+    let mut failures = Failures::default();
     loop {
         // The previous parker may have left because it acquired the lock, so
         // look before parking.
-        let lease_left = match attempt()? {
-            Attempt::Acquired(value) => return Ok(Some(value)),
-            Attempt::Held { lease_left } => lease_left,
+        let lease_left = match attempt() {
+            Ok(Attempt::Acquired(value)) => return Ok(Some(value)),
+            Ok(Attempt::Held { lease_left }) => {
+                failures = Failures::default();
+                lease_left
+            }
+            Err(err) if err.is_unreachable() => {
+                failures.back_off(err, deadline)?;
+                continue;
+            }
+            Err(err) => return Err(err),
         };
         let now = Instant::now();
         let mut park = settings.max_park;
@@ -80,8 +89,60 @@ pub(crate) fn wait_until<T>(
             }
             park = park.min(deadline - now);
         }
-        park_in_redis(parking, settings, keys, park)?;
+        if let Parked::ConnectionFailed(err) = park_in_redis(parking, settings, keys, park)? {
+            // A killed or reset parked connection: look again at once, on a
+            // fresh connection.
+            failures.count(err)?;
+        }
     }
+}
+
+/// Consecutive transport failures a waiter rides out (a restart, a killed
+/// connection) before it returns the error.
+const MAX_FAILURES: u32 = 5;
+
+/// The first pause after a failed attempt; it doubles with each failure in
+/// a row (20, 40, 80, 160 ms: about 300 ms in all before giving up). This is
+/// the only sleep in the wait path, and only while Redis is failing.
+const FIRST_BACKOFF: Duration = Duration::from_millis(20);
+
+/// Transport failures in a row while waiting.
+#[derive(Default)]
+struct Failures {
+    in_a_row: u32,
+}
+
+impl Failures {
+    /// Counts a failure; the error once there have been too many.
+    fn count(&mut self, err: Error) -> Result<(), Error> {
+        self.in_a_row += 1;
+        if self.in_a_row >= MAX_FAILURES {
+            return Err(err);
+        }
+        Ok(())
+    }
+
+    /// Counts a failed attempt and pauses before the next one, within the
+    /// deadline: Redis refusing connections answers at once, so retrying
+    /// without a pause would spin through the failures in microseconds.
+    fn back_off(&mut self, err: Error, deadline: Option<Instant>) -> Result<(), Error> {
+        let pause = FIRST_BACKOFF * 2u32.pow(self.in_a_row.min(8));
+        let past_deadline = deadline.is_some_and(|deadline| Instant::now() + pause >= deadline);
+        self.in_a_row += 1;
+        if self.in_a_row >= MAX_FAILURES || past_deadline {
+            return Err(err);
+        }
+        std::thread::sleep(pause);
+        Ok(())
+    }
+}
+
+/// How one park ended.
+enum Parked {
+    /// Woken by a baton or by its timeout.
+    Done,
+    /// The parked connection failed; it was closed.
+    ConnectionFailed(Error),
 }
 
 /// One `BLPOP` of at most `park` on the baton list. Whether a baton came
@@ -91,7 +152,7 @@ fn park_in_redis(
     settings: WaitSettings,
     keys: &LockKeys,
     park: Duration,
-) -> Result<(), Error> {
+) -> Result<Parked, Error> {
     let mut conn = match parking.get(park.min(settings.io_timeout)) {
         Ok(conn) => conn,
         // Every parking connection is busy with other lock names: wait here
@@ -99,7 +160,7 @@ fn park_in_redis(
         // per park interval, as when parked.
         Err(Error::PoolTimeout { .. }) => {
             log::debug!("redbaton: no free parking connection for {:?}", keys.name);
-            return Ok(());
+            return Ok(Parked::Done);
         }
         Err(err) => return Err(err),
     };
@@ -112,10 +173,28 @@ fn park_in_redis(
     // the socket, which cancels the server-side BLPOP.
     conn.set_read_timeout(park + settings.io_timeout)
         .map_err(|err| Error::from_redis(err, &keys.name, parking.addr()))?;
-    let _baton: Option<(String, String)> = conn
-        .run(|c| redis::cmd("BLPOP").arg(&keys.baton).arg(&timeout).query(c))
-        .map_err(|err| Error::from_redis(err, &keys.name, parking.addr()))?;
-    Ok(())
+    let parked: redis::RedisResult<Option<(String, String)>> =
+        conn.run(|c| redis::cmd("BLPOP").arg(&keys.baton).arg(&timeout).query(c));
+    match parked {
+        Ok(_baton) => Ok(Parked::Done),
+        // A parked connection that was killed, reset or timed out is closed
+        // (never pooled again) and counts as a wake-up: the next attempt, on
+        // a command connection, tells whether Redis is really gone, and if
+        // not, the waiter parks again on a fresh connection.
+        Err(err) if breaks_connection(&err) => {
+            log::debug!(
+                "redbaton: parked connection for {:?} failed ({}); looking again",
+                keys.name,
+                describe_io(&err)
+            );
+            Ok(Parked::ConnectionFailed(Error::from_redis(
+                err,
+                &keys.name,
+                parking.addr(),
+            )))
+        }
+        Err(err) => Err(Error::from_redis(err, &keys.name, parking.addr())),
+    }
 }
 
 /// Per-process queues of threads waiting for each lock name.

@@ -121,9 +121,10 @@ fn with_a_fixed_lease_another_process_takes_the_lock_and_the_old_guard_reports_l
     let holder = lock.holder().unwrap().expect("the other process holds it");
     let err = guard.unlock().unwrap_err();
     assert!(matches!(err, Error::LockLost { .. }), "{err}");
+    let after = lock.holder().unwrap().expect("still held");
     assert_eq!(
-        lock.holder().unwrap(),
-        Some(holder.clone()),
+        (&after.owner, after.depth, after.fencing_token),
+        (&holder.owner, holder.depth, holder.fencing_token),
         "the new holder's lock is untouched"
     );
     assert_eq!(holder.fencing_token, new_token);

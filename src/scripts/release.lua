@@ -1,30 +1,34 @@
--- release: undo one level of re-entry; the last level frees the lock and hands
--- the baton to one waiter.
+-- release: release one guard; the last guard frees the lock and hands the
+-- baton to one waiter.
 --
 -- KEYS[1]  lock key   (hash: flag, count, fence)
 -- KEYS[2]  baton key  (list holding at most one "ok" token)
 -- ARGV[1]  identity of the caller
 -- ARGV[2]  fencing token of the caller's ownership
--- ARGV[3]  lease in milliseconds, refreshed when an inner level is released
--- ARGV[4]  baton TTL in milliseconds
+-- ARGV[3]  the caller's live guards after this release (0: this was the last)
+-- ARGV[4]  lease in milliseconds, refreshed when an inner guard is released
+-- ARGV[5]  baton TTL in milliseconds
 --
 -- Returns -1     the caller does not own the lock (its lease ran out, or it was
 --                force-unlocked); nothing was changed. The fence is part of
 --                the check: a thread whose lock was lost and which took the
 --                lock again must not release the new ownership with a guard
 --                of the old one.
---         depth  > 0: an inner level was released, the lock is still held
+--         depth  > 0: an inner guard was released, the lock is still held
 --         0      the lock was freed and the baton pushed
-local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'count')
+--
+-- The depth is set from ARGV, not decremented, so sending the same release
+-- twice leaves the same state: a release never takes off two levels.
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence')
 if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
   return -1
 end
 
-local depth = tonumber(held[3])
-if depth > 1 then
-  redis.call('HSET', KEYS[1], 'count', depth - 1)
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return depth - 1
+local depth = tonumber(ARGV[3])
+if depth > 0 then
+  redis.call('HSET', KEYS[1], 'count', depth)
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return depth
 end
 
 -- Check the baton key before the first write: a script error is not rolled
@@ -39,5 +43,5 @@ redis.call('DEL', KEYS[1])
 redis.call('RPUSH', KEYS[2], 'ok')
 -- One token wakes one waiter; a second token would only cost a wasted retry.
 redis.call('LTRIM', KEYS[2], 0, 0)
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
 return 0
