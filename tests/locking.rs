@@ -344,3 +344,36 @@ fn locks_under_odd_names_work_end_to_end() {
         assert!(!lock.is_locked().unwrap(), "{name:?}");
     }
 }
+
+#[test]
+fn a_thread_pays_one_incr_for_its_identity_and_none_after() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let lock = client.lock("identity").unwrap();
+    // Load the scripts first, from a thread of its own.
+    let warm = lock.clone();
+    thread::spawn(move || warm.lock().unwrap().unlock().unwrap())
+        .join()
+        .unwrap();
+    let before = server.command_calls();
+    for _ in 0..10 {
+        lock.lock().unwrap().unlock().unwrap();
+    }
+    let other = lock.clone();
+    thread::spawn(move || other.lock().unwrap().unlock().unwrap())
+        .join()
+        .unwrap();
+    let used = server.commands_since(&before);
+    // The scripts INCR the fence once per fresh acquisition (11); the rest
+    // are identities: one per thread.
+    assert_eq!(used.get("incr"), Some(&(11 + 2)), "{used:?}");
+    // And nothing else is sent but the scripts: 11 acquisitions, 11 releases.
+    assert_eq!(used.get("evalsha"), Some(&22), "{used:?}");
+}
+
+#[test]
+fn clients_and_locks_are_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync + Clone>() {}
+    assert_send_sync::<LockClient>();
+    assert_send_sync::<redbaton::Lock>();
+}
