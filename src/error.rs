@@ -80,6 +80,23 @@ pub enum Error {
         name: String,
     },
 
+    /// The Redis user may not run a command or touch a key that redbaton
+    /// needs (an ACL refused it).
+    #[error("the Redis user is not allowed to do what redbaton needs ({detail}); grant the commands and keys of the ACL line in the README")]
+    PermissionDenied {
+        /// What Redis refused.
+        detail: String,
+    },
+
+    /// Redis refused the credentials in the URL.
+    #[error("Redis at {addr} refused the credentials ({detail}); check the user and password in the URL")]
+    AuthenticationFailed {
+        /// `host:port` of the server.
+        addr: String,
+        /// What Redis reported (never the password).
+        detail: String,
+    },
+
     /// Redis answered with an error not covered above (for example `NOPERM`
     /// from an ACL, or `READONLY` from a replica).
     #[error("Redis refused the command: {source}")]
@@ -119,6 +136,25 @@ impl Error {
                 detail: err.detail().unwrap_or("WRONGTYPE").to_owned(),
             };
         }
+        let detail = err.detail().unwrap_or_default();
+        if err.code() == Some("NOPERM")
+            || detail.contains("can't run this command")
+            || detail.contains("can't access")
+        {
+            // Inside a script Redis names neither the command nor the key;
+            // our script's source line does.
+            let detail = match crate::scripts::command_in_error(detail) {
+                Some(command) => format!("{command}: {detail}"),
+                None => detail.to_owned(),
+            };
+            return Error::PermissionDenied { detail };
+        }
+        if is_auth_failure(&err) {
+            return Error::AuthenticationFailed {
+                addr: addr.to_owned(),
+                detail: describe_io(&err),
+            };
+        }
         if breaks_connection(&err) {
             return Error::Unreachable {
                 addr: addr.to_owned(),
@@ -138,6 +174,12 @@ pub(crate) fn breaks_connection(err: &RedisError) -> bool {
         err.kind(),
         ErrorKind::Server(_) | ErrorKind::Extension | ErrorKind::UnexpectedReturnType
     )
+}
+
+/// Whether Redis refused the credentials.
+pub(crate) fn is_auth_failure(err: &RedisError) -> bool {
+    err.kind() == ErrorKind::AuthenticationFailed
+        || matches!(err.code(), Some("WRONGPASS" | "NOAUTH"))
 }
 
 /// A short, password-free description of a transport failure.

@@ -10,6 +10,10 @@
 
 use crate::error::Error;
 
+/// The longest lock name accepted. Redis takes longer keys, but a name this
+/// long is almost surely data passed by mistake, and every command carries it.
+pub(crate) const MAX_NAME_BYTES: usize = 4096;
+
 /// The three keys of one lock name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LockKeys {
@@ -30,6 +34,12 @@ impl LockKeys {
             return Err(Error::InvalidName {
                 name: String::new(),
                 reason: "a lock name must not be empty",
+            });
+        }
+        if name.len() > MAX_NAME_BYTES {
+            return Err(Error::InvalidName {
+                name: format!("{}...", name.chars().take(32).collect::<String>()),
+                reason: "a lock name must be at most 4096 bytes",
             });
         }
         let tag = hash_tag(name);

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use redis::{ConnectionLike, RedisError, RedisResult};
 
-use crate::error::{breaks_connection, describe_io, Error};
+use crate::error::{breaks_connection, describe_io, is_auth_failure, Error};
 
 /// A pooled Redis connection with a "state unknown" mark.
 pub(crate) struct Conn {
@@ -197,6 +197,10 @@ impl Pool {
                 return Error::PoolTimeout { waited: wait };
             }
             match self.failures.last.lock().as_ref() {
+                Some(err) if is_auth_failure(err) => Error::AuthenticationFailed {
+                    addr: self.addr.to_string(),
+                    detail: describe_io(err),
+                },
                 Some(err) => Error::Unreachable {
                     addr: self.addr.to_string(),
                     detail: describe_io(err),

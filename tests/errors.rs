@@ -197,3 +197,15 @@ fn an_exhausted_pool_is_a_pool_timeout() {
         assert!(*took < Duration::from_secs(1), "pool wait took {took:?}");
     }
 }
+
+#[test]
+fn a_name_over_4096_bytes_is_invalid() {
+    let client = LockClient::open("redis://127.0.0.1:1/").unwrap();
+    assert!(client.lock(&"n".repeat(4096)).is_ok());
+    let err = client.lock(&"n".repeat(4097)).unwrap_err();
+    assert!(matches!(err, Error::InvalidName { .. }), "{err}");
+    assert!(
+        err.to_string().len() < 300,
+        "the message does not repeat the name"
+    );
+}

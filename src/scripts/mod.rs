@@ -26,3 +26,63 @@ pub(crate) static RENEW: LazyLock<Script> =
 /// Atomic read of owner, depth, fence and remaining lease.
 pub(crate) static HOLDER: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("holder.lua")));
+
+/// Every script with its file name and source, for error messages.
+fn all() -> [(&'static str, &'static LazyLock<Script>, &'static str); 5] {
+    [
+        ("acquire.lua", &ACQUIRE, include_str!("acquire.lua")),
+        ("release.lua", &RELEASE, include_str!("release.lua")),
+        (
+            "force_unlock.lua",
+            &FORCE_UNLOCK,
+            include_str!("force_unlock.lua"),
+        ),
+        ("renew.lua", &RENEW, include_str!("renew.lua")),
+        ("holder.lua", &HOLDER, include_str!("holder.lua")),
+    ]
+}
+
+/// Names the command a script error points at. Redis reports an error
+/// inside a script as "... script: <sha>, on @user_script:<line>." without
+/// naming the command (an ACL refusal, for one); the line of our own source
+/// does.
+pub(crate) fn command_in_error(message: &str) -> Option<String> {
+    let (_, after) = message.split_once("script: ")?;
+    let (sha, after) = after.split_once(',')?;
+    let line: usize = after
+        .split_once("@user_script:")?
+        .1
+        .trim_end_matches('.')
+        .trim()
+        .parse()
+        .ok()?;
+    let (file, _, source) = all()
+        .into_iter()
+        .find(|(_, script, _)| script.get_hash() == sha.trim())?;
+    let text = source.lines().nth(line.checked_sub(1)?)?;
+    let command = text.split_once("redis.call('")?.1.split_once('\'')?.0;
+    Some(format!("{command} in {file} line {line}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_script_error_is_traced_to_its_command() {
+        let line = include_str!("acquire.lua")
+            .lines()
+            .position(|l| l.contains("redis.call('HSET'"))
+            .unwrap()
+            + 1;
+        let message = format!(
+            "The user executing the script can't run this command or subcommand script: {}, on @user_script:{line}.",
+            ACQUIRE.get_hash()
+        );
+        assert_eq!(
+            command_in_error(&message),
+            Some(format!("HSET in acquire.lua line {line}"))
+        );
+        assert_eq!(command_in_error("ERR something else"), None);
+    }
+}

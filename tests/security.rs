@@ -1,0 +1,175 @@
+//! Least privilege and secrets: redbaton works under an ACL user limited to
+//! what it needs, names what is missing otherwise, and never shows a password.
+
+mod support;
+
+use std::sync::{mpsc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use redbaton::{Error, LockClient};
+use testkit::RedisServer;
+
+/// The README's ACL line, minus `ACL SETUSER <name> on >password`.
+const REDBATON_ACL: &str = "~redbaton:* resetchannels -@all +evalsha +script|load +incr +exists +blpop +hmget +hset +pexpire +pttl +set +time +type +del +rpush +ltrim";
+const PASSWORD: &str = "pa55-w0rd-do-not-log";
+
+fn add_user(server: &RedisServer, name: &str, rules: &str) {
+    let mut raw = server.connection();
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER")
+        .arg(name)
+        .arg("on")
+        .arg(format!(">{PASSWORD}"));
+    for rule in rules.split_whitespace() {
+        cmd.arg(rule);
+    }
+    cmd.query::<()>(&mut raw).unwrap();
+}
+
+fn user_url(server: &RedisServer, user: &str, password: &str) -> String {
+    format!("redis://{user}:{password}@127.0.0.1:{}/", server.port())
+}
+
+/// Records every log line of this test binary.
+struct Recorder(Mutex<Vec<String>>);
+
+impl log::Log for Recorder {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("{} {}", record.level(), record.args()));
+    }
+    fn flush(&self) {}
+}
+
+static LOGS: Recorder = Recorder(Mutex::new(Vec::new()));
+
+fn record_logs() {
+    let _ = log::set_logger(&LOGS);
+    log::set_max_level(log::LevelFilter::Trace);
+}
+
+#[test]
+fn everything_works_under_a_user_limited_to_the_documented_acl() {
+    let server = RedisServer::start();
+    add_user(&server, "locker", REDBATON_ACL);
+    let client = LockClient::builder(&user_url(&server, "locker", PASSWORD))
+        .default_lease(Duration::from_millis(300))
+        .max_park(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let lock = client.lock("acl").unwrap();
+    let outer = lock.lock().unwrap();
+    let inner = lock.try_lock().unwrap().expect("re-entry");
+    assert_eq!(lock.holder().unwrap().unwrap().depth, 2);
+    assert!(outer.remaining_lease().unwrap() > Duration::ZERO);
+
+    // A waiter parks (BLPOP) and is woken by the release (RPUSH).
+    let waiter = lock.clone();
+    let (tx, rx) = mpsc::channel();
+    let handle = thread::spawn(move || {
+        tx.send(
+            waiter
+                .try_lock_for(Duration::from_secs(5))
+                .map(|g| g.is_some()),
+        )
+        .unwrap()
+    });
+    // The watchdog renews meanwhile (lease 300 ms).
+    support::eventually(Duration::from_secs(3), "a renewal", || {
+        client.watchdog_stats().renewals >= 2
+    });
+    drop(inner);
+    outer.extend(Duration::from_secs(1)).unwrap();
+    outer.unlock().unwrap();
+    assert!(rx.recv_timeout(Duration::from_secs(5)).unwrap().unwrap());
+    handle.join().unwrap();
+    assert!(!lock.force_unlock().unwrap());
+    assert!(!lock.is_locked().unwrap());
+    assert_eq!(client.watchdog_stats().losses, 0);
+}
+
+#[test]
+fn a_missing_permission_is_named_in_the_error() {
+    let server = RedisServer::start();
+    for (user, missing) in [
+        ("no-hset", "+hset"),
+        ("no-blpop", "+blpop"),
+        ("other-keys", "~redbaton:*"),
+    ] {
+        let rules = REDBATON_ACL.replace(
+            missing,
+            if missing.starts_with('~') {
+                "~elsewhere:*"
+            } else {
+                ""
+            },
+        );
+        add_user(&server, user, &rules);
+        let client = LockClient::open(&user_url(&server, user, PASSWORD)).unwrap();
+        let lock = client.lock("denied").unwrap();
+        let outcome = match lock.try_lock() {
+            // Only waiting needs BLPOP: make this one wait.
+            Ok(Some(held)) => {
+                let other = lock.clone();
+                let waited = thread::spawn(move || {
+                    other
+                        .try_lock_for(Duration::from_secs(2))
+                        .map(|g| g.is_some())
+                });
+                let result = waited.join().unwrap();
+                drop(held);
+                result
+            }
+            other => other.map(|g| g.is_some()),
+        };
+        let err = outcome.unwrap_err();
+        assert!(
+            matches!(err, Error::PermissionDenied { .. }),
+            "{user}: {err}"
+        );
+        let named = missing
+            .trim_start_matches(['+', '~'])
+            .trim_end_matches(":*");
+        let message = err.to_string().to_lowercase();
+        assert!(
+            message.contains(named) || (named == "redbaton" && message.contains("key")),
+            "{user}: {message}"
+        );
+    }
+}
+
+#[test]
+fn passwords_stay_out_of_debug_errors_and_logs() {
+    record_logs();
+    let server = RedisServer::start();
+    add_user(&server, "locker", REDBATON_ACL);
+
+    let builder = LockClient::builder(&user_url(&server, "locker", "wrong-secret-xyz"));
+    let shown = format!("{builder:?}");
+    let client = builder.build().unwrap();
+    let shown = shown + &format!("{client:?}");
+    let err = client.lock("secret").unwrap().try_lock().unwrap_err();
+    assert!(matches!(err, Error::AuthenticationFailed { .. }), "{err}");
+    let shown = shown + &format!("{err} {err:?}");
+
+    let good = LockClient::open(&user_url(&server, "locker", PASSWORD)).unwrap();
+    let lock = good.lock("secret").unwrap();
+    let guard = lock.lock().unwrap();
+    let shown = shown + &format!("{good:?} {lock:?} {guard:?}");
+    drop(guard);
+    server.kill();
+    let down = lock.try_lock().unwrap_err();
+    let shown = shown + &format!("{down} {down:?}");
+
+    let logs = LOGS.0.lock().unwrap().join("\n");
+    for secret in ["wrong-secret-xyz", PASSWORD] {
+        assert!(!shown.contains(secret), "{secret} shown in: {shown}");
+        assert!(!logs.contains(secret), "{secret} logged in: {logs}");
+    }
+}
