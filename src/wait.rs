@@ -97,6 +97,9 @@ pub(crate) fn wait_until<T>(
     }
 }
 
+/// The least time given to opening a parking connection.
+const CONNECT_ALLOWANCE: Duration = Duration::from_millis(50);
+
 /// Consecutive transport failures a waiter rides out (a restart, a killed
 /// connection) before it returns the error.
 const MAX_FAILURES: u32 = 5;
@@ -153,17 +156,28 @@ fn park_in_redis(
     keys: &LockKeys,
     park: Duration,
 ) -> Result<Parked, Error> {
-    let mut conn = match parking.get(park.min(settings.io_timeout)) {
+    let park_until = Instant::now() + park;
+    // Opening a parking connection may take a round trip or two even when
+    // the park itself is short.
+    let wait_for_connection = park.max(CONNECT_ALLOWANCE).min(settings.io_timeout);
+    let mut conn = match parking.get(wait_for_connection) {
         Ok(conn) => conn,
-        // Every parking connection is busy with other lock names: wait here
-        // instead for the same time, then look again. Bounded: one attempt
+        // Every parking connection is busy with other lock names: this
+        // thread waited here instead, then looks again. Bounded: one attempt
         // per park interval, as when parked.
         Err(Error::PoolTimeout { .. }) => {
             log::debug!("redbaton: no free parking connection for {:?}", keys.name);
             return Ok(Parked::Done);
         }
+        // No new parking connection in time: the next attempt, with the full
+        // I/O timeout, tells whether Redis is really out of reach.
+        Err(err @ Error::Unreachable { .. }) => return Ok(Parked::ConnectionFailed(err)),
         Err(err) => return Err(err),
     };
+    let park = park_until.saturating_duration_since(Instant::now());
+    if park.is_zero() {
+        return Ok(Parked::Done);
+    }
     // BLPOP takes seconds with millisecond precision; 0 would mean "forever".
     let millis = park.as_millis().clamp(1, u128::from(u32::MAX));
     let timeout = format!("{}.{:03}", millis / 1000, millis % 1000);
