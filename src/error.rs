@@ -1,7 +1,8 @@
 //! The one error type of the crate.
 //!
 //! "Someone else holds the lock" is not an error: `try_lock` returns
-//! `Ok(None)`. Errors are bad input, Redis failures, and lost ownership.
+//! `Ok(None)`; neither is "no permits left": `try_acquire` returns
+//! `Ok(false)`. Errors are bad input, Redis failures, and lost ownership.
 
 use std::time::Duration;
 
@@ -77,6 +78,46 @@ pub enum Error {
     #[error("lock {name:?} was lost: this thread no longer owns it (its lease ran out or it was force-unlocked), so its critical section may have overlapped another holder's; use fencing tokens, or a longer lease")]
     LockLost {
         /// The lock name.
+        name: String,
+    },
+
+    /// A rate limiter was asked for zero permits.
+    #[error("invalid permit count {permits}: ask a rate limiter for at least 1 permit")]
+    InvalidPermits {
+        /// The count that was refused.
+        permits: u64,
+    },
+
+    /// A rate limiter was asked for more permits at once than its bucket can
+    /// ever hold, so waiting would never end.
+    #[error("rate limiter {name:?} can never grant {permits} permits at once: its bucket holds at most {capacity} (the permits of its rate); ask for fewer, or raise the rate with force_rate")]
+    PermitsOverCapacity {
+        /// The limiter's name.
+        name: String,
+        /// How many permits were asked for.
+        permits: u64,
+        /// The most the bucket holds: the configured permits per interval.
+        capacity: u64,
+    },
+
+    /// A rate given to `set_rate` or `force_rate` is out of range.
+    #[error("invalid rate of {permits} permits per {per:?}: {reason}")]
+    InvalidRate {
+        /// The permits per interval that were given.
+        permits: u64,
+        /// The interval that was given.
+        per: Duration,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// A rate limiter was used before anyone configured its rate (or after
+    /// it was deleted).
+    #[error(
+        "rate limiter {name:?} has no rate: call set_rate (or force_rate) on it before acquiring"
+    )]
+    RateNotConfigured {
+        /// The limiter's name.
         name: String,
     },
 

@@ -26,3 +26,12 @@ pub(crate) static RENEW: LazyLock<Script> =
 /// Atomic read of owner, depth, fence and remaining lease.
 pub(crate) static HOLDER: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("holder.lua")));
+
+/// Take permits from a rate limiter's bucket, or say how long until they
+/// exist; reads the server's clock, never the client's.
+pub(crate) static RATE_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("rate_acquire.lua")));
+
+/// Write a rate limiter's configuration, when absent or unconditionally.
+pub(crate) static RATE_CONFIG: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("rate_config.lua")));
