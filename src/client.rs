@@ -8,10 +8,11 @@ use redis::RedisResult;
 
 use crate::error::Error;
 use crate::identity::Identities;
-use crate::keys::{self, LockKeys};
+use crate::keys::{self, LimiterKeys, LockKeys};
 use crate::lock::Lock;
 use crate::ownership::Ownerships;
 use crate::pool::Pool;
+use crate::rate_limit::RateLimiter;
 use crate::wait::{LocalQueues, WaitSettings};
 use crate::watchdog::{Watchdog, WatchdogStats};
 
@@ -109,6 +110,23 @@ impl LockClient {
     pub fn lock(&self, name: &str) -> Result<Lock, Error> {
         let keys = LockKeys::new(&self.shared.prefix, name)?;
         Ok(Lock::new(Arc::clone(&self.shared), keys))
+    }
+
+    /// A handle on the rate limiter called `name`. Cheap; makes no network
+    /// call. Its rate is stored in Redis: set it with
+    /// [`RateLimiter::set_rate`] before acquiring.
+    ///
+    /// Names follow the rules of lock names, and a limiter never shares keys
+    /// with a lock of the same name. In [`RateMode::PerClient`] mode, this
+    /// client's budget is its own, apart from every other client's.
+    ///
+    /// [`RateMode::PerClient`]: crate::RateMode::PerClient
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] when `name` is empty.
+    pub fn rate_limiter(&self, name: &str) -> Result<RateLimiter, Error> {
+        let keys = LimiterKeys::new(&self.shared.prefix, name, self.shared.identities.instance())?;
+        Ok(RateLimiter::new(Arc::clone(&self.shared), keys))
     }
 
     /// What the watchdog has done so far: renewal rounds (one round trip

@@ -1,7 +1,8 @@
 //! The one error type of the crate.
 //!
 //! "Someone else holds the lock" is not an error: `try_lock` returns
-//! `Ok(None)`. Errors are bad input, Redis failures, and lost ownership.
+//! `Ok(None)`; neither is "no permits left": `try_acquire` returns
+//! `Ok(false)`. Errors are bad input, Redis failures, and lost ownership.
 
 use std::time::Duration;
 
@@ -95,6 +96,46 @@ pub enum Error {
         addr: String,
         /// What Redis reported (never the password).
         detail: String,
+    },
+
+    /// A rate limiter was asked for zero permits.
+    #[error("invalid permit count {permits}: ask a rate limiter for at least 1 permit")]
+    InvalidPermits {
+        /// The count that was refused.
+        permits: u64,
+    },
+
+    /// A rate limiter was asked for more permits at once than its bucket can
+    /// ever hold, so waiting would never end.
+    #[error("rate limiter {name:?} can never grant {permits} permits at once: its bucket holds at most {capacity} (the permits of its rate); ask for fewer, or raise the rate with force_rate")]
+    PermitsOverCapacity {
+        /// The limiter's name.
+        name: String,
+        /// How many permits were asked for.
+        permits: u64,
+        /// The most the bucket holds: the configured permits per interval.
+        capacity: u64,
+    },
+
+    /// A rate given to `set_rate` or `force_rate` is out of range.
+    #[error("invalid rate of {permits} permits per {per:?}: {reason}")]
+    InvalidRate {
+        /// The permits per interval that were given.
+        permits: u64,
+        /// The interval that was given.
+        per: Duration,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// A rate limiter was used before anyone configured its rate (or after
+    /// it was deleted).
+    #[error(
+        "rate limiter {name:?} has no rate: call set_rate (or force_rate) on it before acquiring"
+    )]
+    RateNotConfigured {
+        /// The limiter's name.
+        name: String,
     },
 
     /// Redis answered with an error not covered above (for example `NOPERM`

@@ -7,6 +7,13 @@
 //! that part is always exactly `T` and the three keys of one lock always share
 //! a slot, whatever characters the name holds. The encoding is reversible, so
 //! two names never share keys.
+//!
+//! A rate limiter named `N` lives under the same tag, in its own `rate`
+//! namespace: `P:{T}:rate:config`, `P:{T}:rate:overall` and
+//! `P:{T}:rate:client:<uuid>`. Lock keys end in `:lock`, `:baton` or
+//! `:fence` right after the tag, limiter keys in `:rate:...`, so a lock and a
+//! limiter of the same name never share a key (they do share a slot, which
+//! is harmless).
 
 use crate::error::Error;
 
@@ -48,6 +55,39 @@ impl LockKeys {
             lock: format!("{prefix}:{{{tag}}}:lock"),
             baton: format!("{prefix}:{{{tag}}}:baton"),
             fence: format!("{prefix}:{{{tag}}}:fence"),
+        })
+    }
+}
+
+/// The keys of one rate limiter, as seen by one client instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LimiterKeys {
+    /// The name the user gave.
+    pub(crate) name: String,
+    /// Hash: `mode`, `permits`, `per_us`. No TTL.
+    pub(crate) config: String,
+    /// Hash: `tokens`, `ts`: the bucket every client shares in overall mode.
+    pub(crate) overall: String,
+    /// Hash: `tokens`, `ts`: this client instance's bucket in per-client mode.
+    pub(crate) per_client: String,
+}
+
+impl LimiterKeys {
+    /// Lays out the keys of limiter `name` under `prefix` (already
+    /// validated), for the client instance `instance`.
+    pub(crate) fn new(prefix: &str, name: &str, instance: uuid::Uuid) -> Result<Self, Error> {
+        if name.is_empty() {
+            return Err(Error::InvalidName {
+                name: String::new(),
+                reason: "a rate limiter name must not be empty",
+            });
+        }
+        let tag = hash_tag(name);
+        Ok(LimiterKeys {
+            name: name.to_owned(),
+            config: format!("{prefix}:{{{tag}}}:rate:config"),
+            overall: format!("{prefix}:{{{tag}}}:rate:overall"),
+            per_client: format!("{prefix}:{{{tag}}}:rate:client:{instance}"),
         })
     }
 }
@@ -101,6 +141,26 @@ mod tests {
         let a = LockKeys::new("p", "{x}").unwrap();
         let b = LockKeys::new("p", "%7Bx%7D").unwrap();
         assert_ne!(a.lock, b.lock);
+    }
+
+    #[test]
+    fn limiter_keys_share_the_tag_but_never_a_lock_key() {
+        let instance = uuid::Uuid::nil();
+        let keys = LimiterKeys::new("redbaton", "api{x}", instance).unwrap();
+        assert_eq!(keys.config, "redbaton:{api%7Bx%7D}:rate:config");
+        assert_eq!(keys.overall, "redbaton:{api%7Bx%7D}:rate:overall");
+        assert_eq!(
+            keys.per_client,
+            format!("redbaton:{{api%7Bx%7D}}:rate:client:{instance}")
+        );
+        let lock = LockKeys::new("redbaton", "api{x}").unwrap();
+        for key in [&keys.config, &keys.overall, &keys.per_client] {
+            assert!(![&lock.lock, &lock.baton, &lock.fence].contains(&key));
+        }
+        assert!(matches!(
+            LimiterKeys::new("p", "", instance),
+            Err(Error::InvalidName { .. })
+        ));
     }
 
     #[test]

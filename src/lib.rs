@@ -37,6 +37,25 @@
 //!   however many of its threads wait.
 //! - **Fencing tokens** that increase with every fresh acquisition.
 //!
+//! # Rate limiting
+//!
+//! The same client also paces calls across processes: a
+//! [`RateLimiter`] is a token bucket in Redis, refilled on the server's clock
+//! by one Lua script per call, with its rate stored in Redis so that every
+//! process agrees on it.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redbaton::RateMode;
+//! # fn main() -> Result<(), redbaton::Error> {
+//! let client = redbaton::LockClient::open("redis://127.0.0.1/")?;
+//! let limiter = client.rate_limiter("partner-api")?;
+//! limiter.set_rate(RateMode::Overall, 50, Duration::from_secs(1))?; // first writer wins
+//! limiter.acquire(1)?; // sleeps until a permit exists, then takes it
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! A single Redis is not safe across failover: a replica promoted before it
 //! received the lock can grant it again. See the README for the limits.
 #![forbid(unsafe_code)]
@@ -52,6 +71,7 @@ mod keys;
 mod lock;
 mod ownership;
 mod pool;
+mod rate_limit;
 mod scripts;
 mod wait;
 mod watchdog;
@@ -60,6 +80,7 @@ pub use client::{LockClient, LockClientBuilder};
 pub use error::Error;
 pub use guard::LockGuard;
 pub use lock::{Holder, Lock};
+pub use rate_limit::{Rate, RateLimiter, RateMode};
 pub use watchdog::WatchdogStats;
 
 /// Compiles the README's examples as doctests, so the front door stays true.

@@ -11,7 +11,7 @@ use redbaton::{Error, LockClient};
 use testkit::RedisServer;
 
 /// The README's ACL line, minus `ACL SETUSER <name> on >password`.
-const REDBATON_ACL: &str = "~redbaton:* resetchannels -@all +evalsha +script|load +incr +exists +blpop +hmget +hset +pexpire +pttl +set +time +type +del +rpush +ltrim";
+const REDBATON_ACL: &str = "~redbaton:* resetchannels -@all +evalsha +script|load +incr +exists +blpop +hmget +hset +pexpire +pttl +set +time +type +del +rpush +ltrim +hlen";
 const PASSWORD: &str = "pa55-w0rd-do-not-log";
 
 fn add_user(server: &RedisServer, name: &str, rules: &str) {

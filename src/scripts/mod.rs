@@ -27,8 +27,17 @@ pub(crate) static RENEW: LazyLock<Script> =
 pub(crate) static HOLDER: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("holder.lua")));
 
+/// Take permits from a rate limiter's bucket, or say how long until they
+/// exist; reads the server's clock, never the client's.
+pub(crate) static RATE_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("rate_acquire.lua")));
+
+/// Write a rate limiter's configuration, when absent or unconditionally.
+pub(crate) static RATE_CONFIG: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("rate_config.lua")));
+
 /// Every script with its file name and source, for error messages.
-fn all() -> [(&'static str, &'static LazyLock<Script>, &'static str); 5] {
+fn all() -> [(&'static str, &'static LazyLock<Script>, &'static str); 7] {
     [
         ("acquire.lua", &ACQUIRE, include_str!("acquire.lua")),
         ("release.lua", &RELEASE, include_str!("release.lua")),
@@ -39,6 +48,16 @@ fn all() -> [(&'static str, &'static LazyLock<Script>, &'static str); 5] {
         ),
         ("renew.lua", &RENEW, include_str!("renew.lua")),
         ("holder.lua", &HOLDER, include_str!("holder.lua")),
+        (
+            "rate_acquire.lua",
+            &RATE_ACQUIRE,
+            include_str!("rate_acquire.lua"),
+        ),
+        (
+            "rate_config.lua",
+            &RATE_CONFIG,
+            include_str!("rate_config.lua"),
+        ),
     ]
 }
 

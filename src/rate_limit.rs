@@ -1,0 +1,445 @@
+//! [`RateLimiter`]: a token bucket in Redis that paces every process of an
+//! application, on the server's clock.
+
+use std::fmt;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis::ErrorKind;
+
+use crate::client::{Shared, MAX_LEASE};
+use crate::error::Error;
+use crate::keys::LimiterKeys;
+use crate::scripts;
+
+/// The longest a blocked [`RateLimiter::acquire`] sleeps before it asks
+/// again, so that a rate changed by [`RateLimiter::force_rate`] is seen
+/// within this long.
+const MAX_NAP: Duration = Duration::from_secs(1);
+/// The shortest interval a rate may have.
+const MIN_INTERVAL: Duration = Duration::from_millis(1);
+/// The most permits a rate may have per interval. Bucket state is kept in
+/// Lua numbers (doubles); this keeps fractions of a permit well inside their
+/// precision.
+const MAX_PERMITS: u64 = 1_000_000_000_000;
+
+/// Whose budget a [`RateLimiter`] spends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RateMode {
+    /// One budget shared by every client of the limiter, in every process.
+    Overall,
+    /// One budget per [`LockClient`](crate::LockClient) instance (per
+    /// process, when each process makes one client), each at the full
+    /// configured rate.
+    PerClient,
+}
+
+impl RateMode {
+    fn as_str(self) -> &'static str {
+        match self {
+            RateMode::Overall => "overall",
+            RateMode::PerClient => "per_client",
+        }
+    }
+
+    fn parse(stored: &str) -> Option<RateMode> {
+        match stored {
+            "overall" => Some(RateMode::Overall),
+            "per_client" => Some(RateMode::PerClient),
+            _ => None,
+        }
+    }
+}
+
+/// A limiter's configuration, as stored in Redis: `permits` per `per`, in
+/// `mode`. From [`RateLimiter::rate`].
+///
+/// The bucket holds `permits`: a limiter left idle for `per` lets a burst of
+/// `permits` through at once. For smaller bursts, state the same rate over
+/// a shorter interval (5 per 100 ms rather than 50 per second).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Rate {
+    /// Whose budget is spent.
+    pub mode: RateMode,
+    /// Permits per interval; also the bucket's capacity.
+    pub permits: u64,
+    /// The interval, to the microsecond.
+    pub per: Duration,
+}
+
+/// A handle on one distributed rate limiter, made by
+/// [`LockClient::rate_limiter`](crate::LockClient::rate_limiter).
+///
+/// A token bucket kept in Redis and updated by one Lua script per call, on
+/// the server's clock (`TIME`): clients never send a time, so a client whose
+/// clock is wrong, or whose requests are delayed, gets no more than the
+/// rate. The rate lives in Redis too, so every process agrees on it: set it
+/// once with [`set_rate`](RateLimiter::set_rate) (first writer wins) or
+/// replace it with [`force_rate`](RateLimiter::force_rate).
+///
+/// Cheap to clone, `Send + Sync`: hand clones to threads.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redbaton::RateMode;
+/// # fn main() -> Result<(), redbaton::Error> {
+/// let client = redbaton::LockClient::open("redis://127.0.0.1/")?;
+/// let limiter = client.rate_limiter("partner-api")?;
+/// limiter.set_rate(RateMode::Overall, 50, Duration::from_secs(1))?;
+///
+/// limiter.acquire(1)?; // blocks until a permit is free
+/// // ... call the partner API ...
+/// if limiter.try_acquire(5)? { /* five permits, at once */ }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RateLimiter {
+    shared: Arc<Shared>,
+    keys: Arc<LimiterKeys>,
+}
+
+/// What one run of the acquire script said.
+enum Attempt {
+    /// Granted (or, for zero permits, read); `left` whole permits remain.
+    Granted { left: u64 },
+    /// Refused; the permits will exist after `wait` if no one takes them.
+    Refused { wait: Duration },
+}
+
+impl RateLimiter {
+    pub(crate) fn new(shared: Arc<Shared>, keys: LimiterKeys) -> RateLimiter {
+        RateLimiter {
+            shared,
+            keys: Arc::new(keys),
+        }
+    }
+
+    /// The limiter's name.
+    pub fn name(&self) -> &str {
+        &self.keys.name
+    }
+
+    /// Configures the limiter to `permits` per `per` in `mode`, unless it is
+    /// configured already: the first writer wins, so every process may call
+    /// this at start-up with its default. Returns whether this call wrote
+    /// the configuration. One script call.
+    ///
+    /// The bucket holds `permits` (see [`Rate`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidRate`] for zero permits or more than 10¹², or an
+    /// interval under 1 ms or over a year; Redis failures;
+    /// [`Error::WrongType`] when something else is stored under the
+    /// configuration key.
+    pub fn set_rate(&self, mode: RateMode, permits: u64, per: Duration) -> Result<bool, Error> {
+        self.write_rate(mode, permits, per, false)
+    }
+
+    /// Replaces the limiter's configuration, whatever it was. Every process
+    /// uses the new rate from its next script call; a caller blocked in
+    /// [`acquire`](RateLimiter::acquire) sees it within a second. Buckets
+    /// are kept: they refill at the new rate and are clipped to the new
+    /// capacity. One script call.
+    ///
+    /// # Errors
+    /// As [`set_rate`](RateLimiter::set_rate).
+    pub fn force_rate(&self, mode: RateMode, permits: u64, per: Duration) -> Result<(), Error> {
+        self.write_rate(mode, permits, per, true).map(|_| ())
+    }
+
+    /// The configuration stored in Redis, or `None` when nobody has set one.
+    /// One `HMGET`.
+    ///
+    /// # Errors
+    /// Redis failures; [`Error::WrongType`] when the configuration is
+    /// damaged (something else wrote there).
+    pub fn rate(&self) -> Result<Option<Rate>, Error> {
+        let stored: [Option<String>; 3] = self.shared.run(&self.keys.name, |c| {
+            redis::cmd("HMGET")
+                .arg(&self.keys.config)
+                .arg(&["mode", "permits", "per_us"])
+                .query(c)
+        })?;
+        let [mode, permits, per_us] = stored;
+        if mode.is_none() && permits.is_none() && per_us.is_none() {
+            return Ok(None);
+        }
+        let mode = mode.as_deref().and_then(RateMode::parse);
+        let permits = permits.and_then(|p| p.parse::<u64>().ok());
+        let per_us = per_us.and_then(|p| p.parse::<u64>().ok());
+        match (mode, permits, per_us) {
+            (Some(mode), Some(permits), Some(per_us)) => Ok(Some(Rate {
+                mode,
+                permits,
+                per: Duration::from_micros(per_us),
+            })),
+            (None, _, _) => Err(self.damaged("mode")),
+            (_, None, _) => Err(self.damaged("permits")),
+            (_, _, None) => Err(self.damaged("per_us")),
+        }
+    }
+
+    /// Takes `permits` if the bucket holds them now; never waits. One script
+    /// call.
+    ///
+    /// # Errors
+    /// [`Error::InvalidPermits`] for zero permits;
+    /// [`Error::PermitsOverCapacity`] for more than the bucket can ever hold;
+    /// [`Error::RateNotConfigured`] when nobody called
+    /// [`set_rate`](RateLimiter::set_rate); Redis failures. An empty bucket
+    /// is `Ok(false)`, not an error.
+    pub fn try_acquire(&self, permits: u64) -> Result<bool, Error> {
+        check_permits(permits)?;
+        Ok(matches!(self.attempt(permits)?, Attempt::Granted { .. }))
+    }
+
+    /// Blocks until `permits` are granted.
+    ///
+    /// A refused call is told by the server how long until the bucket holds
+    /// `permits`, sleeps exactly that long (at most a second, so that a rate
+    /// changed meanwhile is seen), and asks again: no polling. Alone, a
+    /// caller sends one script call per grant plus one per refusal; callers
+    /// that compete for one bucket may be refused again when another took the
+    /// permits first. Not first-come first-served: a caller that asks for
+    /// many permits can be overtaken by callers that ask for few.
+    ///
+    /// # Errors
+    /// As [`try_acquire`](RateLimiter::try_acquire).
+    pub fn acquire(&self, permits: u64) -> Result<(), Error> {
+        check_permits(permits)?;
+        self.acquire_until(permits, None).map(|_| ())
+    }
+
+    /// Like [`acquire`](RateLimiter::acquire), but gives up and returns
+    /// `false` when the permits cannot be granted within `timeout`. A
+    /// timeout too large to be a point in time means no deadline.
+    ///
+    /// # Errors
+    /// As [`try_acquire`](RateLimiter::try_acquire).
+    pub fn try_acquire_for(&self, permits: u64, timeout: Duration) -> Result<bool, Error> {
+        check_permits(permits)?;
+        self.acquire_until(permits, Instant::now().checked_add(timeout))
+    }
+
+    /// Like [`acquire`](RateLimiter::acquire), but gives up at `deadline`
+    /// and returns `false`. It gives up at once, without sleeping, when the
+    /// server says the permits cannot exist before the deadline at the
+    /// current rate.
+    ///
+    /// # Errors
+    /// As [`try_acquire`](RateLimiter::try_acquire).
+    pub fn try_acquire_until(&self, permits: u64, deadline: Instant) -> Result<bool, Error> {
+        check_permits(permits)?;
+        self.acquire_until(permits, Some(deadline))
+    }
+
+    /// How many whole permits the bucket holds now (this client's bucket in
+    /// [`RateMode::PerClient`]). One script call that changes nothing; the
+    /// answer may be stale by the time it arrives.
+    ///
+    /// # Errors
+    /// [`Error::RateNotConfigured`] when nobody called
+    /// [`set_rate`](RateLimiter::set_rate); Redis failures.
+    pub fn available_permits(&self) -> Result<u64, Error> {
+        match self.attempt(0)? {
+            Attempt::Granted { left } => Ok(left),
+            Attempt::Refused { .. } => Err(unexpected_reply()),
+        }
+    }
+
+    /// Removes the limiter: its configuration, its overall bucket and this
+    /// client's bucket. Other clients' per-client buckets expire on their own
+    /// once full. Returns whether there was a configuration to remove.
+    /// Callers acquiring from it get [`Error::RateNotConfigured`] until
+    /// someone sets a rate again. One `MULTI`/`EXEC` of two `DEL`s.
+    ///
+    /// # Errors
+    /// Redis failures.
+    pub fn delete(&self) -> Result<bool, Error> {
+        let (config, _buckets): (u32, u32) = self.shared.run(&self.keys.name, |c| {
+            redis::pipe()
+                .atomic()
+                .del(&self.keys.config)
+                .del(&[&self.keys.overall, &self.keys.per_client])
+                .query(c)
+        })?;
+        Ok(config > 0)
+    }
+
+    fn write_rate(
+        &self,
+        mode: RateMode,
+        permits: u64,
+        per: Duration,
+        replace: bool,
+    ) -> Result<bool, Error> {
+        let per_us = check_rate(permits, per)?;
+        let written: i64 = self.shared.run(&self.keys.name, |c| {
+            scripts::RATE_CONFIG
+                .key(&self.keys.config)
+                .arg(mode.as_str())
+                .arg(permits)
+                .arg(per_us)
+                .arg(if replace { "1" } else { "0" })
+                .invoke(c)
+        })?;
+        Ok(written == 1)
+    }
+
+    /// The first attempt, then sleep-and-retry until granted or `deadline`.
+    fn acquire_until(&self, permits: u64, deadline: Option<Instant>) -> Result<bool, Error> {
+        loop {
+            let wait = match self.attempt(permits)? {
+                Attempt::Granted { .. } => return Ok(true),
+                Attempt::Refused { wait } => wait,
+            };
+            if let Some(deadline) = deadline {
+                if Instant::now()
+                    .checked_add(wait)
+                    .is_none_or(|at| at > deadline)
+                {
+                    return Ok(false);
+                }
+            }
+            // Bounded by MAX_NAP so that a rate changed by force_rate is
+            // seen; the server's wait is never zero for a refusal.
+            thread::sleep(wait.min(MAX_NAP));
+        }
+    }
+
+    /// One run of the acquire script; `permits == 0` only reads.
+    fn attempt(&self, permits: u64) -> Result<Attempt, Error> {
+        let reply: Vec<i64> = self.shared.run(&self.keys.name, |c| {
+            scripts::RATE_ACQUIRE
+                .key(&self.keys.config)
+                .key(&self.keys.overall)
+                .key(&self.keys.per_client)
+                .arg(permits)
+                .invoke(c)
+        })?;
+        match reply[..] {
+            [1, left, _] => Ok(Attempt::Granted {
+                left: left.unsigned_abs(),
+            }),
+            [0, _, wait_us] => Ok(Attempt::Refused {
+                wait: Duration::from_micros(wait_us.unsigned_abs().max(1)),
+            }),
+            [-1, _, _] => Err(Error::RateNotConfigured {
+                name: self.keys.name.clone(),
+            }),
+            [-2, capacity, _] => Err(Error::PermitsOverCapacity {
+                name: self.keys.name.clone(),
+                permits,
+                capacity: capacity.unsigned_abs(),
+            }),
+            [-3, field, _] => Err(self.damaged(match field {
+                1 => "mode",
+                2 => "permits",
+                _ => "per_us",
+            })),
+            _ => Err(unexpected_reply()),
+        }
+    }
+
+    fn damaged(&self, field: &str) -> Error {
+        Error::WrongType {
+            name: self.keys.name.clone(),
+            detail: format!(
+                "the rate limiter configuration {} has a missing or malformed {field}",
+                self.keys.config
+            ),
+        }
+    }
+}
+
+impl fmt::Debug for RateLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimiter")
+            .field("name", &self.keys.name)
+            .field("config_key", &self.keys.config)
+            .finish_non_exhaustive()
+    }
+}
+
+fn check_permits(permits: u64) -> Result<(), Error> {
+    if permits == 0 {
+        return Err(Error::InvalidPermits { permits });
+    }
+    Ok(())
+}
+
+/// Checks a rate and returns its interval in whole microseconds.
+fn check_rate(permits: u64, per: Duration) -> Result<u64, Error> {
+    let reason = if permits == 0 {
+        "a rate needs at least 1 permit per interval"
+    } else if permits > MAX_PERMITS {
+        "a rate may have at most 10^12 permits per interval"
+    } else if per < MIN_INTERVAL {
+        "the interval must be at least 1 ms"
+    } else if per > MAX_LEASE {
+        "the interval must be at most a year"
+    } else {
+        return u64::try_from(per.as_micros()).map_err(|_| Error::InvalidRate {
+            permits,
+            per,
+            reason: "the interval must be at most a year",
+        });
+    };
+    Err(Error::InvalidRate {
+        permits,
+        per,
+        reason,
+    })
+}
+
+fn unexpected_reply() -> Error {
+    Error::Redis {
+        source: (
+            ErrorKind::UnexpectedReturnType,
+            "unexpected reply from the rate limiter script",
+        )
+            .into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_out_of_range_are_refused() {
+        let second = Duration::from_secs(1);
+        for (permits, per) in [
+            (0, second),
+            (MAX_PERMITS + 1, second),
+            (1, Duration::ZERO),
+            (1, Duration::from_micros(999)),
+            (1, MAX_LEASE + Duration::from_secs(1)),
+            (1, Duration::MAX),
+        ] {
+            assert!(
+                matches!(check_rate(permits, per), Err(Error::InvalidRate { .. })),
+                "{permits} per {per:?}"
+            );
+        }
+        assert_eq!(check_rate(MAX_PERMITS, MIN_INTERVAL).unwrap(), 1_000);
+        assert_eq!(
+            check_rate(1, MAX_LEASE).unwrap(),
+            365 * 24 * 3600 * 1_000_000
+        );
+    }
+
+    #[test]
+    fn modes_round_trip_through_their_stored_names() {
+        for mode in [RateMode::Overall, RateMode::PerClient] {
+            assert_eq!(RateMode::parse(mode.as_str()), Some(mode));
+        }
+        assert_eq!(RateMode::parse("other"), None);
+    }
+}
