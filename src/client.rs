@@ -249,6 +249,24 @@ impl LockClientBuilder {
         self
     }
 
+    /// Trusts `pem` (one or more PEM certificates) as the root for `rediss://`
+    /// connections, for a server whose certificate is not signed by a
+    /// system-trusted authority (a private CA, or a self-signed certificate).
+    /// Without it, the system's root certificates are used.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: &[u8]) -> Self {
+        self.client = self.client.and_then(|client| {
+            redis::Client::build_with_tls(
+                client.get_connection_info().clone(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.to_vec()),
+                },
+            )
+        });
+        self
+    }
+
     /// Checks the settings and makes the client. Does not connect.
     ///
     /// # Errors

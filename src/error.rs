@@ -15,7 +15,7 @@ use redis::{ErrorKind, RedisError};
 #[non_exhaustive]
 pub enum Error {
     /// The lock name cannot be used.
-    #[error("invalid lock name {name:?}: {reason}")]
+    #[error("invalid name {name:?}: {reason}")]
     InvalidName {
         /// The name that was refused.
         name: String,
@@ -63,7 +63,7 @@ pub enum Error {
 
     /// A key redbaton uses holds a value of another type: something else
     /// wrote there.
-    #[error("a redbaton key of lock {name:?} holds a value of the wrong type ({detail}); delete the key or choose another key prefix")]
+    #[error("the redbaton keys of {name:?} hold a value of the wrong type ({detail}); delete the key or choose another key prefix")]
     WrongType {
         /// The lock name whose keys are damaged.
         name: String,
