@@ -33,6 +33,21 @@ fn zero_and_absurd_leases_are_invalid() {
 }
 
 #[test]
+fn fixed_leases_out_of_range_are_invalid() {
+    let client = LockClient::open("redis://127.0.0.1:1/").unwrap();
+    let lock = client.lock("leased").unwrap();
+    for lease in [
+        Duration::ZERO,
+        Duration::MAX,
+        Duration::from_secs(366 * 24 * 3600),
+    ] {
+        let err = lock.with_fixed_lease(lease).unwrap_err();
+        assert!(matches!(err, Error::InvalidLease { .. }), "{err}");
+    }
+    assert!(lock.with_fixed_lease(Duration::from_millis(1)).is_ok());
+}
+
+#[test]
 fn bad_settings_are_refused_by_build() {
     let cases = [
         LockClient::builder("redis://127.0.0.1/").prefix("a{b"),
