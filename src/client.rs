@@ -9,11 +9,12 @@ use redis::RedisResult;
 use crate::error::Error;
 use crate::identity::Identities;
 use crate::keys::{self, LimiterKeys, LockKeys};
+use crate::local_queue::LocalQueues;
 use crate::lock::Lock;
 use crate::ownership::Ownerships;
 use crate::pool::Pool;
 use crate::rate_limit::RateLimiter;
-use crate::wait::{LocalQueues, WaitSettings};
+use crate::wait::WaitSettings;
 use crate::watchdog::{Watchdog, WatchdogStats};
 
 /// The longest lease accepted: one year. Longer leases are almost surely a
@@ -175,6 +176,7 @@ pub struct LockClientBuilder {
     max_park: Duration,
     io_timeout: Duration,
     baton_ttl: Duration,
+    max_local_handoffs: u32,
 }
 
 impl LockClientBuilder {
@@ -188,6 +190,7 @@ impl LockClientBuilder {
             max_park: Duration::from_secs(2),
             io_timeout: Duration::from_secs(3),
             baton_ttl: Duration::from_secs(5),
+            max_local_handoffs: 8,
         }
     }
 
@@ -267,6 +270,16 @@ impl LockClientBuilder {
         self
     }
 
+    /// How many times in a row a releasing thread may hand the lock straight
+    /// to a waiting thread of the same client (no baton, no round trip for
+    /// the waiter) before it must release it in Redis, where waiters of
+    /// other processes get their turn. 0 turns local hand-off off.
+    /// Defaults to 8.
+    pub fn max_local_handoffs(mut self, count: u32) -> Self {
+        self.max_local_handoffs = count;
+        self
+    }
+
     /// Checks the settings and makes the client. Does not connect.
     ///
     /// # Errors
@@ -311,7 +324,7 @@ impl LockClientBuilder {
                 },
                 commands,
                 parking,
-                queues: LocalQueues::default(),
+                queues: LocalQueues::new(self.max_local_handoffs),
                 ownerships: Ownerships::default(),
                 watchdog: Watchdog::new(),
             }),
@@ -334,6 +347,7 @@ impl fmt::Debug for LockClientBuilder {
             .field("max_park", &self.max_park)
             .field("io_timeout", &self.io_timeout)
             .field("baton_ttl", &self.baton_ttl)
+            .field("max_local_handoffs", &self.max_local_handoffs)
             .finish()
     }
 }

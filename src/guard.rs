@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::validate_lease;
 use crate::error::Error;
+use crate::local_queue::{Grant, Reservation};
 use crate::lock::Lock;
 use crate::ownership::{LeaseMode, LeaseStatus};
 
@@ -144,12 +145,41 @@ impl LockGuard {
         let Some(left) = left.filter(|_| !self.status.is_lost()) else {
             return Err(self.lost());
         };
+        if left == 0 {
+            // The last guard: hand the lock to a waiter of this process if
+            // there is one (and the run of local hand-offs is not too long).
+            if let Some(reservation) = shared.queues.reserve(&self.lock.keys().lock) {
+                return self.hand_off(reservation);
+            }
+            shared.queues.released_globally(&self.lock.keys().lock);
+        }
         match self
             .lock
             .release(&self.identity, self.fence, left, self.mode.lease())
         {
             Err(Error::LockLost { .. }) => Err(self.lost()),
             other => other.map(drop),
+        }
+    }
+
+    /// Passes the lock to the reserved local waiter. On failure the waiter
+    /// looks at the lock itself (the hand-off may have happened; if not, the
+    /// lock is still this ownership's and ends with its lease, unrenewed).
+    fn hand_off(&self, reservation: Reservation) -> Result<(), Error> {
+        let sent = Instant::now();
+        match self.lock.hand_off(&self.identity, self.fence, &reservation) {
+            Ok(Some(fence)) => {
+                reservation.grant(Grant { fence, sent });
+                Ok(())
+            }
+            Ok(None) => {
+                reservation.fail();
+                Err(self.lost())
+            }
+            Err(err) => {
+                reservation.fail();
+                Err(err)
+            }
         }
     }
 

@@ -68,6 +68,7 @@ mod error;
 mod guard;
 mod identity;
 mod keys;
+mod local_queue;
 mod lock;
 mod ownership;
 mod pool;

@@ -10,9 +10,10 @@ use crate::client::{millis, validate_lease, Shared};
 use crate::error::Error;
 use crate::guard::LockGuard;
 use crate::keys::LockKeys;
+use crate::local_queue::Reservation;
 use crate::ownership::LeaseMode;
 use crate::scripts;
-use crate::wait::{self, Attempt};
+use crate::wait::{self, Attempt, Waited};
 use crate::watchdog::Watchdog;
 
 /// A handle on one distributed lock, made by [`LockClient::lock`].
@@ -247,25 +248,57 @@ impl Lock {
     /// The first attempt, then the wait loop until `deadline`.
     fn acquire(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>, Error> {
         let identity = self.shared.identity()?;
-        if let Attempt::Acquired(guard) = self.attempt(&identity)? {
-            return Ok(Some(guard));
+        // A newcomer queues behind local waiters instead of trying first, so
+        // that they are served in order; a holder re-entering never queues.
+        let holds = self.shared.ownerships.held(&self.keys, &identity).is_some();
+        if holds || !self.shared.queues.has_waiters(&self.keys.lock) {
+            if let Attempt::Acquired(guard) = self.attempt(&identity)? {
+                return Ok(Some(guard));
+            }
         }
-        wait::wait_until(
+        let waited = wait::wait_until(
             &self.shared.queues,
             &self.shared.parking,
             self.shared.wait,
             &self.keys,
+            &identity,
+            self.mode(),
             deadline,
             || self.attempt(&identity),
-        )
+        )?;
+        Ok(match waited {
+            Waited::Acquired(guard) => Some(guard),
+            Waited::Granted(grant) => {
+                Some(self.guard(&identity, grant.fence, self.mode(), grant.sent))
+            }
+            Waited::TimedOut => None,
+        })
+    }
+
+    /// How this handle's acquisitions keep the lock alive.
+    fn mode(&self) -> LeaseMode {
+        match self.fixed_lease {
+            Some(lease) => LeaseMode::Fixed(lease),
+            None => LeaseMode::Renewed(self.shared.default_lease),
+        }
+    }
+
+    /// The guard of a new or re-entered ownership `fence` of `identity`,
+    /// whose request was sent at `sent`.
+    fn guard(&self, identity: &Arc<str>, fence: u64, mode: LeaseMode, sent: Instant) -> LockGuard {
+        let (status, new_renewal) = self
+            .shared
+            .ownerships
+            .enter(&self.keys, identity, fence, mode, sent);
+        if new_renewal {
+            Watchdog::wake(&self.shared);
+        }
+        LockGuard::new(self.clone(), Arc::clone(identity), fence, mode, status)
     }
 
     /// One run of the acquire script.
     fn attempt(&self, identity: &Arc<str>) -> Result<Attempt<LockGuard>, Error> {
-        let mode = match self.fixed_lease {
-            Some(lease) => LeaseMode::Fixed(lease),
-            None => LeaseMode::Renewed(self.shared.default_lease),
-        };
+        let mode = self.mode();
         // Re-entry is granted only to the ownership this thread's live guards
         // belong to; the stored depth is set to theirs + 1.
         let (held_fence, guards) = self
@@ -285,23 +318,12 @@ impl Lock {
                 .invoke(c)
         })?;
         match reply[..] {
-            [1, fence, _depth] => {
-                let fence = fence.unsigned_abs();
-                let (status, new_renewal) = self
-                    .shared
-                    .ownerships
-                    .enter(&self.keys, identity, fence, mode, sent);
-                if new_renewal {
-                    Watchdog::wake(&self.shared);
-                }
-                Ok(Attempt::Acquired(LockGuard::new(
-                    self.clone(),
-                    Arc::clone(identity),
-                    fence,
-                    mode,
-                    status,
-                )))
-            }
+            [1, fence, _depth] => Ok(Attempt::Acquired(self.guard(
+                identity,
+                fence.unsigned_abs(),
+                mode,
+                sent,
+            ))),
             [0, lease_left] => Ok(Attempt::Held {
                 lease_left: u64::try_from(lease_left).ok().map(Duration::from_millis),
             }),
@@ -338,6 +360,28 @@ impl Lock {
         u64::try_from(left).map_err(|_| Error::LockLost {
             name: self.keys.name.clone(),
         })
+    }
+
+    /// Passes the ownership `fence` of `identity` straight to the local
+    /// waiter `reservation`: `Ok(Some(new fence))`, or `Ok(None)` when
+    /// `identity` no longer owns the lock.
+    pub(crate) fn hand_off(
+        &self,
+        identity: &str,
+        fence: u64,
+        reservation: &Reservation,
+    ) -> Result<Option<u64>, Error> {
+        let new_fence: i64 = self.shared.run(&self.keys.name, |c| {
+            scripts::HANDOFF
+                .key(&self.keys.lock)
+                .key(&self.keys.fence)
+                .arg(identity)
+                .arg(fence)
+                .arg(&*reservation.identity)
+                .arg(millis(reservation.mode.lease()))
+                .invoke(c)
+        })?;
+        Ok(u64::try_from(new_fence).ok())
     }
 
     /// Owner-checked `PEXPIRE` of the ownership `fence` of `identity`:

@@ -8,22 +8,21 @@
 //! makes one acquire attempt, even when its deadline has just passed, so a
 //! baton it took is never dropped unused.
 //!
-//! Inside one process, threads waiting for the same lock name take turns:
-//! one of them (the *parker*) waits in Redis for all, the others wait on a
-//! condition variable until the parker leaves (it acquired the lock, gave up
-//! at its deadline, or failed). So a process holds at most one parked
-//! connection per lock name, however many of its threads wait, and parked
-//! connections come from their own pool, so they never take a connection a
-//! releasing holder needs.
+//! Inside one process, threads waiting for the same lock name queue up (see
+//! `local_queue`): one of them (the *parker*) waits in Redis for all, the
+//! others sleep until the lock is handed to them by a releasing thread of
+//! this process, or until it is their turn to park. So a process holds at
+//! most one parked connection per lock name, however many of its threads
+//! wait, and parked connections come from their own pool, so they never take
+//! a connection a releasing holder needs.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
-
 use crate::error::{breaks_connection, describe_io, Error};
 use crate::keys::LockKeys;
+use crate::local_queue::{Grant, LocalQueues, Turn};
+use crate::ownership::LeaseMode;
 use crate::pool::Pool;
 
 /// Added to the holder's remaining lease so that the waiter wakes just
@@ -47,27 +46,62 @@ pub(crate) struct WaitSettings {
     pub(crate) io_timeout: Duration,
 }
 
-/// Waits until `attempt` acquires or `deadline` passes (`None`: no deadline).
-///
-/// The caller has already made one failed attempt and passes what it found.
+/// How a wait ended.
+#[derive(Debug)]
+pub(crate) enum Waited<T> {
+    /// An attempt of this thread acquired the lock.
+    Acquired(T),
+    /// A releasing thread of this process handed the lock over.
+    Granted(Grant),
+    /// The deadline passed.
+    TimedOut,
+}
+
+/// Waits until `attempt` acquires, the lock is handed over, or `deadline`
+/// passes (`None`: no deadline). The caller, `identity`, wants a lease of
+/// `mode`.
+#[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
 pub(crate) fn wait_until<T>(
     queues: &LocalQueues,
     parking: &Pool,
     settings: WaitSettings,
     keys: &LockKeys,
+    identity: &Arc<str>,
+    mode: LeaseMode,
     deadline: Option<Instant>,
     mut attempt: impl FnMut() -> Result<Attempt<T>, Error>,
-) -> Result<Option<T>, Error> {
-    let member = queues.join(&keys.lock);
-    let Some(_turn) = member.wait_for_turn(deadline) else {
-        return Ok(None);
-    };
+) -> Result<Waited<T>, Error> {
+    let member = queues.join(&keys.lock, identity, mode);
+    loop {
+        match member.next_turn(deadline) {
+            Turn::TimedOut => return Ok(Waited::TimedOut),
+            Turn::Granted(grant) => return Ok(Waited::Granted(grant)),
+            Turn::Retry => {
+                if let Attempt::Acquired(value) = attempt()? {
+                    return Ok(Waited::Acquired(value));
+                }
+            }
+            // Leaving, whichever way, hands the parker role on (`Member`'s
+            // drop).
+            Turn::Park => return park_until_acquired(parking, settings, keys, deadline, attempt),
+        }
+    }
+}
+
+/// The parker's loop: attempt, park in Redis, attempt again.
+fn park_until_acquired<T>(
+    parking: &Pool,
+    settings: WaitSettings,
+    keys: &LockKeys,
+    deadline: Option<Instant>,
+    mut attempt: impl FnMut() -> Result<Attempt<T>, Error>,
+) -> Result<Waited<T>, Error> {
     let mut failures = Failures::default();
     loop {
         // The previous parker may have left because it acquired the lock, so
         // look before parking.
         let lease_left = match attempt() {
-            Ok(Attempt::Acquired(value)) => return Ok(Some(value)),
+            Ok(Attempt::Acquired(value)) => return Ok(Waited::Acquired(value)),
             Ok(Attempt::Held { lease_left }) => {
                 failures = Failures::default();
                 lease_left
@@ -85,7 +119,7 @@ pub(crate) fn wait_until<T>(
         }
         if let Some(deadline) = deadline {
             if deadline <= now {
-                return Ok(None);
+                return Ok(Waited::TimedOut);
             }
             park = park.min(deadline - now);
         }
@@ -208,125 +242,5 @@ fn park_in_redis(
             )))
         }
         Err(err) => Err(Error::from_redis(err, &keys.name, parking.addr())),
-    }
-}
-
-/// Per-process queues of threads waiting for each lock name.
-#[derive(Debug, Default)]
-pub(crate) struct LocalQueues {
-    queues: Mutex<HashMap<String, Arc<Queue>>>,
-}
-
-#[derive(Debug, Default)]
-struct Queue {
-    state: Mutex<QueueState>,
-    parker_left: Condvar,
-}
-
-#[derive(Debug, Default)]
-struct QueueState {
-    /// Threads waiting for this name, the parker included.
-    members: usize,
-    /// Whether one of them is currently the parker.
-    parker_busy: bool,
-}
-
-impl LocalQueues {
-    fn join(&self, lock_key: &str) -> Member<'_> {
-        // Count the member while the map is locked, so that a member leaving
-        // at the same moment cannot remove the queue this one is joining.
-        let mut queues = self.queues.lock();
-        let queue = Arc::clone(queues.entry(lock_key.to_owned()).or_default());
-        queue.state.lock().members += 1;
-        drop(queues);
-        Member {
-            queues: self,
-            lock_key: lock_key.to_owned(),
-            queue,
-        }
-    }
-
-    /// Number of lock names with local waiters (for tests).
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.queues.lock().len()
-    }
-}
-
-/// A thread's place among the local waiters of one lock name.
-struct Member<'a> {
-    queues: &'a LocalQueues,
-    lock_key: String,
-    queue: Arc<Queue>,
-}
-
-impl Member<'_> {
-    /// Waits until this thread may park in Redis, or `deadline` passes.
-    ///
-    /// Without a deadline this waits on the condition variable with no
-    /// timeout: the parker's own waits are bounded (its `BLPOP` by the park
-    /// time, its socket by the I/O timeout) and its [`Turn`] hands over on
-    /// every exit, panics included.
-    fn wait_for_turn(&self, deadline: Option<Instant>) -> Option<Turn<'_>> {
-        let mut state = self.queue.state.lock();
-        while state.parker_busy {
-            match deadline {
-                None => self.queue.parker_left.wait(&mut state),
-                Some(deadline) => {
-                    if self
-                        .queue
-                        .parker_left
-                        .wait_until(&mut state, deadline)
-                        .timed_out()
-                    {
-                        return None;
-                    }
-                }
-            }
-        }
-        state.parker_busy = true;
-        Some(Turn { queue: &self.queue })
-    }
-}
-
-impl Drop for Member<'_> {
-    fn drop(&mut self) {
-        let mut queues = self.queues.queues.lock();
-        let mut state = self.queue.state.lock();
-        state.members -= 1;
-        if state.members == 0 {
-            queues.remove(&self.lock_key);
-        }
-    }
-}
-
-/// The parker's role; handed to the next local waiter when dropped.
-struct Turn<'a> {
-    queue: &'a Queue,
-}
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        self.queue.state.lock().parker_busy = false;
-        self.queue.parker_left.notify_one();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn one_parker_at_a_time_and_queues_are_removed_when_empty() {
-        let queues = LocalQueues::default();
-        let a = queues.join("k");
-        let b = queues.join("k");
-        let turn = a.wait_for_turn(None).expect("first member parks");
-        let soon = Instant::now() + Duration::from_millis(20);
-        assert!(b.wait_for_turn(Some(soon)).is_none(), "second must wait");
-        drop(turn);
-        assert!(b.wait_for_turn(Some(soon)).is_some());
-        drop((a, b));
-        assert_eq!(queues.len(), 0);
     }
 }

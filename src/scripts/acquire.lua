@@ -20,6 +20,7 @@
 --
 -- Errors come before any write: HMGET fails with WRONGTYPE when the lock key
 -- is not a hash, INCR when the fence key is not an integer.
+-- next_fence() comes from next_fence.lua, prepended when the script is built.
 local held = redis.call('HMGET', KEYS[1], 'flag', 'fence')
 
 if held[1] == ARGV[1] and held[2] == ARGV[3] then
@@ -29,14 +30,7 @@ if held[1] == ARGV[1] and held[2] == ARGV[3] then
 end
 
 if held[1] == false or held[1] == ARGV[1] then
-  if redis.call('EXISTS', KEYS[2]) == 0 then
-    -- A new or forgotten counter (Redis restarted empty) starts from the
-    -- server clock in microseconds, so tokens keep increasing across a loss
-    -- of the counter. Built as a string: Lua numbers would round it.
-    local now = redis.call('TIME')
-    redis.call('SET', KEYS[2], now[1] .. string.format('%06d', tonumber(now[2])))
-  end
-  local fence = redis.call('INCR', KEYS[2])
+  local fence = next_fence(KEYS[2])
   redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', 1, 'fence', string.format('%.0f', fence))
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, fence, 1}

@@ -7,9 +7,20 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+/// The fencing-token helper, prepended to the scripts that need it.
+macro_rules! with_next_fence {
+    ($file:literal) => {
+        concat!(include_str!("next_fence.lua"), include_str!($file))
+    };
+}
+
 /// Take, re-enter, or report the holder's remaining lease.
 pub(crate) static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("acquire.lua")));
+    LazyLock::new(|| Script::new(with_next_fence!("acquire.lua")));
+
+/// The last release of a holder, handing the lock to a local waiter.
+pub(crate) static HANDOFF: LazyLock<Script> =
+    LazyLock::new(|| Script::new(with_next_fence!("handoff.lua")));
 
 /// Undo one level; the last level deletes the lock and pushes the baton.
 pub(crate) static RELEASE: LazyLock<Script> =
@@ -37,9 +48,10 @@ pub(crate) static RATE_CONFIG: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("rate_config.lua")));
 
 /// Every script with its file name and source, for error messages.
-fn all() -> [(&'static str, &'static LazyLock<Script>, &'static str); 7] {
+fn all() -> [(&'static str, &'static LazyLock<Script>, &'static str); 8] {
     [
-        ("acquire.lua", &ACQUIRE, include_str!("acquire.lua")),
+        ("acquire.lua", &ACQUIRE, with_next_fence!("acquire.lua")),
+        ("handoff.lua", &HANDOFF, with_next_fence!("handoff.lua")),
         ("release.lua", &RELEASE, include_str!("release.lua")),
         (
             "force_unlock.lua",
@@ -80,7 +92,10 @@ pub(crate) fn command_in_error(message: &str) -> Option<String> {
         .find(|(_, script, _)| script.get_hash() == sha.trim())?;
     let text = source.lines().nth(line.checked_sub(1)?)?;
     let command = text.split_once("redis.call('")?.1.split_once('\'')?.0;
-    Some(format!("{command} in {file} line {line}"))
+    // Line numbers count the prepended helper too.
+    Some(format!(
+        "{command} in {file} (line {line} of the script as sent)"
+    ))
 }
 
 #[cfg(test)]
@@ -89,7 +104,7 @@ mod tests {
 
     #[test]
     fn a_script_error_is_traced_to_its_command() {
-        let line = include_str!("acquire.lua")
+        let line = with_next_fence!("acquire.lua")
             .lines()
             .position(|l| l.contains("redis.call('HSET'"))
             .unwrap()
@@ -100,7 +115,9 @@ mod tests {
         );
         assert_eq!(
             command_in_error(&message),
-            Some(format!("HSET in acquire.lua line {line}"))
+            Some(format!(
+                "HSET in acquire.lua (line {line} of the script as sent)"
+            ))
         );
         assert_eq!(command_in_error("ERR something else"), None);
     }
