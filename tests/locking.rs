@@ -8,7 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redbaton::{Error, LockClient};
-use support::{client, eventually, lock_key};
+use support::{baton_key, client, eventually, lock_key};
 use testkit::RedisServer;
 
 #[test]
@@ -376,4 +376,92 @@ fn clients_and_locks_are_send_and_sync() {
     fn assert_send_sync<T: Send + Sync + Clone>() {}
     assert_send_sync::<LockClient>();
     assert_send_sync::<redbaton::Lock>();
+}
+
+#[test]
+fn reentry_and_inner_release_renew_the_lease() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    // A fixed lease: no watchdog renewal can hide a missing refresh.
+    let lock = client
+        .lock("renew")
+        .unwrap()
+        .with_fixed_lease(Duration::from_millis(1_000))
+        .unwrap();
+    let mut raw = server.connection();
+    let outer = lock.lock().unwrap();
+    thread::sleep(Duration::from_millis(500));
+    let inner = lock.lock().unwrap();
+    let after_reentry = redis::cmd("PTTL")
+        .arg(lock_key("renew"))
+        .query::<i64>(&mut raw)
+        .unwrap();
+    assert!(after_reentry > 800, "re-entry left {after_reentry} ms");
+    thread::sleep(Duration::from_millis(500));
+    inner.unlock().unwrap();
+    let after_inner = redis::cmd("PTTL")
+        .arg(lock_key("renew"))
+        .query::<i64>(&mut raw)
+        .unwrap();
+    assert!(after_inner > 800, "inner release left {after_inner} ms");
+    outer.unlock().unwrap();
+}
+
+#[test]
+fn an_unclaimed_baton_is_single_and_expires() {
+    let server = RedisServer::start();
+    let client = LockClient::builder(&server.url())
+        .baton_ttl(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let lock = client.lock("unclaimed").unwrap();
+    for _ in 0..3 {
+        lock.lock().unwrap().unlock().unwrap();
+    }
+    let mut raw = server.connection();
+    let len: i64 = redis::cmd("LLEN")
+        .arg(baton_key("unclaimed"))
+        .query(&mut raw)
+        .unwrap();
+    assert_eq!(len, 1, "one token wakes one waiter");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(baton_key("unclaimed"))
+        .query(&mut raw)
+        .unwrap();
+    assert!((1..=5_000).contains(&ttl), "baton PTTL {ttl}");
+}
+
+#[test]
+fn a_waiter_that_gives_up_never_swallows_the_baton() {
+    let server = RedisServer::start();
+    let client = LockClient::builder(&server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let lock = client.lock("edge").unwrap();
+    let mut raw = server.connection();
+    for i in 0..60u32 {
+        redis::cmd("DEL")
+            .arg(baton_key("edge"))
+            .query::<()>(&mut raw)
+            .unwrap();
+        let held = lock.lock().unwrap();
+        let waiter = lock.clone();
+        let deadline = Instant::now() + Duration::from_millis(100);
+        let handle = thread::spawn(move || waiter.try_lock_until(deadline).unwrap().is_some());
+        // Release from 1.5 ms before the deadline down to the deadline.
+        let before = Duration::from_micros(u64::from(1_500 - 25 * i));
+        thread::sleep((deadline - before).saturating_duration_since(Instant::now()));
+        held.unlock().unwrap();
+        let got = handle.join().unwrap();
+        let batons: i64 = redis::cmd("LLEN")
+            .arg(baton_key("edge"))
+            .query(&mut raw)
+            .unwrap();
+        let locked = lock.is_locked().unwrap();
+        assert!(
+            got || batons == 1 || locked,
+            "round {i}: waiter gave up, lock free, baton gone"
+        );
+    }
 }

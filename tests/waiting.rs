@@ -9,6 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redbaton::LockClient;
+use support::eventually;
 use testkit::RedisServer;
 
 #[test]
@@ -181,4 +182,97 @@ fn thirty_two_threads_on_a_pool_of_two_all_finish_and_releases_never_wait_for_pa
         slowest < Duration::from_secs(1),
         "a release waited {slowest:?}"
     );
+}
+
+fn blocked_clients(raw: &mut redis::Connection) -> u32 {
+    let info: String = redis::cmd("INFO").arg("clients").query(raw).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("blocked_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn a_park_longer_than_the_io_timeout_is_not_an_error() {
+    let server = RedisServer::start();
+    let client = LockClient::builder(&server.url())
+        .io_timeout(Duration::from_millis(200))
+        .max_park(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let lock = client.lock("long-park").unwrap();
+    let held = lock.lock().unwrap();
+    let waiter = lock.clone();
+    let handle = thread::spawn(move || {
+        waiter
+            .try_lock_for(Duration::from_secs(5))
+            .map(|g| g.is_some())
+    });
+    thread::sleep(Duration::from_millis(1_000));
+    held.unlock().unwrap();
+    let got = handle.join().unwrap();
+    assert!(matches!(got, Ok(true)), "{got:?}");
+}
+
+#[test]
+fn a_release_on_a_pool_of_one_never_waits_for_a_parked_waiter() {
+    let server = RedisServer::start();
+    let client = LockClient::builder(&server.url())
+        .pool_size(1)
+        .max_park(Duration::from_secs(10))
+        .io_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let lock = client.lock("one").unwrap();
+    let held = lock.lock().unwrap();
+    let waiter = lock.clone();
+    let (tx, rx) = mpsc::channel();
+    let handle = thread::spawn(move || {
+        let got = waiter
+            .try_lock_for(Duration::from_secs(20))
+            .unwrap()
+            .is_some();
+        tx.send(got).unwrap();
+    });
+    let mut raw = server.connection();
+    eventually(Duration::from_secs(5), "the waiter to park", || {
+        blocked_clients(&mut raw) == 1
+    });
+    let start = Instant::now();
+    held.unlock().unwrap();
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(rx.recv_timeout(Duration::from_secs(2)).unwrap());
+    handle.join().unwrap();
+}
+
+#[test]
+fn waiters_beyond_the_parking_connections_still_acquire() {
+    let server = RedisServer::start();
+    let client = LockClient::builder(&server.url())
+        .parking_connections(1)
+        .max_park(Duration::from_secs(10))
+        .io_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let locks = [client.lock("a").unwrap(), client.lock("b").unwrap()];
+    let held: Vec<_> = locks.iter().map(|l| l.lock().unwrap()).collect();
+    let waiters: Vec<_> = locks
+        .iter()
+        .map(|l| {
+            let l = l.clone();
+            thread::spawn(move || l.try_lock_for(Duration::from_secs(5)).map(|g| g.is_some()))
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(800));
+    for guard in held {
+        guard.unlock().unwrap();
+    }
+    for waiter in waiters {
+        let got = waiter.join().unwrap();
+        assert!(matches!(got, Ok(true)), "{got:?}");
+    }
 }
