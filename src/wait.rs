@@ -76,11 +76,16 @@ pub(crate) fn wait_until<T>(
         match member.next_turn(deadline) {
             Turn::TimedOut => return Ok(Waited::TimedOut),
             Turn::Granted(grant) => return Ok(Waited::Granted(grant)),
-            Turn::Retry => {
-                if let Attempt::Acquired(value) = attempt()? {
-                    return Ok(Waited::Acquired(value));
+            Turn::Retry => match attempt() {
+                Ok(Attempt::Acquired(value)) => return Ok(Waited::Acquired(value)),
+                Ok(Attempt::Held { .. }) => {}
+                // Redis is failing: the parker meets that too, and reports
+                // it after riding out a few failures; wait on meanwhile.
+                Err(err) if err.is_unreachable() => {
+                    log::debug!("redbaton: retry after a failed hand-off failed: {err}");
                 }
-            }
+                Err(err) => return Err(err),
+            },
             // Leaving, whichever way, hands the parker role on (`Member`'s
             // drop).
             Turn::Park => return park_until_acquired(parking, settings, keys, deadline, attempt),

@@ -1,0 +1,217 @@
+//! Local hand-off: a releasing thread passes the lock straight to a waiting
+//! thread of its own process, in order, without starving other processes,
+//! and never to a thread that has given up.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redbaton::LockClient;
+use support::{child_role, eventually, spawn_child};
+use testkit::RedisServer;
+
+/// Entry point of the child processes; does nothing in a normal test run.
+#[test]
+#[ignore = "child-process entry point, started by the other tests of this file"]
+fn child_entry() {
+    let Some((role, url)) = child_role() else {
+        return;
+    };
+    assert_eq!(role, "remote-waiter");
+    let client = LockClient::open(&url).unwrap();
+    let lock = client.lock("busy").unwrap();
+    println!("READY");
+    let start = Instant::now();
+    let guard = lock.try_lock_for(Duration::from_secs(10)).unwrap();
+    println!("WAITED {} {}", guard.is_some(), start.elapsed().as_millis());
+}
+
+#[test]
+fn local_waiters_get_the_lock_handed_over_in_arrival_order_without_baton_or_round_trip() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.lock("queue").unwrap();
+    let held = lock.lock().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let mut waiters = Vec::new();
+    for i in 0..5 {
+        let (lock, tx) = (lock.clone(), tx.clone());
+        waiters.push(thread::spawn(move || {
+            let guard = lock
+                .try_lock_for(Duration::from_secs(10))
+                .unwrap()
+                .expect("handed over");
+            tx.send(i).unwrap();
+            drop(guard);
+        }));
+        // Each waiter queues before the next one starts (creating the
+        // order, not synchronising).
+        thread::sleep(Duration::from_millis(100));
+    }
+    let before = server.command_calls();
+    held.unlock().unwrap();
+    let order: Vec<i32> = (0..5)
+        .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
+        .collect();
+    for waiter in waiters {
+        waiter.join().unwrap();
+    }
+    let used = server.commands_since(&before);
+    // The first waiter parks in Redis; the others are served locally, oldest
+    // first, and the parker gets the lock last, by the baton.
+    assert_eq!(order, vec![1, 2, 3, 4, 0], "{used:?}");
+    // 4 hand-offs + 1 global release, 1 acquisition by the parker, and its
+    // release: no waiter sent an acquire of its own.
+    // (An EVALSHA answered NOSCRIPT, before a script's first SCRIPT LOAD,
+    // is not one of them.)
+    let loads = used.get("script|load").copied().unwrap_or(0);
+    assert_eq!(
+        used.get("evalsha").copied().unwrap_or(0) - loads,
+        7,
+        "{used:?}"
+    );
+    assert_eq!(used.get("rpush"), Some(&2), "batons: {used:?}");
+}
+
+#[test]
+fn a_waiter_in_another_process_gets_the_lock_while_local_threads_keep_contending() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.lock("busy").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicU64::new(0));
+    let locals: Vec<_> = (0..8)
+        .map(|_| {
+            let (lock, stop, rounds) = (lock.clone(), Arc::clone(&stop), Arc::clone(&rounds));
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let guard = lock.lock().unwrap();
+                    rounds.fetch_add(1, Ordering::Relaxed);
+                    thread::sleep(Duration::from_millis(1));
+                    drop(guard);
+                }
+            })
+        })
+        .collect();
+    eventually(Duration::from_secs(5), "local contention", || {
+        rounds.load(Ordering::Relaxed) > 100
+    });
+    let mut remote = spawn_child("remote-waiter", &server);
+    remote.wait_for_line("READY", Duration::from_secs(30));
+    let waited = remote.wait_for_line("WAITED", Duration::from_secs(15));
+    stop.store(true, Ordering::Relaxed);
+    for local in locals {
+        local.join().unwrap();
+    }
+    let (got, millis) = waited.split_once(' ').unwrap();
+    assert_eq!(got, "true", "the remote waiter got the lock");
+    let millis: u64 = millis.parse().unwrap();
+    println!("remote waiter waited {millis} ms among 8 contending local threads");
+    assert!(millis < 1_000, "waited {millis} ms");
+}
+
+#[test]
+fn waiters_that_give_up_are_never_handed_the_lock() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.lock("impatient").unwrap();
+    for round in 0..30u64 {
+        let held = lock.lock().unwrap();
+        let deadline = Instant::now() + Duration::from_millis(20);
+        let waiters: Vec<_> = (0..4)
+            .map(|_| {
+                let lock = lock.clone();
+                thread::spawn(move || lock.try_lock_until(deadline).unwrap().map(|g| g.unlock()))
+            })
+            .collect();
+        // Release around the waiters' deadline.
+        thread::sleep(Duration::from_micros(17_000 + 200 * round));
+        held.unlock().unwrap();
+        for waiter in waiters {
+            if let Some(unlocked) = waiter.join().unwrap() {
+                unlocked.unwrap();
+            }
+        }
+        // Nobody holds the lock now: it was not handed to a thread that left.
+        assert_eq!(lock.holder().unwrap(), None, "round {round}");
+    }
+}
+
+#[test]
+fn a_failed_hand_off_is_reported_to_the_releaser_and_the_waiter_still_gets_the_lock() {
+    let server = RedisServer::start();
+    let client = LockClient::builder(&server.url())
+        .io_timeout(Duration::from_millis(300))
+        .default_lease(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let lock = client.lock("stalled").unwrap();
+    let held = lock.lock().unwrap();
+    // Two waiters: the first parks in Redis, the second is handed over to.
+    let (tx, rx) = mpsc::channel();
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let (lock, tx) = (lock.clone(), tx.clone());
+            thread::spawn(move || {
+                let got = lock.try_lock_for(Duration::from_secs(10)).unwrap();
+                tx.send(got.is_some()).unwrap();
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(300)); // both queue
+    let mut raw = server.connection();
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(800)
+        .arg("WRITE")
+        .query::<()>(&mut raw)
+        .unwrap();
+    let err = held.unlock().unwrap_err();
+    assert!(err.is_unreachable(), "{err}");
+    // Whether the hand-off ran or not, both waiters end up with the lock in
+    // turn, within the holder's lease and the pause.
+    for _ in 0..2 {
+        assert!(rx.recv_timeout(Duration::from_secs(5)).unwrap());
+    }
+    for waiter in waiters {
+        waiter.join().unwrap();
+    }
+    assert_eq!(lock.holder().unwrap(), None);
+}
+
+#[test]
+fn mutual_exclusion_holds_across_hand_offs_and_global_releases() {
+    let server = RedisServer::start();
+    let client = LockClient::builder(&server.url())
+        .max_local_handoffs(3)
+        .build()
+        .unwrap();
+    let lock = client.lock("exclusive").unwrap();
+    let inside = Arc::new(AtomicBool::new(false));
+    let entries = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..12)
+        .map(|_| {
+            let (lock, inside, entries) = (lock.clone(), Arc::clone(&inside), Arc::clone(&entries));
+            thread::spawn(move || {
+                let mut last = 0;
+                for _ in 0..40 {
+                    let guard = lock.lock().unwrap();
+                    assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                    assert!(guard.fencing_token() > last);
+                    last = guard.fencing_token();
+                    entries.fetch_add(1, Ordering::SeqCst);
+                    inside.store(false, Ordering::SeqCst);
+                    drop(guard);
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert_eq!(entries.load(Ordering::SeqCst), 12 * 40);
+    assert_eq!(lock.holder().unwrap(), None);
+}
