@@ -1,0 +1,522 @@
+//! redbaton's figures, each as a ratio to the Redis round trip (PING on one
+//! connection) measured in the same run, and against the `redlock` crate (a
+//! widely used sync Rust Redis lock) on the same server in the same run.
+//!
+//! ```text
+//! cargo bench --bench lock
+//! ```
+//!
+//! Uses `REDIS_URL` when set; otherwise a throwaway `redis-server` from PATH.
+//! Absolute times are noisy (a shared 2-core VM here); the ratios are what to
+//! compare. Mutual exclusion is checked in every contended run, for both
+//! locks: no two holders' intervals may overlap.
+
+use std::collections::BTreeMap;
+use std::env;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redbaton::LockClient;
+
+const CONTENDED_RUN: Duration = Duration::from_secs(3);
+const WAITERS: usize = 20;
+const HOLD: Duration = Duration::from_secs(5);
+const MAX_PARK: Duration = Duration::from_secs(2);
+
+/// Nanoseconds on the wall clock: comparable between processes of one machine.
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// The two locks under test, behind one shape.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Peer {
+    Redbaton,
+    Redlock,
+}
+
+impl Peer {
+    fn name(self) -> &'static str {
+        match self {
+            Peer::Redbaton => "redbaton",
+            Peer::Redlock => "redlock",
+        }
+    }
+    fn parse(s: &str) -> Peer {
+        if s == "redlock" {
+            Peer::Redlock
+        } else {
+            Peer::Redbaton
+        }
+    }
+}
+
+/// One acquisition: who, when it started waiting, got it, and let it go.
+#[derive(Clone, Copy, Debug)]
+struct Event {
+    holder: u64,
+    asked: u64,
+    got: u64,
+    released: u64,
+}
+
+/// Runs `threads` threads of `peer` on one lock until `run` has passed;
+/// `tag` tells this process's threads from another's.
+fn contend(peer: Peer, url: &str, threads: usize, run: Duration, tag: u64) -> Vec<Event> {
+    let client = LockClient::open(url).expect("valid URL");
+    let redlock = Arc::new(redlock::RedLock::new(vec![url]));
+    let start = Arc::new(Barrier::new(threads));
+    let end = Instant::now() + run + Duration::from_millis(200);
+    let handles: Vec<_> = (0..threads as u64)
+        .map(|t| {
+            let (client, redlock, start) =
+                (client.clone(), Arc::clone(&redlock), Arc::clone(&start));
+            thread::spawn(move || {
+                let lock = client.lock("bench:contended").expect("name");
+                let mut events = Vec::new();
+                start.wait();
+                while Instant::now() < end {
+                    let asked = now_ns();
+                    match peer {
+                        Peer::Redbaton => {
+                            let guard = lock.lock().expect("lock");
+                            let got = now_ns();
+                            let released = now_ns();
+                            guard.unlock().expect("unlock");
+                            events.push(Event {
+                                holder: tag * 1000 + t,
+                                asked,
+                                got,
+                                released,
+                            });
+                        }
+                        Peer::Redlock => {
+                            let held = redlock.acquire(b"bench:redlock", 10_000).expect("redlock");
+                            let got = now_ns();
+                            let released = now_ns();
+                            drop(held);
+                            events.push(Event {
+                                holder: tag * 1000 + t,
+                                asked,
+                                got,
+                                released,
+                            });
+                        }
+                    }
+                }
+                events
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .flat_map(|h| h.join().expect("thread"))
+        .collect()
+}
+
+/// What a contended run showed.
+struct Contended {
+    per_second: f64,
+    handoff_p50: Duration,
+    handoff_p99: Duration,
+    same_again: f64,
+    longest_wait: Duration,
+    overlaps: usize,
+    /// p50 of the hand-offs from one process to the other (None in one
+    /// process).
+    across_p50: Option<Duration>,
+}
+
+fn analyse(mut events: Vec<Event>, run: Duration) -> Contended {
+    events.sort_by_key(|e| e.got);
+    let mut handoffs: Vec<u64> = Vec::new();
+    let mut across: Vec<u64> = Vec::new();
+    let (mut same, mut overlaps) = (0, 0);
+    for pair in events.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if b.got < a.released {
+            overlaps += 1;
+        }
+        if b.holder == a.holder {
+            same += 1;
+        }
+        // A hand-off: the next holder was already waiting when this one let go.
+        if b.asked < a.released {
+            handoffs.push(b.got.saturating_sub(a.released));
+            if a.holder / 1000 != b.holder / 1000 {
+                across.push(b.got.saturating_sub(a.released));
+            }
+        }
+    }
+    across.sort_unstable();
+    handoffs.sort_unstable();
+    let pick = |q: f64| {
+        Duration::from_nanos(
+            handoffs
+                .get(((handoffs.len() as f64 - 1.0) * q) as usize)
+                .copied()
+                .unwrap_or(0),
+        )
+    };
+    Contended {
+        per_second: events.len() as f64 / run.as_secs_f64(),
+        handoff_p50: pick(0.5),
+        handoff_p99: pick(0.99),
+        same_again: same as f64 / events.len().max(1) as f64,
+        longest_wait: Duration::from_nanos(
+            events.iter().map(|e| e.got - e.asked).max().unwrap_or(0),
+        ),
+        overlaps,
+        across_p50: across
+            .get(across.len() / 2)
+            .map(|n| Duration::from_nanos(*n)),
+    }
+}
+
+/// This bench binary again, as a child process.
+fn child(args: &[&str]) -> Child {
+    Command::new(env::current_exe().expect("exe"))
+        .arg("--child")
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn")
+}
+
+fn lines(child: &mut Child) -> impl Iterator<Item = String> + '_ {
+    BufReader::new(child.stdout.as_mut().expect("stdout"))
+        .lines()
+        .map_while(Result::ok)
+}
+
+fn contended_across_processes(peer: Peer, url: &str) -> Contended {
+    let secs = CONTENDED_RUN.as_millis().to_string();
+    let mut children: Vec<Child> = (1..=2)
+        .map(|tag| child(&["contend", peer.name(), url, &secs, &tag.to_string()]))
+        .collect();
+    let mut events = Vec::new();
+    for c in &mut children {
+        for line in lines(c) {
+            let n: Vec<u64> = line.split(' ').filter_map(|x| x.parse().ok()).collect();
+            if let [holder, asked, got, released] = n[..] {
+                events.push(Event {
+                    holder,
+                    asked,
+                    got,
+                    released,
+                });
+            }
+        }
+        c.wait().expect("child");
+    }
+    analyse(events, CONTENDED_RUN)
+}
+
+/// Median time of one call of `f`.
+fn median(rounds: usize, mut f: impl FnMut()) -> Duration {
+    for _ in 0..rounds / 10 {
+        f();
+    }
+    let mut times: Vec<Duration> = (0..rounds)
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            start.elapsed()
+        })
+        .collect();
+    times.sort_unstable();
+    times[rounds / 2]
+}
+
+/// Milliseconds from the end of a killed holder's 2 s lease to a waiter's
+/// acquisition (median of 3).
+fn crash_recovery(peer: Peer, url: &str) -> Duration {
+    let mut delays: Vec<i64> = (0..3)
+        .map(|round| {
+            let mut holder = child(&["hold", peer.name(), url, &round.to_string()]);
+            let acquired: u64 = lines(&mut holder)
+                .next()
+                .and_then(|l| l.parse().ok())
+                .expect("holder");
+            holder.kill().expect("kill");
+            holder.wait().expect("reap");
+            let client = LockClient::open(url).expect("url");
+            let name = format!("bench:crash:{round}");
+            match peer {
+                Peer::Redbaton => drop(client.lock(&name).expect("name").lock().expect("lock")),
+                Peer::Redlock => {
+                    let redlock = redlock::RedLock::new(vec![url]);
+                    drop(redlock.acquire(name.as_bytes(), 10_000).expect("redlock"));
+                }
+            }
+            (now_ns() as i64 - (acquired + 2_000_000_000) as i64) / 1000
+        })
+        .collect();
+    delays.sort_unstable();
+    Duration::from_micros(delays[1].max(0) as u64)
+}
+
+/// CPU seconds this process has used (user + system), from /proc.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields
+        .get(11..13)
+        .map_or(0, |f| f.iter().filter_map(|x| x.parse::<u64>().ok()).sum());
+    Duration::from_millis(ticks * 10)
+}
+
+fn commands(raw: &mut redis::Connection) -> BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(raw)
+        .expect("INFO");
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .split(',')
+                .find_map(|f| f.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+/// Commands per waiter per second and CPU of 20 waiters during a 5 s hold.
+fn waiting_cost(peer: Peer, url: &str, raw: &mut redis::Connection) -> (f64, Duration) {
+    let name = format!("bench:waiting:{}", peer.name());
+    let client = LockClient::open(url).expect("url");
+    let redlock = redlock::RedLock::new(vec![url]);
+    let (held_redbaton, held_redlock) = match peer {
+        Peer::Redbaton => (
+            Some(client.lock(&name).expect("name").lock().expect("lock")),
+            None,
+        ),
+        Peer::Redlock => (
+            None,
+            Some(redlock.acquire(name.as_bytes(), 60_000).expect("redlock")),
+        ),
+    };
+    let mut waiters = child(&["wait", peer.name(), url, &name]);
+    let ready = lines(&mut waiters).next();
+    assert_eq!(ready.as_deref(), Some("WAITING"));
+    let before = commands(raw);
+    thread::sleep(HOLD);
+    let after = commands(raw);
+    drop(held_redbaton);
+    drop(held_redlock);
+    let cpu: u64 = lines(&mut waiters)
+        .next()
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0);
+    waiters.wait().expect("child");
+    // What clients sent: scripts' inner commands cost no round trip.
+    let sent = [
+        "evalsha",
+        "eval",
+        "script|load",
+        "blpop",
+        "incr",
+        "exists",
+        "set",
+        "get",
+    ];
+    let total: u64 = sent
+        .iter()
+        .map(|c| after.get(*c).unwrap_or(&0) - before.get(*c).unwrap_or(&0))
+        .sum();
+    (
+        total as f64 / WAITERS as f64 / HOLD.as_secs_f64(),
+        Duration::from_millis(cpu),
+    )
+}
+
+fn run_child(args: &[String]) {
+    let peer = Peer::parse(&args[1]);
+    let url = &args[2];
+    match args[0].as_str() {
+        "contend" => {
+            let run = Duration::from_millis(args[3].parse().expect("ms"));
+            let tag: u64 = args[4].parse().expect("tag");
+            for e in contend(peer, url, 8, run, tag) {
+                println!("{} {} {} {}", e.holder, e.asked, e.got, e.released);
+            }
+        }
+        "hold" => {
+            let name = format!("bench:crash:{}", args[3]);
+            match peer {
+                Peer::Redbaton => {
+                    let client = LockClient::open(url).expect("url");
+                    let lock = client
+                        .lock(&name)
+                        .expect("name")
+                        .with_fixed_lease(Duration::from_secs(2))
+                        .expect("lease");
+                    let _guard = lock.lock().expect("lock");
+                    println!("{}", now_ns());
+                    thread::sleep(Duration::from_secs(30));
+                }
+                Peer::Redlock => {
+                    let redlock = redlock::RedLock::new(vec![url.as_str()]);
+                    let _held = redlock.lock(name.as_bytes(), 2_000).expect("redlock");
+                    println!("{}", now_ns());
+                    thread::sleep(Duration::from_secs(30));
+                }
+            }
+        }
+        "wait" => {
+            let name = args[3].clone();
+            let client = LockClient::builder(url)
+                .max_park(MAX_PARK)
+                .build()
+                .expect("url");
+            let redlock = Arc::new(redlock::RedLock::new(vec![url.as_str()]));
+            let done = Arc::new(AtomicBool::new(false));
+            let cpu_before = cpu_time();
+            let handles: Vec<_> = (0..WAITERS)
+                .map(|_| {
+                    let (client, redlock, name, done) = (
+                        client.clone(),
+                        Arc::clone(&redlock),
+                        name.clone(),
+                        Arc::clone(&done),
+                    );
+                    thread::spawn(move || match peer {
+                        Peer::Redbaton => {
+                            drop(client.lock(&name).expect("name").lock().expect("lock"))
+                        }
+                        Peer::Redlock => {
+                            while !done.load(Ordering::Relaxed) {
+                                if let Some(l) =
+                                    redlock.lock(name.as_bytes(), 1_000).expect("redlock")
+                                {
+                                    redlock.unlock(&l);
+                                    break;
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            println!("WAITING");
+            thread::sleep(HOLD);
+            let cpu = cpu_time() - cpu_before;
+            done.store(true, Ordering::Relaxed);
+            for h in handles {
+                h.join().expect("waiter");
+            }
+            println!("{}", cpu.as_millis());
+        }
+        other => panic!("unknown child role {other}"),
+    }
+}
+
+fn main() {
+    let args: Vec<String> = env::args().skip_while(|a| a != "--child").skip(1).collect();
+    if !args.is_empty() {
+        return run_child(&args);
+    }
+    let (url, _server) = match env::var("REDIS_URL") {
+        Ok(url) => (url, None),
+        Err(_) => {
+            let server = testkit::RedisServer::try_start().unwrap_or_else(|message| {
+                eprintln!("{message}");
+                std::process::exit(1)
+            });
+            (server.url(), Some(server))
+        }
+    };
+    let mut raw = redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection())
+        .expect("connect");
+    let rtt = median(5_000, || {
+        redis::cmd("PING")
+            .query::<String>(&mut raw)
+            .map(drop)
+            .expect("PING")
+    });
+    let x = |d: Duration| d.as_secs_f64() / rtt.as_secs_f64();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "redbaton benchmarks; Redis round trip (PING, median) = {:.1} µs\n",
+        rtt.as_secs_f64() * 1e6
+    );
+
+    let client = LockClient::open(&url).expect("url");
+    let lock = client.lock("bench:uncontended").expect("name");
+    let cycle = median(5_000, || {
+        lock.lock().expect("lock").unlock().expect("unlock")
+    });
+    let redlock = redlock::RedLock::new(vec![url.as_str()]);
+    let peer_cycle = median(2_000, || {
+        let l = redlock
+            .lock(b"bench:uncontended:redlock", 10_000)
+            .expect("redlock")
+            .expect("free");
+        redlock.unlock(&l);
+    });
+    println!("uncontended lock + unlock: redbaton {:.1} µs = {:.2} x RTT (target <= 3.5); redlock {:.1} µs = {:.2} x RTT", cycle.as_secs_f64() * 1e6, x(cycle), peer_cycle.as_secs_f64() * 1e6, x(peer_cycle));
+
+    for (label, across) in [
+        ("1 process x 16 threads", false),
+        ("2 processes x 8 threads", true),
+    ] {
+        println!("\ncontended, {label}, one lock, empty critical section, {CONTENDED_RUN:?}:");
+        let mut rates = Vec::new();
+        for peer in [Peer::Redbaton, Peer::Redlock] {
+            let c = if across {
+                contended_across_processes(peer, &url)
+            } else {
+                analyse(contend(peer, &url, 16, CONTENDED_RUN, 0), CONTENDED_RUN)
+            };
+            println!(
+                "  {:<8} {:>8.0} acq/s  hand-off p50 {:>8.3} ms = {:>6.2} x RTT  p99 {:>8.3} ms  same thread again {:>5.1} %  longest wait {:>8.1} ms  overlaps {}",
+                peer.name(), c.per_second, ms(c.handoff_p50), x(c.handoff_p50), ms(c.handoff_p99), c.same_again * 100.0, ms(c.longest_wait), c.overlaps
+            );
+            if let Some(p50) = c.across_p50 {
+                println!(
+                    "  {:<8} hand-offs between the processes only: p50 {:.3} ms = {:.2} x RTT",
+                    peer.name(),
+                    ms(p50),
+                    x(p50)
+                );
+            }
+            rates.push((c.per_second, c.handoff_p50));
+        }
+        println!(
+            "  redbaton / redlock: {:.1} x the throughput, {:.1} x faster hand-off (p50)",
+            rates[0].0 / rates[1].0.max(1e-9),
+            rates[1].1.as_secs_f64() / rates[0].1.as_secs_f64().max(1e-9)
+        );
+    }
+
+    println!("\ncrash recovery (holder with a 2 s lease killed; lease end -> waiter's acquisition, median of 3):");
+    for peer in [Peer::Redbaton, Peer::Redlock] {
+        println!(
+            "  {:<8} {:>8.1} ms",
+            peer.name(),
+            ms(crash_recovery(peer, &url))
+        );
+    }
+
+    println!("\nwaiting cost ({WAITERS} waiters in one process during a {HOLD:?} hold; redbaton max park {MAX_PARK:?}):");
+    for peer in [Peer::Redbaton, Peer::Redlock] {
+        let (per_waiter_second, cpu) = waiting_cost(peer, &url, &mut raw);
+        println!(
+            "  {:<8} {:>8.3} commands per waiter per second ({:.3} per waiter per max park)  CPU {:>6} ms",
+            peer.name(), per_waiter_second, per_waiter_second * MAX_PARK.as_secs_f64(), cpu.as_millis()
+        );
+    }
+}
