@@ -157,6 +157,17 @@ fn a_paused_server_is_unreachable_within_the_io_timeout() {
         .unwrap();
     let lock = client.lock("stalled").unwrap();
     lock.lock().unwrap().unlock().unwrap(); // the pool holds a live connection
+    let mut raw = server.connection();
+    let own: i64 = redis::cmd("CLIENT").arg("ID").query(&mut raw).unwrap();
+    let others = |raw: &mut redis::Connection| -> Vec<i64> {
+        let list: String = redis::cmd("CLIENT").arg("LIST").query(raw).unwrap();
+        list.lines()
+            .filter_map(|l| l.strip_prefix("id=")?.split(' ').next()?.parse().ok())
+            .filter(|id| *id != own)
+            .collect()
+    };
+    let pooled = others(&mut raw);
+    assert_eq!(pooled.len(), 1, "{pooled:?}");
     server.pause();
     let start = Instant::now();
     let err = lock.try_lock().unwrap_err();
@@ -164,7 +175,13 @@ fn a_paused_server_is_unreachable_within_the_io_timeout() {
     server.resume();
     assert!(err.is_unreachable() && err.is_timeout(), "{err}");
     assert!(took < Duration::from_millis(1_500), "took {took:?}");
-    // The timed-out connection was dropped, not pooled: the next call works.
+    // The timed-out connection was closed, not pooled (its late reply would
+    // answer the next command), and the next call works on a new one.
+    support::eventually(
+        Duration::from_secs(2),
+        "the timed-out connection to close",
+        || !others(&mut raw).contains(&pooled[0]),
+    );
     let guard = lock.try_lock().unwrap().expect("free after resume");
     guard.unlock().unwrap();
 }

@@ -277,35 +277,3 @@ fn the_release_script_sent_twice_takes_off_one_level_only() {
     drop(guards);
     assert!(!lock.is_locked().unwrap());
 }
-
-#[test]
-fn a_timed_out_command_connection_is_closed() {
-    let server = RedisServer::start();
-    let client = LockClient::builder(&server.url())
-        .io_timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
-    let lock = client.lock("stalled").unwrap();
-    lock.lock().unwrap().unlock().unwrap();
-    let mut raw = server.connection();
-    let own: i64 = redis::cmd("CLIENT").arg("ID").query(&mut raw).unwrap();
-    let ids = |raw: &mut redis::Connection| -> Vec<i64> {
-        let list: String = redis::cmd("CLIENT").arg("LIST").query(raw).unwrap();
-        list.lines()
-            .filter_map(|l| l.strip_prefix("id="))
-            .filter_map(|l| l.split(' ').next()?.parse().ok())
-            .filter(|id| *id != own)
-            .collect()
-    };
-    let pooled = ids(&mut raw);
-    assert_eq!(pooled.len(), 1, "{pooled:?}");
-    server.pause();
-    let err = lock.try_lock().unwrap_err();
-    server.resume();
-    assert!(err.is_timeout(), "{err}");
-    eventually(
-        Duration::from_secs(2),
-        "the timed-out connection to be closed",
-        || !ids(&mut raw).contains(&pooled[0]),
-    );
-}
