@@ -35,6 +35,11 @@
 //! - **No busy waiting**: a waiter costs at most a couple of commands per
 //!   maximum park time, and a process parks one connection per lock name
 //!   however many of its threads wait.
+//! - **Order and fast hand-off inside a process**: threads waiting for one
+//!   lock queue in arrival order; a releasing thread of the same process
+//!   passes the lock to the oldest in its release script (no baton, no round
+//!   trip for the waiter), a bounded number of times in a row before
+//!   releasing in Redis so that other processes get their turn.
 //! - **Fencing tokens** that increase with every fresh acquisition.
 //!
 //! # Rate limiting
