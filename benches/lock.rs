@@ -428,16 +428,12 @@ fn main() {
     if !args.is_empty() {
         return run_child(&args);
     }
-    let (url, _server) = match env::var("REDIS_URL") {
-        Ok(url) => (url, None),
-        Err(_) => {
-            let server = testkit::RedisServer::try_start().unwrap_or_else(|message| {
-                eprintln!("{message}");
-                std::process::exit(1)
-            });
-            (server.url(), Some(server))
-        }
-    };
+    // Keeps a throwaway server alive until the end of main.
+    let redis = testkit::DemoRedis::from_env().unwrap_or_else(|message| {
+        eprintln!("{message}");
+        std::process::exit(1)
+    });
+    let url = redis.url.clone();
     let mut raw = redis::Client::open(url.as_str())
         .and_then(|c| c.get_connection())
         .expect("connect");

@@ -33,23 +33,15 @@ fn main() -> ExitCode {
         return worker(&args[2], &args[3]);
     }
 
-    // Keep the throwaway server alive until the end of main.
-    let (url, _server, where_) = match env::var("REDIS_URL") {
-        Ok(url) => (url, None, "REDIS_URL".to_owned()),
-        Err(_) => match testkit::RedisServer::try_start() {
-            Ok(server) => {
-                let place = format!(
-                    "a throwaway redis-server on port {} (set REDIS_URL to use yours)",
-                    server.port()
-                );
-                (server.url(), Some(server), place)
-            }
-            Err(message) => {
-                eprintln!("{message}");
-                return ExitCode::FAILURE;
-            }
-        },
+    // Keeps a throwaway server alive until the end of main.
+    let redis = match testkit::DemoRedis::from_env() {
+        Ok(redis) => redis,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::FAILURE;
+        }
     };
+    let (url, where_) = (redis.url.clone(), redis.describe());
 
     println!("redbaton inventory demo");
     println!("  {STOCK} items, {PROCESSES} processes x {THREADS} threads, each selling one item at a time");

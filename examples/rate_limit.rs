@@ -9,7 +9,6 @@
 //! Uses `REDIS_URL` when set; otherwise starts a throwaway `redis-server`
 //! from PATH on a free port.
 
-use std::env;
 use std::process::ExitCode;
 use std::sync::mpsc;
 use std::thread;
@@ -25,23 +24,15 @@ const RUN: Duration = Duration::from_secs(5);
 const LIMITER: &str = "partner-api";
 
 fn main() -> ExitCode {
-    // Keep the throwaway server alive until the end of main.
-    let (url, _server, where_) = match env::var("REDIS_URL") {
-        Ok(url) => (url, None, "REDIS_URL".to_owned()),
-        Err(_) => match testkit::RedisServer::try_start() {
-            Ok(server) => {
-                let place = format!(
-                    "a throwaway redis-server on port {} (set REDIS_URL to use yours)",
-                    server.port()
-                );
-                (server.url(), Some(server), place)
-            }
-            Err(message) => {
-                eprintln!("{message}");
-                return ExitCode::FAILURE;
-            }
-        },
+    // Keeps a throwaway server alive until the end of main.
+    let redis = match testkit::DemoRedis::from_env() {
+        Ok(redis) => redis,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::FAILURE;
+        }
     };
+    let (url, where_) = (redis.url.clone(), redis.describe());
     match run(&url, &where_) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {

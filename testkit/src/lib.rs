@@ -16,9 +16,11 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod child;
+mod demo;
 mod process;
 mod server;
 
 pub use child::ChildProcess;
+pub use demo::DemoRedis;
 pub use process::pid_exists;
 pub use server::RedisServer;

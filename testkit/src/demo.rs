@@ -1,0 +1,41 @@
+//! The Redis that examples and benches run against.
+
+use crate::RedisServer;
+
+/// `REDIS_URL` when it is set, otherwise a throwaway `redis-server` that
+/// lives as long as this value.
+#[derive(Debug)]
+pub struct DemoRedis {
+    /// Where to connect.
+    pub url: String,
+    /// The throwaway server, if one was started.
+    pub server: Option<RedisServer>,
+}
+
+impl DemoRedis {
+    /// Uses `REDIS_URL`, or starts a throwaway server from PATH.
+    ///
+    /// # Errors
+    /// The one-line hint to install `redis-server`, or why it did not start.
+    pub fn from_env() -> Result<DemoRedis, String> {
+        if let Ok(url) = std::env::var("REDIS_URL") {
+            return Ok(DemoRedis { url, server: None });
+        }
+        let server = RedisServer::try_start()?;
+        Ok(DemoRedis {
+            url: server.url(),
+            server: Some(server),
+        })
+    }
+
+    /// A line saying which Redis this is, for the program's output.
+    pub fn describe(&self) -> String {
+        match &self.server {
+            Some(server) => format!(
+                "a throwaway redis-server on port {} (set REDIS_URL to use yours)",
+                server.port()
+            ),
+            None => "REDIS_URL".to_owned(),
+        }
+    }
+}
