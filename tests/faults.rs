@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use redbaton::LockClient;
 use support::eventually;
+use support::JoinWithin;
 use testkit::RedisServer;
 
 #[test]
@@ -113,7 +114,7 @@ fn a_paused_server_fails_parked_waiters_within_bounds_and_work_resumes_after() {
     };
     thread::sleep(Duration::from_millis(200)); // the waiter parks
     server.pause();
-    let (outcome, waited) = waiter.join().unwrap();
+    let (outcome, waited) = waiter.joined();
     server.resume();
     let err = outcome.unwrap_err();
     assert!(err.is_unreachable(), "{err}");

@@ -10,6 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redbaton::LockClient;
+use support::JoinWithin;
 use support::{child_role, eventually, spawn_child};
 use testkit::RedisServer;
 
@@ -57,7 +58,7 @@ fn local_waiters_get_the_lock_handed_over_in_arrival_order_without_baton_or_roun
         .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
         .collect();
     for waiter in waiters {
-        waiter.join().unwrap();
+        waiter.joined();
     }
     let used = server.commands_since(&before);
     // The first waiter parks in Redis; the others are served locally, oldest
@@ -104,7 +105,7 @@ fn a_waiter_in_another_process_gets_the_lock_while_local_threads_keep_contending
     let waited = remote.wait_for_line("WAITED", Duration::from_secs(15));
     stop.store(true, Ordering::Relaxed);
     for local in locals {
-        local.join().unwrap();
+        local.joined();
     }
     let (got, millis) = waited.split_once(' ').unwrap();
     assert_eq!(got, "true", "the remote waiter got the lock");
@@ -131,7 +132,7 @@ fn waiters_that_give_up_are_never_handed_the_lock() {
         thread::sleep(Duration::from_micros(17_000 + 200 * round));
         held.unlock().unwrap();
         for waiter in waiters {
-            if let Some(unlocked) = waiter.join().unwrap() {
+            if let Some(unlocked) = waiter.joined() {
                 unlocked.unwrap();
             }
         }
@@ -177,7 +178,7 @@ fn a_failed_hand_off_is_reported_to_the_releaser_and_the_waiter_still_gets_the_l
         assert!(rx.recv_timeout(Duration::from_secs(5)).unwrap());
     }
     for waiter in waiters {
-        waiter.join().unwrap();
+        waiter.joined();
     }
     assert_eq!(lock.holder().unwrap(), None);
 }
@@ -210,7 +211,7 @@ fn mutual_exclusion_holds_across_hand_offs_and_global_releases() {
         })
         .collect();
     for thread in threads {
-        thread.join().unwrap();
+        thread.joined();
     }
     assert_eq!(entries.load(Ordering::SeqCst), 12 * 40);
     assert_eq!(lock.holder().unwrap(), None);

@@ -8,6 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redbaton::{Error, LockClient};
+use support::JoinWithin;
 use support::{baton_key, client, eventually, lock_key};
 use testkit::RedisServer;
 
@@ -52,7 +53,7 @@ fn reentered_lock_is_free_only_after_the_last_unlock() {
     first.unlock().unwrap();
     assert!(probe(), "free after the third unlock");
     drop(ask);
-    other.join().unwrap();
+    other.joined();
 }
 
 #[test]
@@ -73,8 +74,7 @@ fn fencing_tokens_increase_per_acquisition_and_stay_on_reentry() {
             outer.unlock().unwrap();
             tokens
         })
-        .join()
-        .unwrap();
+        .joined();
         assert_eq!(outer, inner, "re-entry keeps the token (round {round})");
         assert!(outer > last, "token {outer} after {last} (round {round})");
         last = outer;
@@ -138,8 +138,7 @@ fn try_lock_for_returns_none_after_its_deadline() {
         let got = waiter.try_lock_for(Duration::from_millis(500)).unwrap();
         (start.elapsed(), got.is_some())
     })
-    .join()
-    .unwrap();
+    .joined();
     assert!(!outcome, "the lock stayed held");
     assert!(
         start >= Duration::from_millis(500),
@@ -160,7 +159,7 @@ fn zero_wait_is_one_attempt_and_huge_wait_is_no_deadline() {
 
     let other = lock.clone();
     let zero = thread::spawn(move || other.try_lock_for(Duration::ZERO).unwrap().is_some());
-    assert!(!zero.join().unwrap());
+    assert!(!zero.joined());
 
     let other = lock.clone();
     let (done, finished) = mpsc::channel();
@@ -170,7 +169,7 @@ fn zero_wait_is_one_attempt_and_huge_wait_is_no_deadline() {
     });
     held.unlock().unwrap();
     assert!(finished.recv_timeout(Duration::from_secs(5)).unwrap());
-    forever.join().unwrap();
+    forever.joined();
 }
 
 #[test]
@@ -199,7 +198,7 @@ fn waiter_wakes_when_holder_releases() {
         .recv_timeout(Duration::from_secs(5))
         .expect("woken by the baton");
     assert!(woke.duration_since(released) < Duration::from_millis(500));
-    handle.join().unwrap();
+    handle.joined();
 }
 
 #[test]
@@ -242,7 +241,7 @@ fn force_unlock_removes_any_holder_and_wakes_a_waiter() {
         .expect("the waiter was woken");
     assert!(token > held.fencing_token());
     assert!(held.unlock().unwrap_err().is_lost());
-    handle.join().unwrap();
+    handle.joined();
     assert!(!admin.force_unlock().unwrap(), "nothing left to remove");
 }
 
@@ -337,9 +336,7 @@ fn locks_under_odd_names_work_end_to_end() {
         let guard = lock.lock().unwrap();
         assert!(lock.is_locked().unwrap(), "{name:?}");
         let other = lock.clone();
-        assert!(thread::spawn(move || other.try_lock().unwrap().is_none())
-            .join()
-            .unwrap());
+        assert!(thread::spawn(move || other.try_lock().unwrap().is_none()).joined());
         guard.unlock().unwrap();
         assert!(!lock.is_locked().unwrap(), "{name:?}");
     }
@@ -352,17 +349,13 @@ fn a_thread_pays_one_incr_for_its_identity_and_none_after() {
     let lock = client.lock("identity").unwrap();
     // Load the scripts first, from a thread of its own.
     let warm = lock.clone();
-    thread::spawn(move || warm.lock().unwrap().unlock().unwrap())
-        .join()
-        .unwrap();
+    thread::spawn(move || warm.lock().unwrap().unlock().unwrap()).joined();
     let before = server.command_calls();
     for _ in 0..10 {
         lock.lock().unwrap().unlock().unwrap();
     }
     let other = lock.clone();
-    thread::spawn(move || other.lock().unwrap().unlock().unwrap())
-        .join()
-        .unwrap();
+    thread::spawn(move || other.lock().unwrap().unlock().unwrap()).joined();
     let used = server.commands_since(&before);
     // The scripts INCR the fence once per fresh acquisition (11); the rest
     // are identities: one per thread.
@@ -453,7 +446,7 @@ fn a_waiter_that_gives_up_never_swallows_the_baton() {
         let before = Duration::from_micros(u64::from(1_500 - 25 * i));
         thread::sleep((deadline - before).saturating_duration_since(Instant::now()));
         held.unlock().unwrap();
-        let got = handle.join().unwrap();
+        let got = handle.joined();
         let batons: i64 = redis::cmd("LLEN")
             .arg(baton_key("edge"))
             .query(&mut raw)

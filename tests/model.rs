@@ -13,6 +13,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redbaton::{Holder, LockClient};
+use support::JoinWithin;
 use testkit::RedisServer;
 
 const THREADS: usize = 3;
@@ -237,7 +238,7 @@ fn random_lock_sequences_on_three_threads_match_the_model_and_redis() {
     });
     for (worker, handle) in harness.into_inner().workers {
         drop(worker);
-        handle.join().unwrap();
+        handle.joined();
     }
     if let Err(failure) = result {
         panic!("{failure}");

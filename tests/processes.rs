@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use redbaton::LockClient;
 use support::spawn_child;
+use support::JoinWithin;
 use testkit::RedisServer;
 
 /// Entry point of the child processes; does nothing in a normal test run.
@@ -97,7 +98,7 @@ fn increment_worker(url: &str) {
         .collect();
     let (mut overlaps, mut regressions) = (0, 0);
     for worker in workers {
-        let (o, r) = worker.join().unwrap();
+        let (o, r) = worker.joined();
         overlaps += o;
         regressions += r;
     }

@@ -14,6 +14,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redbaton::{Error, LockClient, RateLimiter, RateMode};
+use support::JoinWithin;
 use support::{child_role, client, eventually, spawn_child};
 use testkit::RedisServer;
 
@@ -89,7 +90,7 @@ fn take_until(limiter: &RateLimiter, threads: usize, end: Instant) -> u64 {
                 })
             })
             .collect();
-        workers.into_iter().map(|w| w.join().unwrap()).sum()
+        workers.into_iter().map(|w| w.joined()).sum()
     })
 }
 
@@ -165,7 +166,7 @@ fn each_per_client_instance_gets_the_full_rate() {
     let (got_a, got_b) = thread::scope(|s| {
         let a = s.spawn(|| take_until(&limiter_a, 2, end));
         let b = s.spawn(|| take_until(&limiter_b, 2, end));
-        (a.join().unwrap(), b.join().unwrap())
+        (a.joined(), b.joined())
     });
     let most = 20 + 20 * window.as_secs();
     for got in [got_a, got_b] {
@@ -373,7 +374,7 @@ fn a_client_whose_requests_arrive_late_still_gets_only_the_configured_rate() {
     let (got_near, got_far) = thread::scope(|s| {
         let near = s.spawn(|| take_until(&near_limiter, 2, end));
         let far = s.spawn(|| take_until(&far_limiter, 2, end));
-        (near.join().unwrap(), far.join().unwrap())
+        (near.joined(), far.joined())
     });
     let total = got_near + got_far;
     println!("late client alone {got_far_alone}; together: near {got_near} + late {got_far}");
@@ -455,7 +456,7 @@ fn set_rate_is_first_writer_wins_across_clients() {
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+        handles.into_iter().map(|h| h.joined()).collect()
     });
     let winners: Vec<u64> = results.iter().filter(|r| r.1).map(|r| r.0).collect();
     assert_eq!(winners.len(), 1, "{results:?}");

@@ -8,6 +8,7 @@ use std::thread;
 use std::time::Duration;
 
 use redbaton::{Error, LockClient};
+use support::JoinWithin;
 use testkit::RedisServer;
 
 /// The README's ACL line, minus `ACL SETUSER <name> on >password`.
@@ -88,7 +89,7 @@ fn everything_works_under_a_user_limited_to_the_documented_acl() {
     outer.extend(Duration::from_secs(1)).unwrap();
     outer.unlock().unwrap();
     assert!(rx.recv_timeout(Duration::from_secs(5)).unwrap().unwrap());
-    handle.join().unwrap();
+    handle.joined();
     assert!(!lock.force_unlock().unwrap());
     assert!(!lock.is_locked().unwrap());
     assert_eq!(client.watchdog_stats().losses, 0);
@@ -122,7 +123,7 @@ fn a_missing_permission_is_named_in_the_error() {
                         .try_lock_for(Duration::from_secs(2))
                         .map(|g| g.is_some())
                 });
-                let result = waited.join().unwrap();
+                let result = waited.joined();
                 drop(held);
                 result
             }

@@ -15,6 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redbaton::LockClient;
+use support::JoinWithin;
 use support::{child_role, spawn_child};
 use testkit::{ChildProcess, RedisServer};
 
@@ -121,7 +122,7 @@ fn child_entry() {
         .collect();
     let (mut acquired, mut overshoot) = (0, Duration::ZERO);
     for thread in threads {
-        let (a, o) = thread.join().unwrap();
+        let (a, o) = thread.joined();
         acquired += a;
         overshoot = overshoot.max(o);
     }

@@ -12,6 +12,7 @@ use std::thread;
 use std::time::Duration;
 
 use redbaton::LockClient;
+use support::JoinWithin;
 use testkit::RedisServer;
 
 fn openssl(args: &[&str], dir: &Path) {
@@ -144,7 +145,7 @@ fn locks_work_over_tls_with_a_trusted_self_signed_certificate() {
         .unwrap()
         .expect("woken over TLS");
     assert!(second > first);
-    handle.join().unwrap();
+    handle.joined();
 
     // The same server over plain TCP sees the lock keys: it is one server.
     let mut raw = server.connection();

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use redbaton::LockClient;
 use support::eventually;
+use support::JoinWithin;
 use testkit::RedisServer;
 
 #[test]
@@ -48,7 +49,7 @@ fn twenty_waiters_during_a_three_second_hold_send_a_bounded_number_of_commands()
             .expect("every waiter gets the lock");
     }
     for waiter in waiters {
-        waiter.join().unwrap();
+        waiter.joined();
     }
 
     // What the clients sent; INFO commandstats also counts the commands that
@@ -118,7 +119,7 @@ fn a_thousand_local_waiters_park_one_connection() {
         assert!(finished.recv_timeout(Duration::from_secs(60)).unwrap());
     }
     for waiter in waiters {
-        waiter.join().unwrap();
+        waiter.joined();
     }
 }
 
@@ -174,7 +175,7 @@ fn thirty_two_threads_on_a_pool_of_two_all_finish_and_releases_never_wait_for_pa
         );
     }
     for thread in threads {
-        thread.join().unwrap();
+        thread.joined();
     }
     assert_eq!(entries.load(Ordering::SeqCst), THREADS * ROUNDS);
     println!("slowest release: {slowest:?}");
@@ -210,7 +211,7 @@ fn a_park_longer_than_the_io_timeout_is_not_an_error() {
     });
     thread::sleep(Duration::from_millis(1_000));
     held.unlock().unwrap();
-    let got = handle.join().unwrap();
+    let got = handle.joined();
     assert!(matches!(got, Ok(true)), "{got:?}");
 }
 
@@ -246,7 +247,7 @@ fn a_release_on_a_pool_of_one_never_waits_for_a_parked_waiter() {
         start.elapsed()
     );
     assert!(rx.recv_timeout(Duration::from_secs(2)).unwrap());
-    handle.join().unwrap();
+    handle.joined();
 }
 
 #[test]
@@ -272,7 +273,7 @@ fn waiters_beyond_the_parking_connections_still_acquire() {
         guard.unlock().unwrap();
     }
     for waiter in waiters {
-        let got = waiter.join().unwrap();
+        let got = waiter.joined();
         assert!(matches!(got, Ok(true)), "{got:?}");
     }
 }

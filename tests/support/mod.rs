@@ -58,3 +58,37 @@ pub fn child_role() -> Option<(String, String)> {
         std::env::var(CHILD_URL).ok()?,
     ))
 }
+
+/// Joins a thread with a deadline, so that a hung lock call fails the test
+/// instead of hanging it.
+pub trait JoinWithin<T> {
+    /// The thread's result; panics if it panicked or is still running after
+    /// two minutes.
+    fn joined(self) -> T;
+}
+
+/// Polls `is_finished` until two minutes have passed.
+fn wait_finished(is_finished: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "a test thread is still running after 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+impl<T> JoinWithin<T> for std::thread::JoinHandle<T> {
+    fn joined(self) -> T {
+        wait_finished(|| self.is_finished());
+        self.join().expect("the test thread panicked")
+    }
+}
+
+impl<T> JoinWithin<T> for std::thread::ScopedJoinHandle<'_, T> {
+    fn joined(self) -> T {
+        wait_finished(|| self.is_finished());
+        self.join().expect("the test thread panicked")
+    }
+}
