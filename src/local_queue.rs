@@ -46,11 +46,18 @@ pub(crate) enum Turn {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {
+    /// Asleep in `next_turn`: the only status a hand-off may pick.
     Waiting,
+    /// Waiting in Redis for the queue.
     Parker,
+    /// Picked for a hand-off that is under way.
     Reserved,
     Granted(Grant),
+    /// A hand-off failed: the thread should look at the lock itself.
     Retry,
+    /// Out of `next_turn`, making that attempt: not to be picked, for the
+    /// attempt may win the lock and the thread leave.
+    Attempting,
 }
 
 #[derive(Debug)]
@@ -74,6 +81,14 @@ struct QueueState {
 impl QueueState {
     fn slot_mut(&mut self, id: u64) -> Option<&mut Slot> {
         self.slots.iter_mut().find(|slot| slot.id == id)
+    }
+
+    /// Takes a waiter out of the queue, waking a new parker if needed.
+    fn remove(&mut self, id: u64) {
+        if let Some(index) = self.slots.iter().position(|s| s.id == id) {
+            self.slots.remove(index);
+            self.ensure_parker();
+        }
     }
 
     /// With nobody parked in Redis for the queue, wakes the oldest plain
@@ -209,9 +224,10 @@ impl Member<'_> {
                 Status::Granted(grant) => return Turn::Granted(grant),
                 Status::Parker => return Turn::Park,
                 Status::Retry => {
-                    slot.status = Status::Waiting;
+                    slot.status = Status::Attempting;
                     return Turn::Retry;
                 }
+                Status::Attempting => slot.status = Status::Waiting,
                 Status::Waiting if !has_parker => {
                     slot.status = Status::Parker;
                     return Turn::Park;
@@ -227,6 +243,10 @@ impl Member<'_> {
                         .slot_mut(self.id)
                         .is_some_and(|slot| slot.status == Status::Waiting);
                     if timed_out && still_waiting {
+                        // Leave now, in this critical section: a slot still
+                        // marked waiting after this returns could be picked
+                        // for a hand-off to a thread that has gone.
+                        state.remove(self.id);
                         return Turn::TimedOut;
                     }
                 }
@@ -239,10 +259,7 @@ impl Drop for Member<'_> {
     fn drop(&mut self) {
         let mut queues = self.queues.queues.lock();
         let mut state = self.queue.state.lock();
-        if let Some(index) = state.slots.iter().position(|s| s.id == self.id) {
-            state.slots.remove(index);
-            state.ensure_parker();
-        }
+        state.remove(self.id);
         if state.slots.is_empty() {
             queues.remove(&self.lock_key);
         }
@@ -311,15 +328,17 @@ mod tests {
     #[test]
     fn the_first_waiter_parks_and_the_next_takes_over_when_it_leaves() {
         let queues = LocalQueues::new(8);
-        let (a, b) = (Arc::from("a"), Arc::from("b"));
+        let (a, b, c) = (Arc::from("a"), Arc::from("b"), Arc::from("c"));
         let first = queues.join("k", &a, mode());
         let second = queues.join("k", &b, mode());
         assert_eq!(first.next_turn(None), Turn::Park);
         let soon = Instant::now() + Duration::from_millis(20);
-        assert_eq!(second.next_turn(Some(soon)), Turn::TimedOut);
-        drop(first);
-        assert_eq!(second.next_turn(Some(soon)), Turn::Park);
+        assert_eq!(second.next_turn(Some(soon)), Turn::TimedOut, "one parker");
         drop(second);
+        let third = queues.join("k", &c, mode());
+        drop(first);
+        assert_eq!(third.next_turn(Some(soon)), Turn::Park, "takes over");
+        drop(third);
         assert!(!queues.has_waiters("k"));
     }
 
@@ -346,6 +365,34 @@ mod tests {
         assert_eq!(&*reservation.identity, "w2");
         reservation.fail();
         assert_eq!(members[2].next_turn(None), Turn::Retry);
+    }
+
+    #[test]
+    fn a_waiter_that_timed_out_cannot_be_picked_before_it_is_dropped() {
+        let queues = LocalQueues::new(8);
+        let (p, w) = (Arc::from("p"), Arc::from("w"));
+        let parker = queues.join("k", &p, mode());
+        assert_eq!(parker.next_turn(None), Turn::Park);
+        let waiter = queues.join("k", &w, mode());
+        assert_eq!(waiter.next_turn(Some(Instant::now())), Turn::TimedOut);
+        // The member still exists (its thread has not dropped it yet), but
+        // it is no longer a candidate for a hand-off.
+        assert!(queues.reserve("k").is_none());
+        drop(waiter);
+    }
+
+    #[test]
+    fn a_waiter_making_its_retry_attempt_cannot_be_picked() {
+        let queues = LocalQueues::new(8);
+        let (p, w) = (Arc::from("p"), Arc::from("w"));
+        let parker = queues.join("k", &p, mode());
+        assert_eq!(parker.next_turn(None), Turn::Park);
+        let waiter = queues.join("k", &w, mode());
+        queues.reserve("k").unwrap().fail();
+        assert_eq!(waiter.next_turn(None), Turn::Retry);
+        assert!(queues.reserve("k").is_none(), "busy with its attempt");
+        let soon = Instant::now() + Duration::from_millis(10);
+        assert_eq!(waiter.next_turn(Some(soon)), Turn::TimedOut);
     }
 
     #[test]
