@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redbaton::{Error, LockClient, RateLimiter, RateMode};
 use support::JoinWithin;
-use support::{child_role, client, eventually, spawn_child};
+use support::{child_role, client, eventually, overall_limiter, spawn_child};
 use testkit::RedisServer;
 
 /// The 3-process test: processes, threads each, permits per second, seconds.
@@ -236,10 +236,7 @@ fn quoted_words(line: &str) -> Vec<String> {
 fn the_acquire_script_reads_the_servers_clock_and_is_sent_no_client_time() {
     let server = RedisServer::start();
     let client = client(&server);
-    let limiter = client.rate_limiter("api").unwrap();
-    limiter
-        .set_rate(RateMode::Overall, 10, Duration::from_secs(1))
-        .unwrap();
+    let limiter = overall_limiter(&client, "api", 10, Duration::from_secs(1));
     limiter.available_permits().unwrap(); // loads the script: no NOSCRIPT below
     let mut monitor = Monitor::start(&server);
 
@@ -388,10 +385,7 @@ fn a_client_whose_requests_arrive_late_still_gets_only_the_configured_rate() {
 fn a_blocked_acquire_sends_a_few_script_calls_per_permit_not_a_poll() {
     let server = RedisServer::start();
     let client = client(&server);
-    let limiter = client.rate_limiter("paced").unwrap();
-    limiter
-        .set_rate(RateMode::Overall, 10, Duration::from_secs(1))
-        .unwrap();
+    let limiter = overall_limiter(&client, "paced", 10, Duration::from_secs(1));
     limiter.available_permits().unwrap();
 
     // 10 from the full bucket, then 15 more at 10/s.
@@ -476,10 +470,7 @@ fn set_rate_is_first_writer_wins_across_clients() {
 fn force_rate_replaces_the_rate_and_a_process_blocked_on_the_old_one_sees_it() {
     let server = RedisServer::start();
     let admin = client(&server);
-    let limiter = admin.rate_limiter("slow").unwrap();
-    limiter
-        .set_rate(RateMode::Overall, 1, Duration::from_secs(3600))
-        .unwrap();
+    let limiter = overall_limiter(&admin, "slow", 1, Duration::from_secs(3600));
 
     let mut child = spawn_child("blocked", &server);
     child.wait_for_line("BLOCKING", Duration::from_secs(30));
@@ -508,10 +499,7 @@ fn force_rate_replaces_the_rate_and_a_process_blocked_on_the_old_one_sees_it() {
 fn try_acquire_takes_what_is_there_and_available_permits_counts_it() {
     let server = RedisServer::start();
     let client = client(&server);
-    let limiter = client.rate_limiter("hourly").unwrap();
-    limiter
-        .set_rate(RateMode::Overall, 10, Duration::from_secs(3600))
-        .unwrap();
+    let limiter = overall_limiter(&client, "hourly", 10, Duration::from_secs(3600));
     assert_eq!(limiter.available_permits().unwrap(), 10);
     assert!(limiter.try_acquire(4).unwrap());
     assert_eq!(limiter.available_permits().unwrap(), 6);
@@ -533,10 +521,7 @@ fn try_acquire_takes_what_is_there_and_available_permits_counts_it() {
 fn try_acquire_for_waits_for_a_permit_that_comes_in_time() {
     let server = RedisServer::start();
     let client = client(&server);
-    let limiter = client.rate_limiter("tenth").unwrap();
-    limiter
-        .set_rate(RateMode::Overall, 10, Duration::from_secs(1))
-        .unwrap();
+    let limiter = overall_limiter(&client, "tenth", 10, Duration::from_secs(1));
     assert!(limiter.try_acquire(10).unwrap());
     let started = Instant::now();
     assert!(limiter.try_acquire_for(1, Duration::from_secs(1)).unwrap());
@@ -552,10 +537,7 @@ fn idle_bucket_state_expires_but_the_configuration_stays_until_deleted() {
     let server = RedisServer::start();
     let client = client(&server);
     let mut raw = server.connection();
-    let limiter = client.rate_limiter("idle").unwrap();
-    limiter
-        .set_rate(RateMode::Overall, 10, Duration::from_millis(200))
-        .unwrap();
+    let limiter = overall_limiter(&client, "idle", 10, Duration::from_millis(200));
     assert!(limiter.try_acquire(10).unwrap());
 
     let bucket = "redbaton:{idle}:rate:overall";

@@ -6,17 +6,14 @@ mod support;
 use std::time::{Duration, Instant};
 
 use redbaton::{Error, LockClient, RateMode};
-use support::client;
+use support::{client, overall_limiter};
 use testkit::RedisServer;
 
 #[test]
 fn zero_permits_is_an_error() {
     let server = RedisServer::start();
     let client = client(&server);
-    let limiter = client.rate_limiter("api").unwrap();
-    limiter
-        .set_rate(RateMode::Overall, 10, Duration::from_secs(1))
-        .unwrap();
+    let limiter = overall_limiter(&client, "api", 10, Duration::from_secs(1));
     let errors = [
         limiter.try_acquire(0).unwrap_err(),
         limiter.acquire(0).unwrap_err(),
@@ -36,10 +33,7 @@ fn zero_permits_is_an_error() {
 fn more_permits_than_the_bucket_holds_is_an_error_not_a_hang() {
     let server = RedisServer::start();
     let client = client(&server);
-    let limiter = client.rate_limiter("api").unwrap();
-    limiter
-        .set_rate(RateMode::Overall, 10, Duration::from_secs(1))
-        .unwrap();
+    let limiter = overall_limiter(&client, "api", 10, Duration::from_secs(1));
     let started = Instant::now();
     for permits in [11, u64::MAX] {
         for err in [

@@ -92,3 +92,18 @@ impl<T> JoinWithin<T> for std::thread::ScopedJoinHandle<'_, T> {
         self.join().expect("the test thread panicked")
     }
 }
+
+/// A rate limiter named `name` on `client`, configured (if nobody has yet)
+/// to `permits` per `per` shared by every client.
+pub fn overall_limiter(
+    client: &LockClient,
+    name: &str,
+    permits: u64,
+    per: Duration,
+) -> redbaton::RateLimiter {
+    let limiter = client.rate_limiter(name).expect("valid limiter name");
+    limiter
+        .set_rate(redbaton::RateMode::Overall, permits, per)
+        .expect("valid rate");
+    limiter
+}
