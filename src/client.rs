@@ -1,18 +1,19 @@
 //! [`LockClient`], its builder, and the state its locks share.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::RedisResult;
 
-use crate::error::Error;
+use crate::error::{breaks_connection, describe_io, Error};
 use crate::identity::Identities;
 use crate::keys::{self, LimiterKeys, LockKeys};
 use crate::local_queue::LocalQueues;
 use crate::lock::Lock;
 use crate::ownership::Ownerships;
-use crate::pool::Pool;
+use crate::pool::{Pool, PooledConn};
 use crate::rate_limit::RateLimiter;
 use crate::wait::WaitSettings;
 use crate::watchdog::{Watchdog, WatchdogStats};
@@ -50,6 +51,8 @@ pub(crate) struct Shared {
     pub(crate) prefix: String,
     pub(crate) default_lease: Duration,
     pub(crate) baton_ttl: Duration,
+    /// How long a lock's fencing counter lives without use.
+    pub(crate) fence_ttl: Duration,
     pub(crate) io_timeout: Duration,
     pub(crate) wait: WaitSettings,
     /// Short commands: scripts, `INCR`, `EXISTS`. Each is held for one round
@@ -62,18 +65,95 @@ pub(crate) struct Shared {
     pub(crate) queues: LocalQueues,
     pub(crate) ownerships: Ownerships,
     pub(crate) watchdog: Watchdog,
+    /// Numbers requests that may create an ownership (see `next_request`).
+    requests: AtomicU64,
+    memory_policy_checked: AtomicBool,
 }
 
 impl Shared {
-    /// Runs one exchange on a command connection, for lock `name`.
+    /// Runs one exchange on a command connection, for lock `name`; see
+    /// [`Shared::exchange`].
     pub(crate) fn run<T>(
         &self,
         name: &str,
-        exchange: impl FnOnce(&mut redis::Connection) -> RedisResult<T>,
+        exchange: impl FnMut(&mut redis::Connection) -> RedisResult<T>,
     ) -> Result<T, Error> {
-        let mut conn = self.commands.get(self.io_timeout)?;
-        conn.run(exchange)
-            .map_err(|err| Error::from_redis(err, name, self.commands.addr()))
+        self.exchange(name, exchange)
+            .map(|sent| sent.value)
+            .map_err(|failed| failed.error)
+    }
+
+    /// Runs one exchange on a command connection, for lock `name`.
+    ///
+    /// A pooled connection can be dead without anyone knowing: the server
+    /// closed it after its `timeout`, a proxy or NAT dropped it, an operator
+    /// ran `CLIENT KILL`. When the exchange finds its connection dropped, it
+    /// is sent once more on a fresh one; every exchange of this crate is
+    /// safe to send twice (the scripts set depths from their arguments and
+    /// check owners and tokens), and [`Sent::resent`] tells the caller that
+    /// the first send may have taken effect. A timeout is not resent: the
+    /// server may be busy running it, and a second copy could only queue
+    /// behind the first.
+    pub(crate) fn exchange<T>(
+        &self,
+        name: &str,
+        mut exchange: impl FnMut(&mut redis::Connection) -> RedisResult<T>,
+    ) -> Result<Sent<T>, Failed> {
+        let not_sent = |error| Failed {
+            error,
+            outcome_unknown: false,
+        };
+        let mut resent = false;
+        loop {
+            let mut conn = self.commands.get(self.io_timeout).map_err(not_sent)?;
+            self.check_memory_policy_once(&mut conn);
+            match conn.run(&mut exchange) {
+                Ok(value) => return Ok(Sent { value, resent }),
+                Err(err) if err.is_connection_dropped() && !resent => {
+                    log::debug!(
+                        "redbaton: a pooled connection was dropped ({}); sending again on a fresh one",
+                        describe_io(&err)
+                    );
+                    resent = true;
+                }
+                Err(err) => {
+                    return Err(Failed {
+                        outcome_unknown: breaks_connection(&err),
+                        error: Error::from_redis(err, name, self.commands.addr()),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Warns once per client when the server may evict lock keys: under
+    /// memory pressure a `volatile-*` or `allkeys-*` policy deletes a held
+    /// lock, and another client can take it while its holder still works.
+    /// `CONFIG GET` may be refused (ACL, managed services); that is no error.
+    fn check_memory_policy_once(&self, conn: &mut PooledConn) {
+        if self.memory_policy_checked.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let policy: RedisResult<Vec<String>> = conn.run(|c| {
+            redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("maxmemory-policy")
+                .query(c)
+        });
+        match policy.as_deref() {
+            Ok([_, policy]) if policy != "noeviction" => log::warn!(
+                "redbaton: Redis at {} has maxmemory-policy {policy}: when it reaches maxmemory it may \
+                 evict a held lock, and another client can then take it while its holder still works \
+                 (a renewed guard reports is_lost() at its next renewal). Use noeviction, or a Redis \
+                 that holds nothing but locks",
+                self.commands.addr()
+            ),
+            Ok(_) => {}
+            Err(err) => log::debug!(
+                "redbaton: cannot read maxmemory-policy ({}); not checked",
+                describe_io(err)
+            ),
+        }
     }
 
     /// The calling thread's identity under this client.
@@ -81,6 +161,30 @@ impl Shared {
         self.identities
             .current(|counter| self.run("", |c| redis::cmd("INCR").arg(counter).query(c)))
     }
+
+    /// A number for one request that may create an ownership, unique within
+    /// this client: it lets an ownership whose reply was lost be found and
+    /// undone.
+    pub(crate) fn next_request(&self) -> u64 {
+        self.requests.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+/// A successful exchange.
+pub(crate) struct Sent<T> {
+    pub(crate) value: T,
+    /// The first send failed on a dropped connection and this is the reply
+    /// to the second: the first may have run too.
+    pub(crate) resent: bool,
+}
+
+/// A failed exchange.
+#[derive(Debug)]
+pub(crate) struct Failed {
+    pub(crate) error: Error,
+    /// The command may have reached Redis and run, with its reply lost (a
+    /// timeout or a dropped connection after sending).
+    pub(crate) outcome_unknown: bool,
 }
 
 impl LockClient {
@@ -176,6 +280,7 @@ pub struct LockClientBuilder {
     max_park: Duration,
     io_timeout: Duration,
     baton_ttl: Duration,
+    fence_counter_ttl: Duration,
     max_local_handoffs: u32,
 }
 
@@ -190,6 +295,7 @@ impl LockClientBuilder {
             max_park: Duration::from_secs(2),
             io_timeout: Duration::from_secs(3),
             baton_ttl: Duration::from_secs(5),
+            fence_counter_ttl: Duration::from_secs(24 * 3600),
             max_local_handoffs: 8,
         }
     }
@@ -252,6 +358,17 @@ impl LockClientBuilder {
         self
     }
 
+    /// How long a lock's fencing counter stays in Redis after the lock was
+    /// last taken. Tokens are never below the server's clock in
+    /// microseconds, so a counter that expires (or that Redis loses or rolls
+    /// back) starts again above every token issued before, and a name used
+    /// once leaves no key behind for longer than this. At least 1 ms, at
+    /// most a year. Defaults to 1 day.
+    pub fn fence_counter_ttl(mut self, ttl: Duration) -> Self {
+        self.fence_counter_ttl = ttl;
+        self
+    }
+
     /// Trusts `pem` (one or more PEM certificates) as the root for `rediss://`
     /// connections, for a server whose certificate is not signed by a
     /// system-trusted authority (a private CA, or a self-signed certificate).
@@ -302,6 +419,7 @@ impl LockClientBuilder {
             ("max_park", self.max_park),
             ("io_timeout", self.io_timeout),
             ("baton_ttl", self.baton_ttl),
+            ("fence_counter_ttl", self.fence_counter_ttl),
         ] {
             if value < Duration::from_millis(1) || value > MAX_LEASE {
                 return Err(Error::InvalidConfig(format!(
@@ -317,6 +435,7 @@ impl LockClientBuilder {
                 prefix: self.prefix,
                 default_lease: self.default_lease,
                 baton_ttl: self.baton_ttl,
+                fence_ttl: self.fence_counter_ttl,
                 io_timeout: self.io_timeout,
                 wait: WaitSettings {
                     max_park: self.max_park,
@@ -327,6 +446,8 @@ impl LockClientBuilder {
                 queues: LocalQueues::new(self.max_local_handoffs),
                 ownerships: Ownerships::default(),
                 watchdog: Watchdog::new(),
+                requests: AtomicU64::new(0),
+                memory_policy_checked: AtomicBool::new(false),
             }),
         })
     }
@@ -347,6 +468,7 @@ impl fmt::Debug for LockClientBuilder {
             .field("max_park", &self.max_park)
             .field("io_timeout", &self.io_timeout)
             .field("baton_ttl", &self.baton_ttl)
+            .field("fence_counter_ttl", &self.fence_counter_ttl)
             .field("max_local_handoffs", &self.max_local_handoffs)
             .finish()
     }
@@ -358,9 +480,4 @@ pub(crate) fn validate_lease(lease: Duration) -> Result<(), Error> {
         return Err(Error::InvalidLease { lease });
     }
     Ok(())
-}
-
-/// Milliseconds of a duration already checked to be in range.
-pub(crate) fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

@@ -54,6 +54,19 @@ pub enum Error {
         timed_out: bool,
     },
 
+    /// Redis answered, but cannot serve commands for now: it is running a
+    /// long script (`BUSY`), loading its data (`LOADING`), or a replica or
+    /// cluster is between masters (`MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`).
+    /// Waiters and the watchdog ride this out like a dropped connection;
+    /// it reaches the caller only when it outlasts their patience.
+    #[error("Redis at {addr} cannot serve commands right now ({detail}); it should pass by itself: retry later")]
+    Unavailable {
+        /// `host:port` of the server.
+        addr: String,
+        /// What Redis answered.
+        detail: String,
+    },
+
     /// Every pooled connection stayed busy for the whole wait.
     #[error("no pooled Redis connection became free within {waited:?}; raise pool_size or shorten what runs under the pool")]
     PoolTimeout {
@@ -164,6 +177,13 @@ impl Error {
         matches!(self, Error::Unreachable { .. })
     }
 
+    /// True when the failure may pass by itself, so that the same call may
+    /// succeed later: Redis could not be reached, or answered that it
+    /// cannot serve commands for now ([`Error::Unavailable`]).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::Unreachable { .. } | Error::Unavailable { .. })
+    }
+
     /// True when the lock was lost: this thread no longer owns it.
     pub fn is_lost(&self) -> bool {
         matches!(self, Error::LockLost { .. })
@@ -196,6 +216,12 @@ impl Error {
                 detail: describe_io(&err),
             };
         }
+        if is_transient_reply(err.code()) {
+            return Error::Unavailable {
+                addr: addr.to_owned(),
+                detail: format!("{} {detail}", err.code().unwrap_or_default()),
+            };
+        }
         if breaks_connection(&err) {
             return Error::Unreachable {
                 addr: addr.to_owned(),
@@ -214,6 +240,15 @@ pub(crate) fn breaks_connection(err: &RedisError) -> bool {
     !matches!(
         err.kind(),
         ErrorKind::Server(_) | ErrorKind::Extension | ErrorKind::UnexpectedReturnType
+    )
+}
+
+/// Whether an error reply with this code says "not now" rather than "no":
+/// the server is busy with a script, loading, or between masters.
+pub(crate) fn is_transient_reply(code: Option<&str>) -> bool {
+    matches!(
+        code,
+        Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN")
     )
 }
 

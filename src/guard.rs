@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::validate_lease;
+use crate::client::Sent;
 use crate::error::Error;
 use crate::local_queue::{Grant, Reservation};
 use crate::lock::Lock;
@@ -81,12 +82,16 @@ impl LockGuard {
         self.status.is_lost()
     }
 
-    /// Sets the lock's remaining lease to `lease` from now. Owner-checked in
-    /// Redis: one script call.
+    /// Makes the lock live at least `lease` from now: its end moves out,
+    /// never in. Owner-checked in Redis: one script call.
     ///
-    /// With a fixed lease this pushes its end out. With a renewed lease the
-    /// watchdog goes on renewing to the client's lease, so the extension
-    /// lasts until the next renewal.
+    /// With a fixed lease this pushes its end out (a shorter `lease` than
+    /// what is left changes nothing). With a renewed lease the watchdog
+    /// keeps renewing as before, so only a `lease` longer than the client's
+    /// lease changes anything: the lock then outlives a crash of this
+    /// process by that much. Nothing but a release, or the lease running
+    /// out, ends an ownership early; see [`Lock::with_fixed_lease`] for how
+    /// re-entry through handles of other lease modes behaves.
     ///
     /// # Errors
     /// [`Error::InvalidLease`] for a lease under 1 ms or over a year;
@@ -124,11 +129,17 @@ impl LockGuard {
 
     /// Releases this level of the lock and reports the outcome.
     ///
+    /// A connection found dead (closed by the server's `timeout`, a proxy,
+    /// `CLIENT KILL`) is replaced and the release sent again at once. When
+    /// the last release still fails, the client's background thread sends
+    /// it again until Redis answers, so the lock is freed as soon as Redis
+    /// is back rather than when its lease ends.
+    ///
     /// # Errors
     /// [`Error::LockLost`] when the lock was no longer this thread's (its
     /// lease ran out, or it was force-unlocked): nothing was changed, and a
-    /// newer holder keeps the lock. Redis failures otherwise; the lock then
-    /// ends with its lease.
+    /// newer holder keeps the lock. Redis failures otherwise (the release
+    /// goes on in the background, as above).
     pub fn unlock(mut self) -> Result<(), Error> {
         self.release()
     }
@@ -153,32 +164,66 @@ impl LockGuard {
             }
             shared.queues.released_globally(&self.lock.keys().lock);
         }
+        let sent = Instant::now();
         match self
             .lock
             .release(&self.identity, self.fence, left, self.mode.lease())
         {
             Err(Error::LockLost { .. }) => Err(self.lost()),
-            other => other.map(drop),
+            Ok(_) => {
+                if left > 0 {
+                    // The inner release made the lock live at least the
+                    // ownership's lease more.
+                    self.status.fixed_lease_from(sent, self.mode.lease());
+                }
+                Ok(())
+            }
+            Err(err) => Err(err),
         }
     }
 
     /// Passes the lock to the reserved local waiter. On failure the waiter
-    /// looks at the lock itself (the hand-off may have happened; if not, the
-    /// lock is still this ownership's and ends with its lease, unrenewed).
+    /// looks at the lock itself: if the hand-off happened unseen, its
+    /// attempt finds the lock under its identity and takes it afresh; if
+    /// not, the background thread frees this ownership once Redis answers.
     fn hand_off(&self, reservation: Reservation) -> Result<(), Error> {
+        let shared = self.lock.shared();
+        let request = shared.next_request();
         let sent = Instant::now();
-        match self.lock.hand_off(&self.identity, self.fence, &reservation) {
-            Ok(Some(fence)) => {
+        match self
+            .lock
+            .hand_off(&self.identity, self.fence, &reservation, request)
+        {
+            Ok(Sent {
+                value: Some(fence), ..
+            }) => {
                 reservation.grant(Grant { fence, sent });
                 Ok(())
             }
-            Ok(None) => {
+            // Sent twice, and the second found the lock no longer ours: the
+            // first may have handed it over. The waiter looks for itself.
+            Ok(Sent {
+                value: None,
+                resent: true,
+            }) => {
+                reservation.fail();
+                Ok(())
+            }
+            Ok(Sent { value: None, .. }) => {
                 reservation.fail();
                 Err(self.lost())
             }
-            Err(err) => {
+            Err(failed) => {
+                self.lock.finish_failed_hand_off(
+                    &self.identity,
+                    self.fence,
+                    self.mode.lease(),
+                    &reservation,
+                    request,
+                    sent,
+                );
                 reservation.fail();
-                Err(err)
+                Err(failed.error)
             }
         }
     }

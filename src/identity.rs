@@ -54,18 +54,23 @@ impl Identities {
         self.instance
     }
 
+    /// The calling thread's identity under this client, if it has one
+    /// already. No network call.
+    pub(crate) fn cached(&self) -> Option<Arc<str>> {
+        THREAD_IDENTITIES.with_borrow(|ids| {
+            ids.iter()
+                .find(|cached| cached.instance == self.instance)
+                .map(|cached| Arc::clone(&cached.identity))
+        })
+    }
+
     /// The calling thread's identity, asking `incr` for a number the first
     /// time this thread asks this client.
     pub(crate) fn current(
         &self,
         incr: impl FnOnce(&str) -> Result<u64, Error>,
     ) -> Result<Arc<str>, Error> {
-        let cached = THREAD_IDENTITIES.with_borrow(|ids| {
-            ids.iter()
-                .find(|cached| cached.instance == self.instance)
-                .map(|cached| Arc::clone(&cached.identity))
-        });
-        if let Some(id) = cached {
+        if let Some(id) = self.cached() {
             return Ok(id);
         }
         let counted = incr(&self.counter_key)?;

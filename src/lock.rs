@@ -6,15 +6,16 @@ use std::time::{Duration, Instant};
 
 use redis::ErrorKind;
 
-use crate::client::{millis, validate_lease, Shared};
+use crate::client::{validate_lease, Failed, Sent, Shared};
 use crate::error::Error;
 use crate::guard::LockGuard;
 use crate::keys::LockKeys;
 use crate::local_queue::Reservation;
 use crate::ownership::LeaseMode;
-use crate::scripts;
+use crate::scripts::lock::{self as calls, AcquireArgs, HandoffArgs};
+use crate::scripts::Call;
 use crate::wait::{self, Attempt, Waited};
-use crate::watchdog::Watchdog;
+use crate::watchdog::{Cleanup, Watchdog};
 
 /// A handle on one distributed lock, made by [`LockClient::lock`].
 ///
@@ -113,9 +114,8 @@ impl Lock {
     /// Redis failures; [`Error::WrongType`] when the key holds something
     /// else.
     pub fn holder(&self) -> Result<Option<Holder>, Error> {
-        let reply: Vec<redis::Value> = self.shared.run(&self.keys.name, |c| {
-            scripts::HOLDER.key(&self.keys.lock).invoke(c)
-        })?;
+        let call = calls::holder(&self.keys);
+        let reply: Vec<redis::Value> = self.shared.run(&self.keys.name, |c| call.invoke(c))?;
         if reply.is_empty() {
             return Ok(None);
         }
@@ -224,6 +224,17 @@ impl Lock {
         })
     }
 
+    /// Whether the calling thread holds this lock through a live guard, as
+    /// far as this client knows. No network call: a lock whose lease ran
+    /// out unnoticed still counts until its guard learns it (see
+    /// [`LockGuard::is_lost`]).
+    pub fn is_held_by_current_thread(&self) -> bool {
+        self.shared
+            .identities
+            .cached()
+            .is_some_and(|identity| self.shared.ownerships.held(&self.keys, &identity).is_some())
+    }
+
     /// Removes the lock whoever holds it, at any depth, and wakes one waiter.
     /// Returns whether there was a lock to remove.
     ///
@@ -235,13 +246,8 @@ impl Lock {
     /// Redis failures; [`Error::WrongType`] when the key holds something
     /// else (it is left alone).
     pub fn force_unlock(&self) -> Result<bool, Error> {
-        let removed: i64 = self.shared.run(&self.keys.name, |c| {
-            scripts::FORCE_UNLOCK
-                .key(&self.keys.lock)
-                .key(&self.keys.baton)
-                .arg(millis(self.shared.baton_ttl))
-                .invoke(c)
-        })?;
+        let call = calls::force_unlock(&self.keys, self.shared.baton_ttl);
+        let removed: i64 = self.shared.run(&self.keys.name, |c| call.invoke(c))?;
         Ok(removed == 1)
     }
 
@@ -286,7 +292,7 @@ impl Lock {
     /// The guard of a new or re-entered ownership `fence` of `identity`,
     /// whose request was sent at `sent`.
     fn guard(&self, identity: &Arc<str>, fence: u64, mode: LeaseMode, sent: Instant) -> LockGuard {
-        let (status, new_renewal) = self
+        let (status, mode, new_renewal) = self
             .shared
             .ownerships
             .enter(&self.keys, identity, fence, mode, sent);
@@ -298,25 +304,45 @@ impl Lock {
 
     /// One run of the acquire script.
     fn attempt(&self, identity: &Arc<str>) -> Result<Attempt<LockGuard>, Error> {
-        let mode = self.mode();
         // Re-entry is granted only to the ownership this thread's live guards
-        // belong to; the stored depth is set to theirs + 1.
-        let (held_fence, guards) = self
-            .shared
-            .ownerships
-            .held(&self.keys, identity)
-            .unwrap_or((0, 0));
+        // belong to; the stored depth is set to theirs + 1, and the lease is
+        // the ownership's, whatever this handle's is.
+        let held = self.shared.ownerships.held(&self.keys, identity);
+        let (held_fence, guards, mode) = match held {
+            Some(held) => (held.fence, held.guards, held.mode),
+            None => (0, 0, self.mode()),
+        };
+        let request = self.shared.next_request();
+        let call = calls::acquire(
+            &self.keys,
+            AcquireArgs {
+                identity,
+                lease: mode.lease(),
+                held_fence,
+                depth: guards + 1,
+                fence_ttl: self.shared.fence_ttl,
+                request,
+            },
+        );
         let sent = Instant::now();
-        let reply: Vec<i64> = self.shared.run(&self.keys.name, |c| {
-            scripts::ACQUIRE
-                .key(&self.keys.lock)
-                .key(&self.keys.fence)
-                .arg(&**identity)
-                .arg(millis(mode.lease()))
-                .arg(held_fence)
-                .arg(guards + 1)
-                .invoke(c)
-        })?;
+        let reply: Vec<i64> = match self.shared.exchange(&self.keys.name, |c| call.invoke(c)) {
+            Ok(reply) => reply.value,
+            Err(failed) => {
+                if failed.outcome_unknown {
+                    // The script may have run and taken the lock for a
+                    // guard that will never exist: undo that request once
+                    // Redis answers again.
+                    let undo = calls::release_request(
+                        &self.keys,
+                        identity,
+                        request,
+                        self.shared.baton_ttl,
+                    );
+                    self.finish_later(undo, sent, mode.lease());
+                }
+                return Err(failed.error);
+            }
+        };
         match reply[..] {
             [1, fence, _depth] => Ok(Attempt::Acquired(self.guard(
                 identity,
@@ -337,8 +363,21 @@ impl Lock {
         }
     }
 
+    /// Hands `call`, a release that is safe to repeat and whose first send
+    /// failed, to the watchdog thread, which sends it until Redis answers or
+    /// the lease (at most `lease` from `sent`) has ended anyway.
+    pub(crate) fn finish_later(&self, call: Call, sent: Instant, lease: Duration) {
+        let cleanup = Cleanup::new(Arc::clone(&self.keys), call, sent, lease);
+        Watchdog::clean_up(&self.shared, cleanup);
+    }
+
     /// Runs the release script for the ownership `fence` of `identity`,
-    /// which keeps `guards_left` live guards: `Ok(depth left)`.
+    /// which keeps `guards_left` live guards and whose lease is `lease`:
+    /// `Ok(depth left)`.
+    ///
+    /// A last release that fails is finished in the background (see
+    /// [`Lock::finish_later`]), so that a lock Redis could not be told about
+    /// is freed as soon as Redis answers, not at the end of its lease.
     pub(crate) fn release(
         &self,
         identity: &str,
@@ -346,55 +385,91 @@ impl Lock {
         guards_left: usize,
         lease: Duration,
     ) -> Result<u64, Error> {
-        let left: i64 = self.shared.run(&self.keys.name, |c| {
-            scripts::RELEASE
-                .key(&self.keys.lock)
-                .key(&self.keys.baton)
-                .arg(identity)
-                .arg(fence)
-                .arg(guards_left)
-                .arg(millis(lease))
-                .arg(millis(self.shared.baton_ttl))
-                .invoke(c)
-        })?;
-        u64::try_from(left).map_err(|_| Error::LockLost {
-            name: self.keys.name.clone(),
-        })
+        let call = calls::release(
+            &self.keys,
+            identity,
+            fence,
+            guards_left,
+            lease,
+            self.shared.baton_ttl,
+        );
+        let sent = Instant::now();
+        match self
+            .shared
+            .exchange(&self.keys.name, |c| call.invoke::<i64>(c))
+        {
+            Ok(Sent { value, resent }) => match u64::try_from(value) {
+                Ok(left) => Ok(left),
+                // Sent twice and "not the owner" the second time: the first
+                // send, cut off on its way back, may have released it.
+                Err(_) if resent => Ok(0),
+                Err(_) => Err(Error::LockLost {
+                    name: self.keys.name.clone(),
+                }),
+            },
+            Err(Failed { error, .. }) => {
+                if guards_left == 0 && (error.is_transient() || error.is_timeout()) {
+                    self.finish_later(call, sent, lease);
+                }
+                Err(error)
+            }
+        }
     }
 
     /// Passes the ownership `fence` of `identity` straight to the local
-    /// waiter `reservation`: `Ok(Some(new fence))`, or `Ok(None)` when
-    /// `identity` no longer owns the lock.
+    /// waiter `reservation`, under request number `request`:
+    /// `Some(new fence)`, or `None` when `identity` no longer owns the lock.
     pub(crate) fn hand_off(
         &self,
         identity: &str,
         fence: u64,
         reservation: &Reservation,
-    ) -> Result<Option<u64>, Error> {
-        let new_fence: i64 = self.shared.run(&self.keys.name, |c| {
-            scripts::HANDOFF
-                .key(&self.keys.lock)
-                .key(&self.keys.fence)
-                .arg(identity)
-                .arg(fence)
-                .arg(&*reservation.identity)
-                .arg(millis(reservation.mode.lease()))
-                .invoke(c)
-        })?;
-        Ok(u64::try_from(new_fence).ok())
+        request: u64,
+    ) -> Result<Sent<Option<u64>>, Failed> {
+        let call = calls::handoff(
+            &self.keys,
+            HandoffArgs {
+                from: identity,
+                fence,
+                to: &reservation.identity,
+                lease: reservation.mode.lease(),
+                fence_ttl: self.shared.fence_ttl,
+                request,
+            },
+        );
+        self.shared
+            .exchange(&self.keys.name, |c| call.invoke::<i64>(c))
+            .map(|sent| Sent {
+                value: u64::try_from(sent.value).ok(),
+                resent: sent.resent,
+            })
     }
 
-    /// Owner-checked `PEXPIRE` of the ownership `fence` of `identity`:
-    /// whether it was still theirs.
+    /// The background clean-up of a hand-off that failed: frees the lock
+    /// from the releaser (`identity`, `fence`, `lease`) if it still has it,
+    /// and from the waiter if request `request` gave it the lock unseen.
+    pub(crate) fn finish_failed_hand_off(
+        &self,
+        identity: &str,
+        fence: u64,
+        lease: Duration,
+        reservation: &Reservation,
+        request: u64,
+        sent: Instant,
+    ) {
+        let baton_ttl = self.shared.baton_ttl;
+        let release = calls::release(&self.keys, identity, fence, 0, lease, baton_ttl);
+        self.finish_later(release, sent, lease);
+        let undo = calls::release_request(&self.keys, &reservation.identity, request, baton_ttl);
+        self.finish_later(undo, sent, reservation.mode.lease());
+    }
+
+    /// Owner-checked renewal of the ownership `fence` of `identity`: the
+    /// lock lives at least `lease` more (never less than it already would).
+    /// Whether it was still theirs.
     pub(crate) fn renew(&self, identity: &str, fence: u64, lease: Duration) -> Result<bool, Error> {
-        let renewed: i64 = self.shared.run(&self.keys.name, |c| {
-            scripts::RENEW
-                .key(&self.keys.lock)
-                .arg(identity)
-                .arg(fence)
-                .arg(millis(lease))
-                .invoke(c)
-        })?;
+        let call = calls::renew(&self.keys, identity, fence, lease);
+        let renewed: i64 = self.shared.run(&self.keys.name, |c| call.invoke(c))?;
         Ok(renewed == 1)
     }
 

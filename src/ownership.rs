@@ -1,13 +1,24 @@
 //! The ownerships this client holds: one entry per (lock, thread identity),
 //! shared by the guards of that thread (re-entry), with the state the
 //! watchdog renews and the guards read.
+//!
+//! An ownership has one lease mode, set by the acquisition that created it:
+//! a thread that re-enters through a handle with another lease mode joins
+//! the ownership as it is. Nothing but a release (or the lease running out)
+//! ends an ownership earlier than it would end anyway: re-entry, inner
+//! releases, renewals and `extend` only ever push its end out (the scripts
+//! enforce it in Redis, `LeaseStatus::fixed_lease_from` here).
+//!
+//! The table's mutex is never held across a network call: the watchdog
+//! takes a snapshot of what is due, sends the round unlocked, and applies
+//! the replies to the entries that are still there.
 
 use std::collections::hash_map::{Entry as Slot, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 
 use crate::keys::LockKeys;
 
@@ -53,11 +64,13 @@ impl LeaseStatus {
         !self.lost.swap(true, Ordering::AcqRel)
     }
 
-    /// A fixed lease was set or pushed out, from a request sent at `sent`.
+    /// A request sent at `sent` made a fixed lease live at least `lease`
+    /// more: its end moves out, never in. No effect while the watchdog
+    /// renews.
     pub(crate) fn fixed_lease_from(&self, sent: Instant, lease: Duration) {
         let mut until = self.fixed_until.lock();
-        if until.is_some() {
-            *until = Some(sent + lease);
+        if let Some(end) = until.as_mut() {
+            *end = (*end).max(sent + lease);
         }
     }
 }
@@ -68,6 +81,8 @@ pub(crate) struct Entry {
     pub(crate) keys: Arc<LockKeys>,
     pub(crate) identity: Arc<str>,
     pub(crate) fence: u64,
+    /// Set by the acquisition that created the ownership.
+    mode: LeaseMode,
     /// Live guards of this ownership.
     guards: usize,
     /// Set when any acquisition of this ownership asked for renewal.
@@ -93,9 +108,37 @@ impl Renewal {
             lease_ends: sent + lease,
         }
     }
+
+    /// A renewal sent at `sent` succeeded.
+    pub(crate) fn renewed(&mut self, sent: Instant) {
+        *self = Renewal::new(self.lease, sent);
+    }
 }
 
 type OwnershipKey = (String, Arc<str>);
+
+/// What a thread holds on a lock through its live guards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Held {
+    /// The ownership's fencing token.
+    pub(crate) fence: u64,
+    /// Its live guards.
+    pub(crate) guards: usize,
+    /// Its lease mode, set by the acquisition that created it.
+    pub(crate) mode: LeaseMode,
+}
+
+/// An ownership whose renewal is due, copied out of the table so that the
+/// watchdog can talk to Redis without holding it.
+#[derive(Debug, Clone)]
+pub(crate) struct DueRenewal {
+    key: OwnershipKey,
+    pub(crate) keys: Arc<LockKeys>,
+    pub(crate) identity: Arc<str>,
+    pub(crate) fence: u64,
+    pub(crate) renewal: Renewal,
+    pub(crate) status: Arc<LeaseStatus>,
+}
 
 /// All ownerships of one client.
 #[derive(Debug, Default)]
@@ -105,8 +148,9 @@ pub(crate) struct Ownerships {
 
 impl Ownerships {
     /// Records a guard of the ownership `fence` of `keys` by `identity`,
-    /// whose acquisition was sent at `sent`. Returns the shared status and
-    /// whether the watchdog has a new ownership to renew.
+    /// whose acquisition was sent at `sent` asking for `mode`. Returns the
+    /// shared status, the ownership's lease mode (that of its first
+    /// acquisition), and whether the watchdog has a new ownership to renew.
     pub(crate) fn enter(
         &self,
         keys: &Arc<LockKeys>,
@@ -114,11 +158,12 @@ impl Ownerships {
         fence: u64,
         mode: LeaseMode,
         sent: Instant,
-    ) -> (Arc<LeaseStatus>, bool) {
+    ) -> (Arc<LeaseStatus>, LeaseMode, bool) {
         let fresh = || Entry {
             keys: Arc::clone(keys),
             identity: Arc::clone(identity),
             fence,
+            mode,
             guards: 0,
             renewal: None,
             status: Arc::new(LeaseStatus {
@@ -143,24 +188,28 @@ impl Ownerships {
         };
         entry.guards += 1;
         let mut wake_watchdog = false;
-        match mode {
+        // The script made the lock live at least the ownership's lease more
+        // (re-entry sends the ownership's lease, not the handle's).
+        match entry.mode {
             LeaseMode::Renewed(lease) if entry.renewal.is_none() => {
                 entry.renewal = Some(Renewal::new(lease, sent));
-                *entry.status.fixed_until.lock() = None;
                 wake_watchdog = true;
             }
-            LeaseMode::Fixed(lease) => entry.status.fixed_lease_from(sent, lease),
             LeaseMode::Renewed(_) => {}
+            LeaseMode::Fixed(lease) => entry.status.fixed_lease_from(sent, lease),
         }
-        (Arc::clone(&entry.status), wake_watchdog)
+        (Arc::clone(&entry.status), entry.mode, wake_watchdog)
     }
 
-    /// The ownership `identity` holds on `keys` through live guards: its
-    /// fencing token and how many guards it has.
-    pub(crate) fn held(&self, keys: &LockKeys, identity: &Arc<str>) -> Option<(u64, usize)> {
+    /// The ownership `identity` holds on `keys` through live guards.
+    pub(crate) fn held(&self, keys: &LockKeys, identity: &Arc<str>) -> Option<Held> {
         let entries = self.entries.lock();
         let entry = entries.get(&(keys.lock.clone(), Arc::clone(identity)))?;
-        Some((entry.fence, entry.guards))
+        Some(Held {
+            fence: entry.fence,
+            guards: entry.guards,
+            mode: entry.mode,
+        })
     }
 
     /// Forgets one guard of the ownership whose status is `status` and
@@ -168,9 +217,10 @@ impl Ownerships {
     /// watchdog never renews it again. `None` when the ownership is no
     /// longer recorded (it was lost).
     ///
-    /// Called before the release script is sent. Waits for a renewal round
-    /// in progress (the watchdog holds the entries while it talks to Redis),
-    /// so no renewal can arrive after the release.
+    /// Called before the release script is sent, so that the watchdog stops
+    /// renewing. A renewal already in flight may still reach Redis after the
+    /// release; it changes nothing there, because the renewal script checks
+    /// the owner and the fencing token and never re-creates a lock.
     pub(crate) fn leave(
         &self,
         keys: &LockKeys,
@@ -202,9 +252,55 @@ impl Ownerships {
         }
     }
 
-    /// The entries, locked: for the watchdog's renewal round.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<OwnershipKey, Entry>> {
-        self.entries.lock()
+    /// When the watchdog should next renew, if anything is renewed.
+    pub(crate) fn next_renewal(&self) -> Option<Instant> {
+        self.entries
+            .lock()
+            .values()
+            .filter_map(|entry| entry.renewal.map(|r| r.due))
+            .min()
+    }
+
+    /// Copies of the renewed ownerships due by `now` or within a sixth of
+    /// their lease after it, so that locks taken at nearby moments share a
+    /// round trip.
+    pub(crate) fn due_renewals(&self, now: Instant) -> Vec<DueRenewal> {
+        let entries = self.entries.lock();
+        let mut due: Vec<DueRenewal> = entries
+            .iter()
+            .filter_map(|(key, entry)| {
+                let renewal = entry.renewal?;
+                (renewal.due <= now + renewal.lease / 6).then(|| DueRenewal {
+                    key: key.clone(),
+                    keys: Arc::clone(&entry.keys),
+                    identity: Arc::clone(&entry.identity),
+                    fence: entry.fence,
+                    renewal,
+                    status: Arc::clone(&entry.status),
+                })
+            })
+            .collect();
+        due.sort_by(|a, b| a.key.cmp(&b.key));
+        due
+    }
+
+    /// Applies `update` to the renewal of `due`'s ownership if it is still
+    /// in the table (its guards may have released it meanwhile); removes it
+    /// when the update marked it lost.
+    pub(crate) fn update_renewal(&self, due: &DueRenewal, update: impl FnOnce(&mut Renewal)) {
+        let mut entries = self.entries.lock();
+        let Some(entry) = entries
+            .get_mut(&due.key)
+            .filter(|entry| Arc::ptr_eq(&entry.status, &due.status))
+        else {
+            return;
+        };
+        if let Some(renewal) = entry.renewal.as_mut() {
+            update(renewal);
+        }
+        if entry.status.is_lost() {
+            entries.remove(&due.key);
+        }
     }
 }
 
@@ -221,11 +317,18 @@ mod tests {
         let ownerships = Ownerships::default();
         let (keys, id, now) = (keys(), Arc::from("me"), Instant::now());
         let mode = LeaseMode::Renewed(Duration::from_secs(30));
-        let (a, wake_a) = ownerships.enter(&keys, &id, 7, mode, now);
-        let (b, wake_b) = ownerships.enter(&keys, &id, 7, mode, now);
+        let (a, _, wake_a) = ownerships.enter(&keys, &id, 7, mode, now);
+        let (b, _, wake_b) = ownerships.enter(&keys, &id, 7, mode, now);
         assert!(Arc::ptr_eq(&a, &b));
         assert!(wake_a && !wake_b, "one watchdog entry");
-        assert_eq!(ownerships.held(&keys, &id), Some((7, 2)));
+        assert_eq!(
+            ownerships.held(&keys, &id),
+            Some(Held {
+                fence: 7,
+                guards: 2,
+                mode
+            })
+        );
         assert_eq!(ownerships.leave(&keys, &id, &a), Some(1));
         assert_eq!(ownerships.leave(&keys, &id, &b), Some(0));
         assert_eq!(ownerships.held(&keys, &id), None);
@@ -236,12 +339,14 @@ mod tests {
         let ownerships = Ownerships::default();
         let (keys, id, now) = (keys(), Arc::from("me"), Instant::now());
         let mode = LeaseMode::Renewed(Duration::from_secs(30));
-        let (old, _) = ownerships.enter(&keys, &id, 1, mode, now);
-        let (new, _) = ownerships.enter(&keys, &id, 2, mode, now);
+        let (old, _, _) = ownerships.enter(&keys, &id, 1, mode, now);
+        let (new, _, _) = ownerships.enter(&keys, &id, 2, mode, now);
         assert!(old.is_lost() && !new.is_lost());
         assert_eq!(ownerships.leave(&keys, &id, &old), None);
         assert_eq!(
-            ownerships.held(&keys, &id),
+            ownerships
+                .held(&keys, &id)
+                .map(|held| (held.fence, held.guards)),
             Some((2, 1)),
             "the new ownership stays"
         );
@@ -252,7 +357,7 @@ mod tests {
         let ownerships = Ownerships::default();
         let (keys, id) = (keys(), Arc::from("me"));
         let long_ago = Instant::now() - Duration::from_secs(2);
-        let (status, wake) = ownerships.enter(
+        let (status, _, wake) = ownerships.enter(
             &keys,
             &id,
             1,
@@ -263,5 +368,37 @@ mod tests {
         assert!(status.is_lost());
         status.fixed_lease_from(Instant::now(), Duration::from_secs(60));
         assert!(!status.is_lost(), "extended");
+        status.fixed_lease_from(long_ago, Duration::from_secs(1));
+        assert!(
+            !status.is_lost(),
+            "an earlier end never replaces a later one"
+        );
+    }
+
+    #[test]
+    fn reentry_keeps_the_lease_mode_of_the_first_acquisition() {
+        let ownerships = Ownerships::default();
+        let (keys, id, now) = (keys(), Arc::from("me"), Instant::now());
+        let renewed = LeaseMode::Renewed(Duration::from_secs(30));
+        let short = LeaseMode::Fixed(Duration::from_millis(200));
+        let (outer, outer_mode, _) = ownerships.enter(&keys, &id, 1, renewed, now);
+        let (inner, inner_mode, wake) = ownerships.enter(&keys, &id, 1, short, now);
+        assert!(Arc::ptr_eq(&outer, &inner));
+        assert_eq!((outer_mode, inner_mode), (renewed, renewed));
+        assert!(!wake, "already renewed");
+        let later = now + Duration::from_secs(1);
+        assert!(!inner.is_lost(), "no fixed end was set");
+        assert_eq!(
+            ownerships
+                .due_renewals(later + Duration::from_secs(30))
+                .len(),
+            1
+        );
+
+        // And the other way round: a fixed ownership stays fixed.
+        let other = Arc::from("other");
+        let (_, first, _) = ownerships.enter(&keys, &other, 2, short, now);
+        let (_, again, wake) = ownerships.enter(&keys, &other, 2, renewed, now);
+        assert_eq!((first, again, wake), (short, short, false));
     }
 }

@@ -81,7 +81,7 @@ pub(crate) fn wait_until<T>(
                 Ok(Attempt::Held { .. }) => {}
                 // Redis is failing: the parker meets that too, and reports
                 // it after riding out a few failures; wait on meanwhile.
-                Err(err) if err.is_unreachable() => {
+                Err(err) if err.is_transient() => {
                     log::debug!("redbaton: retry after a failed hand-off failed: {err}");
                 }
                 Err(err) => return Err(err),
@@ -111,7 +111,7 @@ fn park_until_acquired<T>(
                 failures = Failures::default();
                 lease_left
             }
-            Err(err) if err.is_unreachable() => {
+            Err(err) if err.is_transient() => {
                 failures.back_off(err, deadline)?;
                 continue;
             }

@@ -261,7 +261,11 @@ fn the_release_script_sent_twice_takes_off_one_level_only() {
     // The same release (one guard of three) as a retry would send it.
     for _ in 0..2 {
         let left: i64 = redis::cmd("EVAL")
-            .arg(include_str!("../src/scripts/release.lua"))
+            .arg(concat!(
+                include_str!("../src/scripts/lib/lease.lua"),
+                include_str!("../src/scripts/lib/baton.lua"),
+                include_str!("../src/scripts/lock/release.lua")
+            ))
             .arg(2)
             .arg(support::lock_key("twice"))
             .arg(support::baton_key("twice"))

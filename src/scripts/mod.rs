@@ -4,73 +4,122 @@
 //! the server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
-use redis::Script;
+use redis::{ConnectionLike, FromRedisValue, RedisResult, Script};
 
-/// The fencing-token helper, prepended to the scripts that need it.
-macro_rules! with_next_fence {
-    ($file:literal) => {
-        concat!(include_str!("next_fence.lua"), include_str!($file))
+pub(crate) mod lock;
+
+/// Declares every script once: its `static`, and its entry in the table
+/// that traces errors back to a file and line. A script may list helpers
+/// from `lib/` that are prepended to it (line numbers in Redis's errors
+/// count them too).
+macro_rules! scripts {
+    ($(
+        $(#[$doc:meta])*
+        $name:ident => $file:literal $(with [$($lib:literal),+])?;
+    )+) => {
+        $(
+            $(#[$doc])*
+            pub(crate) static $name: LazyLock<Script> =
+                LazyLock::new(|| Script::new(scripts!(@source $file $(, $($lib),+)?)));
+        )+
+
+        /// Every script with its file name and source as sent, for error
+        /// messages.
+        fn all() -> Vec<(&'static str, &'static LazyLock<Script>, &'static str)> {
+            vec![$(($file, &$name, scripts!(@source $file $(, $($lib),+)?))),+]
+        }
+    };
+    (@source $file:literal $(, $lib:literal)*) => {
+        concat!($(include_str!($lib),)* include_str!($file))
     };
 }
 
-/// Take, re-enter, or report the holder's remaining lease.
-pub(crate) static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(with_next_fence!("acquire.lua")));
+scripts! {
+    /// Take, re-enter, or report the holder's remaining lease.
+    ACQUIRE => "lock/acquire.lua" with ["lib/next_fence.lua", "lib/lease.lua"];
+    /// The last release of a holder, handing the lock to a local waiter.
+    HANDOFF => "lock/handoff.lua" with ["lib/next_fence.lua"];
+    /// Undo one level; the last level deletes the lock and pushes the baton.
+    RELEASE => "lock/release.lua" with ["lib/lease.lua", "lib/baton.lua"];
+    /// Undo the ownership a request whose reply was lost may have created.
+    RELEASE_REQUEST => "lock/release_request.lua" with ["lib/baton.lua"];
+    /// Administrative release of whoever holds the lock.
+    FORCE_UNLOCK => "lock/force_unlock.lua" with ["lib/baton.lua"];
+    /// Owner-checked, never-shortening `PEXPIRE`: the watchdog's renewal and
+    /// `guard.extend()`.
+    RENEW => "lock/renew.lua" with ["lib/lease.lua"];
+    /// Atomic read of owner, depth, fence and remaining lease.
+    HOLDER => "lock/holder.lua";
+    /// Take permits from a rate limiter's bucket, or say how long until they
+    /// exist; reads the server's clock, never the client's.
+    RATE_ACQUIRE => "rate/acquire.lua";
+    /// Write a rate limiter's configuration, when absent or unconditionally.
+    RATE_CONFIG => "rate/config.lua";
+}
 
-/// The last release of a holder, handing the lock to a local waiter.
-pub(crate) static HANDOFF: LazyLock<Script> =
-    LazyLock::new(|| Script::new(with_next_fence!("handoff.lua")));
+/// One script call with its KEYS and ARGV, encoded once so that a single
+/// call (`invoke`, with the `NOSCRIPT` reload) and a pipelined one
+/// (`evalsha`) cannot disagree on the order.
+#[derive(Debug, Clone)]
+pub(crate) struct Call {
+    script: &'static LazyLock<Script>,
+    keys: Vec<String>,
+    args: Vec<String>,
+}
 
-/// Undo one level; the last level deletes the lock and pushes the baton.
-pub(crate) static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("release.lua")));
+impl Call {
+    pub(crate) fn new(script: &'static LazyLock<Script>) -> Self {
+        Call {
+            script,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
 
-/// Administrative release of whoever holds the lock.
-pub(crate) static FORCE_UNLOCK: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("force_unlock.lua")));
+    pub(crate) fn key(mut self, key: &str) -> Self {
+        self.keys.push(key.to_owned());
+        self
+    }
 
-/// Owner-checked `PEXPIRE`: the watchdog's renewal and `guard.extend()`.
-pub(crate) static RENEW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("renew.lua")));
+    pub(crate) fn arg(mut self, arg: impl ToString) -> Self {
+        self.args.push(arg.to_string());
+        self
+    }
 
-/// Atomic read of owner, depth, fence and remaining lease.
-pub(crate) static HOLDER: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("holder.lua")));
+    /// Runs the script (`EVALSHA`, loading it once on `NOSCRIPT`).
+    pub(crate) fn invoke<T: FromRedisValue>(&self, con: &mut dyn ConnectionLike) -> RedisResult<T> {
+        let mut invocation = self.script.prepare_invoke();
+        for key in &self.keys {
+            invocation.key(key);
+        }
+        for arg in &self.args {
+            invocation.arg(arg);
+        }
+        invocation.invoke(con)
+    }
 
-/// Take permits from a rate limiter's bucket, or say how long until they
-/// exist; reads the server's clock, never the client's.
-pub(crate) static RATE_ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("rate_acquire.lua")));
+    /// Adds the call to a pipeline as a bare `EVALSHA` (the caller loads the
+    /// script and handles `NOSCRIPT`).
+    pub(crate) fn add_to(&self, pipe: &mut redis::Pipeline) {
+        pipe.cmd("EVALSHA")
+            .arg(self.script.get_hash())
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+    }
 
-/// Write a rate limiter's configuration, when absent or unconditionally.
-pub(crate) static RATE_CONFIG: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("rate_config.lua")));
+    /// Loads the script into the server's cache.
+    pub(crate) fn load(&self, con: &mut dyn ConnectionLike) -> RedisResult<String> {
+        self.script.load(con)
+    }
+}
 
-/// Every script with its file name and source, for error messages.
-fn all() -> [(&'static str, &'static LazyLock<Script>, &'static str); 8] {
-    [
-        ("acquire.lua", &ACQUIRE, with_next_fence!("acquire.lua")),
-        ("handoff.lua", &HANDOFF, with_next_fence!("handoff.lua")),
-        ("release.lua", &RELEASE, include_str!("release.lua")),
-        (
-            "force_unlock.lua",
-            &FORCE_UNLOCK,
-            include_str!("force_unlock.lua"),
-        ),
-        ("renew.lua", &RENEW, include_str!("renew.lua")),
-        ("holder.lua", &HOLDER, include_str!("holder.lua")),
-        (
-            "rate_acquire.lua",
-            &RATE_ACQUIRE,
-            include_str!("rate_acquire.lua"),
-        ),
-        (
-            "rate_config.lua",
-            &RATE_CONFIG,
-            include_str!("rate_config.lua"),
-        ),
-    ]
+/// Milliseconds of a duration already checked to be in range, as scripts
+/// take them.
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Names the command a script error points at. Redis reports an error
@@ -104,7 +153,11 @@ mod tests {
 
     #[test]
     fn a_script_error_is_traced_to_its_command() {
-        let line = with_next_fence!("acquire.lua")
+        let (_, _, source) = all()
+            .into_iter()
+            .find(|(file, _, _)| *file == "lock/acquire.lua")
+            .unwrap();
+        let line = source
             .lines()
             .position(|l| l.contains("redis.call('HSET'"))
             .unwrap()
@@ -116,7 +169,7 @@ mod tests {
         assert_eq!(
             command_in_error(&message),
             Some(format!(
-                "HSET in acquire.lua (line {line} of the script as sent)"
+                "HSET in lock/acquire.lua (line {line} of the script as sent)"
             ))
         );
         assert_eq!(command_in_error("ERR something else"), None);

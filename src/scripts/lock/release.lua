@@ -1,12 +1,13 @@
 -- release: release one guard; the last guard frees the lock and hands the
 -- baton to one waiter.
 --
--- KEYS[1]  lock key   (hash: flag, count, fence)
+-- KEYS[1]  lock key   (hash: flag, count, fence, req)
 -- KEYS[2]  baton key  (list holding at most one "ok" token)
 -- ARGV[1]  identity of the caller
 -- ARGV[2]  fencing token of the caller's ownership
 -- ARGV[3]  the caller's live guards after this release (0: this was the last)
--- ARGV[4]  lease in milliseconds, refreshed when an inner guard is released
+-- ARGV[4]  the ownership's lease in milliseconds: an inner release makes
+--          the lock live at least this long (never shorter than it would)
 -- ARGV[5]  baton TTL in milliseconds
 --
 -- Returns -1     the caller does not own the lock (its lease ran out, or it was
@@ -19,6 +20,7 @@
 --
 -- The depth is set from ARGV, not decremented, so sending the same release
 -- twice leaves the same state: a release never takes off two levels.
+-- extend_lease, baton_error and push_baton come from lib/.
 local held = redis.call('HMGET', KEYS[1], 'flag', 'fence')
 if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
   return -1
@@ -27,21 +29,14 @@ end
 local depth = tonumber(ARGV[3])
 if depth > 0 then
   redis.call('HSET', KEYS[1], 'count', depth)
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  extend_lease(KEYS[1], ARGV[4])
   return depth
 end
 
--- Check the baton key before the first write: a script error is not rolled
--- back, and a lock deleted without its baton would leave waiters parked until
--- their maximum park time.
-local baton_type = redis.call('TYPE', KEYS[2])['ok']
-if baton_type ~= 'list' and baton_type ~= 'none' then
-  return redis.error_reply('WRONGTYPE baton key ' .. KEYS[2] .. ' holds a ' .. baton_type .. ', not a list')
+local err = baton_error(KEYS[2])
+if err then
+  return err
 end
-
 redis.call('DEL', KEYS[1])
-redis.call('RPUSH', KEYS[2], 'ok')
--- One token wakes one waiter; a second token would only cost a wasted retry.
-redis.call('LTRIM', KEYS[2], 0, 0)
-redis.call('PEXPIRE', KEYS[2], ARGV[5])
+push_baton(KEYS[2], ARGV[5])
 return 0

@@ -2,22 +2,27 @@
 -- of the same process instead of freeing it: no baton, no round trip for the
 -- waiter.
 --
--- KEYS[1]  lock key   (hash: flag, count, fence)
+-- KEYS[1]  lock key   (hash: flag, count, fence, req)
 -- KEYS[2]  fence key  (string: per-lock fencing counter)
 -- ARGV[1]  identity of the releasing holder
 -- ARGV[2]  fencing token of the holder's ownership
 -- ARGV[3]  identity of the waiter that gets the lock
 -- ARGV[4]  the waiter's lease in milliseconds
+-- ARGV[5]  TTL of the fence counter in milliseconds
+-- ARGV[6]  this request's number (see acquire.lua)
 --
 -- Returns the new ownership's fencing token, or -1 when the releasing
 -- holder does not own the lock (nothing was changed).
--- next_fence() comes from next_fence.lua, prepended when the script is built.
+-- next_fence comes from lib/, prepended when the script is built.
 local held = redis.call('HMGET', KEYS[1], 'flag', 'fence')
 if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
   return -1
 end
 
-local fence = next_fence(KEYS[2])
-redis.call('HSET', KEYS[1], 'flag', ARGV[3], 'count', 1, 'fence', string.format('%.0f', fence))
+local fence, err = next_fence(KEYS[2], ARGV[5])
+if err then
+  return err
+end
+redis.call('HSET', KEYS[1], 'flag', ARGV[3], 'count', 1, 'fence', string.format('%.0f', fence), 'req', ARGV[6])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return fence

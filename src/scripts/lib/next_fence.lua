@@ -1,0 +1,30 @@
+-- next_fence(key, ttl): the next fencing token of a lock, or nil and an
+-- error reply. Prepended to the scripts that start an ownership.
+--
+-- The token is max(stored counter + 1, server clock in microseconds), on
+-- every issue. So tokens keep increasing even when Redis loses the counter
+-- or rolls it back (a restart from an older RDB snapshot, an AOF that lost
+-- its last second, a failover to a lagging replica): every token issued
+-- before the rollback is below the clock by then, unless tokens were issued
+-- faster than one per microsecond. For the same reason the counter may
+-- expire after `ttl` ms without use: a new one starts from the clock.
+--
+-- Doubles hold integers exactly up to 2^53 (about 285 years of
+-- microseconds), and the token is written back with '%.0f', never in
+-- exponent form.
+local function next_fence(key, ttl)
+  local stored = redis.call('GET', key)
+  local counter = 0
+  if stored then
+    counter = tonumber(stored)
+    if not counter then
+      return nil, redis.error_reply('WRONGTYPE fence key ' .. key .. ' holds a value that is not an integer')
+    end
+  end
+  local now = redis.call('TIME')
+  local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local fence = math.max(counter + 1, clock)
+  redis.call('SET', key, string.format('%.0f', fence), 'PX', ttl)
+  return fence
+end
+

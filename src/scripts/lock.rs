@@ -1,0 +1,114 @@
+//! The lock scripts' KEYS and ARGV, each encoded in one place. The `.lua`
+//! files document what each argument means and what comes back.
+
+use std::time::Duration;
+
+use super::{
+    millis, Call, ACQUIRE, FORCE_UNLOCK, HANDOFF, HOLDER, RELEASE, RELEASE_REQUEST, RENEW,
+};
+use crate::keys::LockKeys;
+
+/// What [`acquire`] asks for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AcquireArgs<'a> {
+    pub(crate) identity: &'a str,
+    /// The lease of a fresh acquisition, or of the ownership re-entered.
+    pub(crate) lease: Duration,
+    /// The fencing token of the caller's live guards, 0 when it has none.
+    pub(crate) held_fence: u64,
+    /// The depth after this acquisition.
+    pub(crate) depth: usize,
+    pub(crate) fence_ttl: Duration,
+    /// The request's number, for undoing it if its reply is lost.
+    pub(crate) request: u64,
+}
+
+pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
+    Call::new(&ACQUIRE)
+        .key(&keys.lock)
+        .key(&keys.fence)
+        .arg(args.identity)
+        .arg(millis(args.lease))
+        .arg(args.held_fence)
+        .arg(args.depth)
+        .arg(millis(args.fence_ttl))
+        .arg(args.request)
+}
+
+/// What [`handoff`] asks for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HandoffArgs<'a> {
+    pub(crate) from: &'a str,
+    pub(crate) fence: u64,
+    pub(crate) to: &'a str,
+    pub(crate) lease: Duration,
+    pub(crate) fence_ttl: Duration,
+    pub(crate) request: u64,
+}
+
+pub(crate) fn handoff(keys: &LockKeys, args: HandoffArgs<'_>) -> Call {
+    Call::new(&HANDOFF)
+        .key(&keys.lock)
+        .key(&keys.fence)
+        .arg(args.from)
+        .arg(args.fence)
+        .arg(args.to)
+        .arg(millis(args.lease))
+        .arg(millis(args.fence_ttl))
+        .arg(args.request)
+}
+
+/// Releases one level of the ownership `fence` of `identity`, which keeps
+/// `guards_left` guards; `lease` is the ownership's.
+pub(crate) fn release(
+    keys: &LockKeys,
+    identity: &str,
+    fence: u64,
+    guards_left: usize,
+    lease: Duration,
+    baton_ttl: Duration,
+) -> Call {
+    Call::new(&RELEASE)
+        .key(&keys.lock)
+        .key(&keys.baton)
+        .arg(identity)
+        .arg(fence)
+        .arg(guards_left)
+        .arg(millis(lease))
+        .arg(millis(baton_ttl))
+}
+
+/// Frees the ownership that request `request` made for `identity`, if it
+/// is still there.
+pub(crate) fn release_request(
+    keys: &LockKeys,
+    identity: &str,
+    request: u64,
+    baton_ttl: Duration,
+) -> Call {
+    Call::new(&RELEASE_REQUEST)
+        .key(&keys.lock)
+        .key(&keys.baton)
+        .arg(identity)
+        .arg(request)
+        .arg(millis(baton_ttl))
+}
+
+pub(crate) fn force_unlock(keys: &LockKeys, baton_ttl: Duration) -> Call {
+    Call::new(&FORCE_UNLOCK)
+        .key(&keys.lock)
+        .key(&keys.baton)
+        .arg(millis(baton_ttl))
+}
+
+pub(crate) fn renew(keys: &LockKeys, identity: &str, fence: u64, lease: Duration) -> Call {
+    Call::new(&RENEW)
+        .key(&keys.lock)
+        .arg(identity)
+        .arg(fence)
+        .arg(millis(lease))
+}
+
+pub(crate) fn holder(keys: &LockKeys) -> Call {
+    Call::new(&HOLDER).key(&keys.lock)
+}

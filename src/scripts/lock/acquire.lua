@@ -1,0 +1,49 @@
+-- acquire: take a free lock, re-enter a lock this thread holds, or report
+-- how long the current holder's lease still runs.
+--
+-- KEYS[1]  lock key   (hash: flag = owner identity, count = depth,
+--                      fence = token, req = the request that created it)
+-- KEYS[2]  fence key  (string: per-lock fencing counter)
+-- ARGV[1]  identity of the caller
+-- ARGV[2]  lease in milliseconds: of this acquisition when fresh, of the
+--          ownership the caller holds when re-entering
+-- ARGV[3]  fencing token of the ownership the caller's live guards belong
+--          to, or "0" when it has none
+-- ARGV[4]  the caller's depth after this acquisition (its live guards + 1)
+-- ARGV[5]  TTL of the fence counter in milliseconds
+-- ARGV[6]  this request's number, unique within the caller's client: lets a
+--          request whose reply was lost be undone (release_request.lua)
+--
+-- Returns {1, fence, depth}  acquired: fresh (depth 1) or re-entered
+--         {0, pttl}          held by another identity; pttl is the lock key's
+--                            remaining lease in ms (-1 when it has none)
+--
+-- The depth is set from ARGV, not incremented, so the stored count always
+-- mirrors the caller's live guards. Re-entry never shortens the lease
+-- (extend_lease). A lock that carries the caller's identity but not the
+-- token of a live guard is a leftover (a release whose reply was lost): it
+-- is taken afresh with a new token instead of being re-entered.
+--
+-- Errors come before any write: HMGET fails with WRONGTYPE when the lock key
+-- is not a hash, next_fence when the fence key is not an integer.
+-- next_fence and extend_lease come from lib/, prepended when the script is
+-- built.
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence')
+
+if held[1] == ARGV[1] and held[2] == ARGV[3] then
+  redis.call('HSET', KEYS[1], 'count', ARGV[4])
+  extend_lease(KEYS[1], ARGV[2])
+  return {1, tonumber(held[2]), tonumber(ARGV[4])}
+end
+
+if held[1] == false or held[1] == ARGV[1] then
+  local fence, err = next_fence(KEYS[2], ARGV[5])
+  if err then
+    return err
+  end
+  redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', 1, 'fence', string.format('%.0f', fence), 'req', ARGV[6])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, fence, 1}
+end
+
+return {0, redis.call('PTTL', KEYS[1])}

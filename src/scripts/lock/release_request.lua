@@ -1,0 +1,27 @@
+-- release_request: undo an ownership that a request whose reply was lost
+-- may have created (an acquire or a hand-off that timed out), so that the
+-- lock is not held by nobody's guard until its lease ends. The client sends
+-- it in the background once Redis answers again.
+--
+-- KEYS[1]  lock key   (hash: flag, count, fence, req)
+-- KEYS[2]  baton key  (list holding at most one "ok" token)
+-- ARGV[1]  identity the request was made for
+-- ARGV[2]  the request's number (ARGV[6] of acquire.lua and handoff.lua)
+-- ARGV[3]  baton TTL in milliseconds
+--
+-- Returns 1 when the request's ownership was found and freed (baton
+-- pushed), 0 when the lock is not that ownership: the request never ran,
+-- or the same thread has since taken the lock afresh under another request,
+-- or someone else holds it. Safe to send any number of times.
+-- baton_error and push_baton come from lib/.
+local held = redis.call('HMGET', KEYS[1], 'flag', 'req')
+if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
+  return 0
+end
+local err = baton_error(KEYS[2])
+if err then
+  return err
+end
+redis.call('DEL', KEYS[1])
+push_baton(KEYS[2], ARGV[3])
+return 1
