@@ -253,13 +253,20 @@ impl Lock {
 
     /// The first attempt, then the wait loop until `deadline`.
     fn acquire(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>, Error> {
-        let identity = self.shared.identity()?;
+        let identity = wait::ride_out(deadline, self.shared.io_timeout, || self.shared.identity())?;
         // A newcomer queues behind local waiters instead of trying first, so
         // that they are served in order; a holder re-entering never queues.
         let holds = self.shared.ownerships.held(&self.keys, &identity).is_some();
         if holds || !self.shared.queues.has_waiters(&self.keys.lock) {
-            if let Attempt::Acquired(guard) = self.attempt(&identity)? {
-                return Ok(Some(guard));
+            match self.attempt(&identity) {
+                Ok(Attempt::Acquired(guard)) => return Ok(Some(guard)),
+                Ok(Attempt::Held { .. }) => {}
+                // The wait loop rides out a failing Redis within the
+                // deadline, as it does for its own attempts.
+                Err(err) if err.is_transient() => {
+                    log::debug!("redbaton: first attempt on {:?} failed: {err}", self.name());
+                }
+                Err(err) => return Err(err),
             }
         }
         let waited = wait::wait_until(

@@ -93,6 +93,23 @@ pub(crate) fn wait_until<T>(
     }
 }
 
+/// Runs `call` until it succeeds or fails for good, riding out transient
+/// failures (a failing connection, `BUSY`) as the wait loop does: until
+/// `deadline`, or for `patience` without one.
+pub(crate) fn ride_out<T>(
+    deadline: Option<Instant>,
+    patience: Duration,
+    mut call: impl FnMut() -> Result<T, Error>,
+) -> Result<T, Error> {
+    let mut failures = Failures::new(patience);
+    loop {
+        match call() {
+            Err(err) if err.is_transient() => failures.back_off(err, deadline)?,
+            other => return other,
+        }
+    }
+}
+
 /// The parker's loop: attempt, park in Redis, attempt again.
 fn park_until_acquired<T>(
     parking: &Pool,
@@ -101,14 +118,14 @@ fn park_until_acquired<T>(
     deadline: Option<Instant>,
     mut attempt: impl FnMut() -> Result<Attempt<T>, Error>,
 ) -> Result<Waited<T>, Error> {
-    let mut failures = Failures::default();
+    let mut failures = Failures::new(settings.io_timeout);
     loop {
         // The previous parker may have left because it acquired the lock, so
         // look before parking.
         let lease_left = match attempt() {
             Ok(Attempt::Acquired(value)) => return Ok(Waited::Acquired(value)),
             Ok(Attempt::Held { lease_left }) => {
-                failures = Failures::default();
+                failures.reset();
                 lease_left
             }
             Err(err) if err.is_transient() => {
@@ -131,7 +148,7 @@ fn park_until_acquired<T>(
         if let Parked::ConnectionFailed(err) = park_in_redis(parking, settings, keys, park)? {
             // A killed or reset parked connection: look again at once, on a
             // fresh connection.
-            failures.count(err)?;
+            failures.count(err, deadline)?;
         }
     }
 }
@@ -139,42 +156,64 @@ fn park_until_acquired<T>(
 /// The least time given to opening a parking connection.
 const CONNECT_ALLOWANCE: Duration = Duration::from_millis(50);
 
-/// Consecutive transport failures a waiter rides out (a restart, a killed
-/// connection) before it returns the error.
-const MAX_FAILURES: u32 = 5;
-
 /// The first pause after a failed attempt; it doubles with each failure in
-/// a row (20, 40, 80, 160 ms: about 300 ms in all before giving up). This is
-/// the only sleep in the wait path, and only while Redis is failing.
+/// a row up to [`MAX_BACKOFF`]. This is the only sleep in the wait path, and
+/// only while Redis is failing.
 const FIRST_BACKOFF: Duration = Duration::from_millis(20);
 
-/// Transport failures in a row while waiting.
-#[derive(Default)]
+/// The longest pause between two attempts while Redis is failing.
+const MAX_BACKOFF: Duration = Duration::from_millis(160);
+
+/// Failures in a row while waiting: transport errors (a restart, a killed
+/// connection) and "not now" replies (`BUSY`, `LOADING`, ...).
+///
+/// A waiter rides them out until its deadline, and then returns the last
+/// error rather than `None`, so that a caller can tell "Redis was failing"
+/// from "someone else held the lock". A waiter without a deadline rides
+/// them out for `patience` (the I/O timeout) from the first failure in a
+/// row, so that `lock()` reports an outage instead of hanging in it.
 struct Failures {
     in_a_row: u32,
+    since: Option<Instant>,
+    patience: Duration,
 }
 
 impl Failures {
-    /// Counts a failure; the error once there have been too many.
-    fn count(&mut self, err: Error) -> Result<(), Error> {
-        self.in_a_row += 1;
-        if self.in_a_row >= MAX_FAILURES {
-            return Err(err);
+    fn new(patience: Duration) -> Self {
+        Failures {
+            in_a_row: 0,
+            since: None,
+            patience,
         }
-        Ok(())
     }
 
-    /// Counts a failed attempt and pauses before the next one, within the
-    /// deadline: Redis refusing connections answers at once, so retrying
-    /// without a pause would spin through the failures in microseconds.
-    fn back_off(&mut self, err: Error, deadline: Option<Instant>) -> Result<(), Error> {
-        let pause = FIRST_BACKOFF * 2u32.pow(self.in_a_row.min(8));
-        let past_deadline = deadline.is_some_and(|deadline| Instant::now() + pause >= deadline);
+    /// An attempt got an answer: the run of failures is over.
+    fn reset(&mut self) {
+        self.in_a_row = 0;
+        self.since = None;
+    }
+
+    /// Counts a failure; the error once the waiter's patience is spent.
+    /// Returns the time left to ride out.
+    fn count(&mut self, err: Error, deadline: Option<Instant>) -> Result<Duration, Error> {
+        let now = Instant::now();
         self.in_a_row += 1;
-        if self.in_a_row >= MAX_FAILURES || past_deadline {
+        let since = *self.since.get_or_insert(now);
+        let give_up_at = deadline.unwrap_or(since + self.patience);
+        if now >= give_up_at {
             return Err(err);
         }
-        std::thread::sleep(pause);
+        Ok(give_up_at - now)
+    }
+
+    /// Counts a failed attempt and pauses before the next one: Redis
+    /// refusing connections answers at once, so retrying without a pause
+    /// would spin through the failures in microseconds.
+    fn back_off(&mut self, err: Error, deadline: Option<Instant>) -> Result<(), Error> {
+        let doublings = self.in_a_row.min(8);
+        let left = self.count(err, deadline)?;
+        let pause = (FIRST_BACKOFF * 2u32.pow(doublings)).min(MAX_BACKOFF);
+        std::thread::sleep(pause.min(left));
         Ok(())
     }
 }

@@ -107,7 +107,7 @@ fn a_paused_server_fails_parked_waiters_within_bounds_and_work_resumes_after() {
         thread::spawn(move || {
             let start = Instant::now();
             let outcome = lock
-                .try_lock_for(Duration::from_secs(20))
+                .try_lock_for(Duration::from_secs(2))
                 .map(|g| g.is_some());
             (outcome, start.elapsed())
         })
@@ -116,11 +116,14 @@ fn a_paused_server_fails_parked_waiters_within_bounds_and_work_resumes_after() {
     server.pause();
     let (outcome, waited) = waiter.joined();
     server.resume();
+    // A waiter rides out a failing Redis until its deadline, then reports
+    // the failure (not "someone else held it").
     let err = outcome.unwrap_err();
     assert!(err.is_unreachable(), "{err}");
-    // At most a park, its socket grace, and a few failed round trips.
+    // Its deadline, plus at most the I/O timeout of the attempt in flight
+    // and its parked socket's grace.
     assert!(
-        waited < Duration::from_secs(3),
+        waited < Duration::from_secs(2) + 3 * io_timeout,
         "the waiter hung for {waited:?}"
     );
 

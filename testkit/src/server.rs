@@ -252,14 +252,32 @@ impl RedisServer {
     ///
     /// Panics when the new server does not come up (with its log tail).
     pub fn restart(&self) {
+        self.relaunch(true);
+    }
+
+    /// SIGKILLs the server (if still running) and starts a new one on the
+    /// same port and directory, which loads the last snapshot written there
+    /// (by `SAVE` or `BGSAVE`): Redis comes back with the data as of that
+    /// snapshot, as after a crash of a server that persists with RDB.
+    ///
+    /// # Panics
+    ///
+    /// As [`RedisServer::restart`].
+    pub fn restart_keeping_data(&self) {
+        self.relaunch(false);
+    }
+
+    fn relaunch(&self, forget_data: bool) {
         let mut state = self.lock();
         if let Some(mut child) = state.child.take() {
             if let Err(err) = kill_and_reap(&mut child, REAP_TIMEOUT) {
                 panic!("cannot kill redis-server (pid {}): {err}", state.pid);
             }
         }
-        if let Err(err) = reset_dir(&self.dir) {
-            panic!("cannot empty {}: {err}", self.dir.display());
+        if forget_data {
+            if let Err(err) = reset_dir(&self.dir) {
+                panic!("cannot empty {}: {err}", self.dir.display());
+            }
         }
         // The port is fixed now, so retrying on it only helps if something
         // grabbed it in the short window since the kill; a few tries with a

@@ -1,0 +1,90 @@
+//! What a lock leaves in Redis after its release (issue 9, R1): at most
+//! two keys per name, each with a TTL (the baton for `baton_ttl`, the
+//! fencing counter for `fence_counter_ttl`), and one identity counter per
+//! prefix.
+
+mod support;
+
+use std::thread;
+use std::time::Duration;
+
+use redbaton::LockClient;
+use testkit::RedisServer;
+
+#[test]
+fn a_thousand_names_used_once_leave_only_keys_that_expire() {
+    let server = RedisServer::start();
+    let fence_ttl = Duration::from_secs(3600);
+    let baton_ttl = Duration::from_secs(5);
+    let client = LockClient::builder(&server.url())
+        .fence_counter_ttl(fence_ttl)
+        .baton_ttl(baton_ttl)
+        .build()
+        .unwrap();
+    const NAMES: usize = 1_000;
+    for n in 0..NAMES {
+        client
+            .lock(&format!("job:{n}"))
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+    }
+    let mut raw = server.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut raw).unwrap();
+    let longest = fence_ttl.max(baton_ttl).as_millis() as i64;
+    let mut per_name = 0;
+    for key in &keys {
+        if key == "redbaton:identity" {
+            continue;
+        }
+        per_name += 1;
+        let pttl: i64 = redis::cmd("PTTL").arg(key).query(&mut raw).unwrap();
+        assert!(
+            pttl > 0 && pttl <= longest,
+            "{key} is left with PTTL {pttl}"
+        );
+    }
+    assert!(per_name <= 2 * NAMES, "{per_name} keys for {NAMES} names");
+}
+
+#[test]
+fn tokens_keep_growing_after_the_fence_counter_expired() {
+    let server = RedisServer::start();
+    let client = LockClient::builder(&server.url())
+        .fence_counter_ttl(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let lock = client.lock("short-counter").unwrap();
+    let first = lock.lock().unwrap();
+    let before = first.fencing_token();
+    first.unlock().unwrap();
+    thread::sleep(Duration::from_millis(300));
+    let exists: bool = redis::cmd("EXISTS")
+        .arg("redbaton:{short-counter}:fence")
+        .query(&mut server.connection())
+        .unwrap();
+    assert!(!exists, "the counter expired");
+    let after = lock.lock().unwrap().fencing_token();
+    assert!(after > before, "{after} after {before}");
+}
+
+#[test]
+fn a_damaged_fence_counter_is_a_wrong_type_error_naming_the_key() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.lock("damaged").unwrap();
+    redis::cmd("SET")
+        .arg("redbaton:{damaged}:fence")
+        .arg("not a number")
+        .query::<()>(&mut server.connection())
+        .unwrap();
+    let err = lock.try_lock().unwrap_err();
+    assert!(
+        matches!(err, redbaton::Error::WrongType { .. })
+            && err.to_string().contains("redbaton:{damaged}:fence"),
+        "{err}"
+    );
+    assert!(!lock.is_locked().unwrap(), "nothing was written");
+}
