@@ -84,6 +84,12 @@ impl Lock {
     /// watchdog renews it every third of the client's default lease, and a
     /// holder that dies frees it within one lease.
     ///
+    /// The lease mode belongs to the ownership, not to the handle: a thread
+    /// that already holds the lock and re-enters it through a handle with
+    /// another mode joins the ownership as it is (a renewed lock stays
+    /// renewed, a fixed one keeps its bound), and re-entry never shortens
+    /// the lease.
+    ///
     /// # Errors
     /// [`Error::InvalidLease`] for a lease under 1 ms or over a year.
     ///
