@@ -20,7 +20,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use redbaton::LockClient;
+use redbaton::Client;
 
 const CONTENDED_RUN: Duration = Duration::from_secs(3);
 const WAITERS: usize = 20;
@@ -69,7 +69,7 @@ struct Event {
 /// Runs `threads` threads of `peer` on one lock until `run` has passed;
 /// `tag` tells this process's threads from another's.
 fn contend(peer: Peer, url: &str, threads: usize, run: Duration, tag: u64) -> Vec<Event> {
-    let client = LockClient::open(url).expect("valid URL");
+    let client = Client::open(url).expect("valid URL");
     let redlock = Arc::new(redlock::RedLock::new(vec![url]));
     let start = Arc::new(Barrier::new(threads));
     let end = Instant::now() + run + Duration::from_millis(200);
@@ -246,7 +246,7 @@ fn crash_recovery(peer: Peer, url: &str) -> Duration {
                 .expect("holder");
             holder.kill().expect("kill");
             holder.wait().expect("reap");
-            let client = LockClient::open(url).expect("url");
+            let client = Client::open(url).expect("url");
             let name = format!("bench:crash:{round}");
             match peer {
                 Peer::Redbaton => drop(client.lock(&name).expect("name").lock().expect("lock")),
@@ -297,7 +297,7 @@ fn commands(raw: &mut redis::Connection) -> BTreeMap<String, u64> {
 /// Commands per waiter per second and CPU of 20 waiters during a 5 s hold.
 fn waiting_cost(peer: Peer, url: &str, raw: &mut redis::Connection) -> (f64, Duration) {
     let name = format!("bench:waiting:{}", peer.name());
-    let client = LockClient::open(url).expect("url");
+    let client = Client::open(url).expect("url");
     let redlock = redlock::RedLock::new(vec![url]);
     let (held_redbaton, held_redlock) = match peer {
         Peer::Redbaton => (
@@ -358,7 +358,7 @@ fn run_child(args: &[String]) {
             let name = format!("bench:crash:{}", args[3]);
             match peer {
                 Peer::Redbaton => {
-                    let client = LockClient::open(url).expect("url");
+                    let client = Client::open(url).expect("url");
                     let lock = client
                         .lock(&name)
                         .expect("name")
@@ -378,7 +378,7 @@ fn run_child(args: &[String]) {
         }
         "wait" => {
             let name = args[3].clone();
-            let client = LockClient::builder(url)
+            let client = Client::builder(url)
                 .max_park(MAX_PARK)
                 .build()
                 .expect("url");
@@ -450,7 +450,7 @@ fn main() {
         rtt.as_secs_f64() * 1e6
     );
 
-    let client = LockClient::open(&url).expect("url");
+    let client = Client::open(&url).expect("url");
     let lock = client.lock("bench:uncontended").expect("name");
     let cycle = median(5_000, || {
         lock.lock().expect("lock").unlock().expect("unlock")

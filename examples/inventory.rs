@@ -17,7 +17,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redbaton::LockClient;
+use redbaton::Client;
 
 const STOCK: i64 = 200;
 const PROCESSES: usize = 3;
@@ -150,7 +150,7 @@ fn run(url: &str, mode: &str) -> Result<Outcome, String> {
 
 /// One worker process: THREADS sellers; prints how many items it sold.
 fn worker(mode: &str, url: &str) -> ExitCode {
-    let client = match LockClient::builder(url).prefix("redbaton-demo").build() {
+    let client = match Client::builder(url).prefix("redbaton-demo").build() {
         Ok(client) => client,
         Err(err) => {
             eprintln!("{err}");

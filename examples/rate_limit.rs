@@ -14,7 +14,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redbaton::{LockClient, RateLimiter, RateMode};
+use redbaton::{Client, RateLimiter, RateMode};
 
 const CLIENTS: usize = 2;
 const THREADS_PER_CLIENT: usize = 4;
@@ -48,8 +48,8 @@ fn main() -> ExitCode {
 
 /// Runs the demo; `Ok(false)` when the achieved rate is off.
 fn run(url: &str, where_: &str) -> Result<bool, redbaton::Error> {
-    let clients: Vec<LockClient> = (0..CLIENTS)
-        .map(|_| LockClient::builder(url).prefix("redbaton-demo").build())
+    let clients: Vec<Client> = (0..CLIENTS)
+        .map(|_| Client::builder(url).prefix("redbaton-demo").build())
         .collect::<Result<_, _>>()?;
     let limiter = clients[0].rate_limiter(LIMITER)?;
     // A demo starts from a clean slate; applications call set_rate at start-up

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError};
+use redis::RedisError;
 
 /// Everything that can go wrong in redbaton.
 ///
@@ -52,6 +52,10 @@ pub enum Error {
         detail: String,
         /// Whether the failure was a timeout rather than a refusal or reset.
         timed_out: bool,
+        /// The transport error, when there was one (a pool that could not
+        /// open a connection in time may have none).
+        #[source]
+        source: Option<RedisError>,
     },
 
     /// Redis answered, but cannot serve commands for now: it is running a
@@ -109,6 +113,9 @@ pub enum Error {
         addr: String,
         /// What Redis reported (never the password).
         detail: String,
+        /// Redis's refusal.
+        #[source]
+        source: Option<RedisError>,
     },
 
     /// A rate limiter was asked for zero permits.
@@ -187,86 +194,5 @@ impl Error {
     /// True when the lock was lost: this thread no longer owns it.
     pub fn is_lost(&self) -> bool {
         matches!(self, Error::LockLost { .. })
-    }
-
-    /// Classifies a Redis error met while working on lock `name`.
-    pub(crate) fn from_redis(err: RedisError, name: &str, addr: &str) -> Error {
-        if err.code() == Some("WRONGTYPE") {
-            return Error::WrongType {
-                name: name.to_owned(),
-                detail: err.detail().unwrap_or("WRONGTYPE").to_owned(),
-            };
-        }
-        let detail = err.detail().unwrap_or_default();
-        if err.code() == Some("NOPERM")
-            || detail.contains("can't run this command")
-            || detail.contains("can't access")
-        {
-            // Inside a script Redis names neither the command nor the key;
-            // our script's source line does.
-            let detail = match crate::scripts::command_in_error(detail) {
-                Some(command) => format!("{command}: {detail}"),
-                None => detail.to_owned(),
-            };
-            return Error::PermissionDenied { detail };
-        }
-        if is_auth_failure(&err) {
-            return Error::AuthenticationFailed {
-                addr: addr.to_owned(),
-                detail: describe_io(&err),
-            };
-        }
-        if is_transient_reply(err.code()) {
-            return Error::Unavailable {
-                addr: addr.to_owned(),
-                detail: format!("{} {detail}", err.code().unwrap_or_default()),
-            };
-        }
-        if breaks_connection(&err) {
-            return Error::Unreachable {
-                addr: addr.to_owned(),
-                detail: describe_io(&err),
-                timed_out: err.is_timeout(),
-            };
-        }
-        Error::Redis { source: err }
-    }
-}
-
-/// Whether an error leaves the connection in an unknown state: a reply may
-/// still be on its way, so the connection must be closed, not reused.
-/// Error replies from the server leave the connection in step.
-pub(crate) fn breaks_connection(err: &RedisError) -> bool {
-    !matches!(
-        err.kind(),
-        ErrorKind::Server(_) | ErrorKind::Extension | ErrorKind::UnexpectedReturnType
-    )
-}
-
-/// Whether an error reply with this code says "not now" rather than "no":
-/// the server is busy with a script, loading, or between masters.
-pub(crate) fn is_transient_reply(code: Option<&str>) -> bool {
-    matches!(
-        code,
-        Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN")
-    )
-}
-
-/// Whether Redis refused the credentials.
-pub(crate) fn is_auth_failure(err: &RedisError) -> bool {
-    err.kind() == ErrorKind::AuthenticationFailed
-        || matches!(err.code(), Some("WRONGPASS" | "NOAUTH"))
-}
-
-/// A short, password-free description of a transport failure.
-pub(crate) fn describe_io(err: &RedisError) -> String {
-    if err.is_timeout() {
-        "timed out waiting for a reply".to_owned()
-    } else if err.is_connection_refusal() {
-        "connection refused".to_owned()
-    } else if err.is_connection_dropped() {
-        "connection dropped".to_owned()
-    } else {
-        err.to_string()
     }
 }

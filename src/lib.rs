@@ -9,7 +9,7 @@
 //!
 //! ```no_run
 //! # fn main() -> Result<(), redbaton::Error> {
-//! let client = redbaton::LockClient::open("redis://127.0.0.1/")?;
+//! let client = redbaton::Client::open("redis://127.0.0.1/")?;
 //! let lock = client.lock("inventory:001")?;
 //!
 //! let guard = lock.lock()?; // blocks until acquired
@@ -53,7 +53,7 @@
 //! use std::time::Duration;
 //! use redbaton::RateMode;
 //! # fn main() -> Result<(), redbaton::Error> {
-//! let client = redbaton::LockClient::open("redis://127.0.0.1/")?;
+//! let client = redbaton::Client::open("redis://127.0.0.1/")?;
 //! let limiter = client.rate_limiter("partner-api")?;
 //! limiter.set_rate(RateMode::Overall, 50, Duration::from_secs(1))?; // first writer wins
 //! limiter.acquire(1)?; // sleeps until a permit exists, then takes it
@@ -68,26 +68,26 @@
 #![warn(missing_debug_implementations, rust_2018_idioms)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+// The layers, top to bottom; a module imports only from layers below it
+// (see ARCHITECTURE.md): the facade, the synchronizers, the runtime they
+// share, the machinery (waiting, leases), the Redis protocol and keys, the
+// transport, and the settings and errors everything uses.
+mod backend;
 mod client;
+mod config;
+mod context;
 mod error;
-mod guard;
 mod identity;
 mod keys;
-mod local_queue;
-mod lock;
-mod ownership;
-mod pool;
-mod rate_limit;
+mod lease;
+mod parking;
 mod scripts;
-mod wait;
-mod watchdog;
+mod sync;
 
-pub use client::{LockClient, LockClientBuilder};
+pub use client::{Client, ClientBuilder, Topology};
 pub use error::Error;
-pub use guard::LockGuard;
-pub use lock::{Holder, Lock};
-pub use rate_limit::{Rate, RateLimiter, RateMode};
-pub use watchdog::WatchdogStats;
+pub use lease::WatchdogStats;
+pub use sync::{Holder, Lock, LockGuard, Owner, Rate, RateLimiter, RateMode};
 
 /// Compiles the README's examples as doctests, so the front door stays true.
 #[cfg(doctest)]

@@ -7,13 +7,13 @@ use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redbaton::{Error, LockClient};
+use redbaton::{Client, Error};
 use support::{baton_key, lock_key};
 use testkit::RedisServer;
 
 #[test]
 fn empty_name_is_invalid() {
-    let client = LockClient::open("redis://127.0.0.1:1/").unwrap();
+    let client = Client::open("redis://127.0.0.1:1/").unwrap();
     let err = client.lock("").unwrap_err();
     assert!(matches!(err, Error::InvalidName { .. }), "{err}");
 }
@@ -21,7 +21,7 @@ fn empty_name_is_invalid() {
 #[test]
 fn zero_and_absurd_leases_are_invalid() {
     for lease in [Duration::ZERO, Duration::from_micros(999), Duration::MAX] {
-        let err = LockClient::builder("redis://127.0.0.1/")
+        let err = Client::builder("redis://127.0.0.1/")
             .default_lease(lease)
             .build()
             .unwrap_err();
@@ -34,7 +34,7 @@ fn zero_and_absurd_leases_are_invalid() {
 
 #[test]
 fn fixed_leases_out_of_range_are_invalid() {
-    let client = LockClient::open("redis://127.0.0.1:1/").unwrap();
+    let client = Client::open("redis://127.0.0.1:1/").unwrap();
     let lock = client.lock("leased").unwrap();
     for lease in [
         Duration::ZERO,
@@ -50,13 +50,13 @@ fn fixed_leases_out_of_range_are_invalid() {
 #[test]
 fn bad_settings_are_refused_by_build() {
     let cases = [
-        LockClient::builder("redis://127.0.0.1/").prefix("a{b"),
-        LockClient::builder("redis://127.0.0.1/").prefix(""),
-        LockClient::builder("redis://127.0.0.1/").pool_size(0),
-        LockClient::builder("redis://127.0.0.1/").parking_connections(0),
-        LockClient::builder("redis://127.0.0.1/").max_park(Duration::ZERO),
-        LockClient::builder("redis://127.0.0.1/").io_timeout(Duration::ZERO),
-        LockClient::builder("redis://127.0.0.1/").baton_ttl(Duration::MAX),
+        Client::builder("redis://127.0.0.1/").prefix("a{b"),
+        Client::builder("redis://127.0.0.1/").prefix(""),
+        Client::builder("redis://127.0.0.1/").pool_size(0),
+        Client::builder("redis://127.0.0.1/").parking_connections(0),
+        Client::builder("redis://127.0.0.1/").max_park(Duration::ZERO),
+        Client::builder("redis://127.0.0.1/").io_timeout(Duration::ZERO),
+        Client::builder("redis://127.0.0.1/").baton_ttl(Duration::MAX),
     ];
     for builder in cases {
         let shown = format!("{builder:?}");
@@ -67,10 +67,10 @@ fn bad_settings_are_refused_by_build() {
 
 #[test]
 fn malformed_url_is_invalid_and_passwords_stay_out_of_debug() {
-    let err = LockClient::open("not a url").unwrap_err();
+    let err = Client::open("not a url").unwrap_err();
     assert!(matches!(err, Error::InvalidUrl { .. }), "{err}");
 
-    let builder = LockClient::builder("redis://user:s3cret@127.0.0.1:1/");
+    let builder = Client::builder("redis://user:s3cret@127.0.0.1:1/");
     assert!(!format!("{builder:?}").contains("s3cret"));
     let client = builder.build().unwrap();
     assert!(!format!("{client:?}").contains("s3cret"));
@@ -129,7 +129,7 @@ fn nobody_listening_is_unreachable_within_the_io_timeout() {
         .local_addr()
         .unwrap()
         .port();
-    let client = LockClient::builder(&format!("redis://127.0.0.1:{port}/"))
+    let client = Client::builder(format!("redis://127.0.0.1:{port}/"))
         .io_timeout(Duration::from_millis(500))
         .build()
         .unwrap();
@@ -151,7 +151,7 @@ fn nobody_listening_is_unreachable_within_the_io_timeout() {
 #[test]
 fn a_paused_server_is_unreachable_within_the_io_timeout() {
     let server = RedisServer::start();
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .io_timeout(Duration::from_millis(300))
         .build()
         .unwrap();
@@ -189,7 +189,7 @@ fn a_paused_server_is_unreachable_within_the_io_timeout() {
 #[test]
 fn an_exhausted_pool_is_a_pool_timeout() {
     let server = RedisServer::start();
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .pool_size(1)
         .io_timeout(Duration::from_millis(400))
         .build()
@@ -232,7 +232,7 @@ fn an_exhausted_pool_is_a_pool_timeout() {
 
 #[test]
 fn a_name_over_4096_bytes_is_invalid() {
-    let client = LockClient::open("redis://127.0.0.1:1/").unwrap();
+    let client = Client::open("redis://127.0.0.1:1/").unwrap();
     assert!(client.lock(&"n".repeat(4096)).is_ok());
     let err = client.lock(&"n".repeat(4097)).unwrap_err();
     assert!(matches!(err, Error::InvalidName { .. }), "{err}");

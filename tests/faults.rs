@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redbaton::LockClient;
+use redbaton::Client;
 use support::eventually;
 use support::JoinWithin;
 use testkit::RedisServer;
@@ -15,12 +15,12 @@ use testkit::RedisServer;
 #[test]
 fn a_restart_that_loses_every_key_neither_hangs_waiters_nor_breaks_tokens_or_identities() {
     let server = RedisServer::start();
-    let holder_client = LockClient::builder(&server.url())
+    let holder_client = Client::builder(server.url())
         .default_lease(Duration::from_millis(600))
         .io_timeout(Duration::from_millis(500))
         .build()
         .unwrap();
-    let waiter_client = LockClient::builder(&server.url())
+    let waiter_client = Client::builder(server.url())
         .max_park(Duration::from_secs(30))
         .io_timeout(Duration::from_millis(500))
         .build()
@@ -39,7 +39,7 @@ fn a_restart_that_loses_every_key_neither_hangs_waiters_nor_breaks_tokens_or_ide
             let outcome = lock.try_lock_for(deadline).map(|guard| {
                 guard.map(|g| {
                     let token = g.fencing_token();
-                    let owner = g.lock().holder().unwrap().unwrap().owner;
+                    let owner = lock.holder().unwrap().unwrap().owner;
                     (token, owner)
                 })
             });
@@ -95,7 +95,7 @@ fn a_restart_that_loses_every_key_neither_hangs_waiters_nor_breaks_tokens_or_ide
 fn a_paused_server_fails_parked_waiters_within_bounds_and_work_resumes_after() {
     let server = RedisServer::start();
     let io_timeout = Duration::from_millis(300);
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .max_park(Duration::from_millis(500))
         .io_timeout(io_timeout)
         .build()
@@ -155,7 +155,7 @@ fn a_killed_parked_connection_is_recovered_and_no_baton_is_lost() {
     let mut raw = server.connection();
     // A long maximum park: only batons can wake these waiters quickly.
     let waiter_client = |_: ()| {
-        LockClient::builder(&server.url())
+        Client::builder(server.url())
             .max_park(Duration::from_secs(30))
             .build()
             .unwrap()
@@ -211,7 +211,7 @@ fn a_killed_parked_connection_is_recovered_and_no_baton_is_lost() {
 #[test]
 fn after_a_release_with_an_unknown_outcome_the_thread_takes_the_lock_afresh() {
     let server = RedisServer::start();
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .io_timeout(Duration::from_millis(200))
         .build()
         .unwrap();
@@ -272,7 +272,7 @@ fn the_release_script_sent_twice_takes_off_one_level_only() {
             .arg(2)
             .arg(support::lock_key("twice"))
             .arg(support::baton_key("twice"))
-            .arg(&holder.owner)
+            .arg(holder.owner.as_str())
             .arg(holder.fencing_token)
             .arg(2)
             .arg(30_000)

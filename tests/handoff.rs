@@ -9,7 +9,7 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redbaton::LockClient;
+use redbaton::Client;
 use support::JoinWithin;
 use support::{child_role, eventually, spawn_child};
 use testkit::RedisServer;
@@ -22,7 +22,7 @@ fn child_entry() {
         return;
     };
     assert_eq!(role, "remote-waiter");
-    let client = LockClient::open(&url).unwrap();
+    let client = Client::open(&url).unwrap();
     let lock = client.lock("busy").unwrap();
     println!("READY");
     let start = Instant::now();
@@ -144,7 +144,7 @@ fn waiters_that_give_up_are_never_handed_the_lock() {
 #[test]
 fn a_failed_hand_off_is_reported_to_the_releaser_and_the_waiter_still_gets_the_lock() {
     let server = RedisServer::start();
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .io_timeout(Duration::from_millis(300))
         .default_lease(Duration::from_secs(1))
         .build()
@@ -186,7 +186,7 @@ fn a_failed_hand_off_is_reported_to_the_releaser_and_the_waiter_still_gets_the_l
 #[test]
 fn mutual_exclusion_holds_across_hand_offs_and_global_releases() {
     let server = RedisServer::start();
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .max_local_handoffs(3)
         .build()
         .unwrap();

@@ -8,7 +8,7 @@ mod support;
 use std::thread;
 use std::time::Duration;
 
-use redbaton::LockClient;
+use redbaton::Client;
 use testkit::RedisServer;
 
 #[test]
@@ -16,7 +16,7 @@ fn a_thousand_names_used_once_leave_only_keys_that_expire() {
     let server = RedisServer::start();
     let fence_ttl = Duration::from_secs(3600);
     let baton_ttl = Duration::from_secs(5);
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .fence_counter_ttl(fence_ttl)
         .baton_ttl(baton_ttl)
         .build()
@@ -52,7 +52,7 @@ fn a_thousand_names_used_once_leave_only_keys_that_expire() {
 #[test]
 fn tokens_keep_growing_after_the_fence_counter_expired() {
     let server = RedisServer::start();
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .fence_counter_ttl(Duration::from_millis(100))
         .build()
         .unwrap();

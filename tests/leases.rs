@@ -6,7 +6,7 @@ mod support;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redbaton::{Error, LockClient};
+use redbaton::{Client, Error};
 use support::{child_role, client, eventually, spawn_child};
 use testkit::RedisServer;
 
@@ -19,7 +19,7 @@ fn child_entry() {
     };
     match role.as_str() {
         "try-for-two-seconds" => {
-            let client = LockClient::open(&url).unwrap();
+            let client = Client::open(&url).unwrap();
             let got = client
                 .lock("renewed")
                 .unwrap()
@@ -28,7 +28,7 @@ fn child_entry() {
             println!("GOT {}", got.is_some());
         }
         "wait-then-hold" => {
-            let client = LockClient::open(&url).unwrap();
+            let client = Client::open(&url).unwrap();
             let lock = client.lock("fixed").unwrap();
             println!("WAITING");
             let guard = lock
@@ -47,7 +47,7 @@ fn child_entry() {
             println!("RELEASED");
         }
         "hold-and-watch" => {
-            let client = LockClient::builder(&url)
+            let client = Client::builder(&url)
                 .default_lease(Duration::from_secs(1))
                 .build()
                 .unwrap();
@@ -65,8 +65,8 @@ fn child_entry() {
     }
 }
 
-fn client_with_lease(server: &RedisServer, lease: Duration) -> LockClient {
-    LockClient::builder(&server.url())
+fn client_with_lease(server: &RedisServer, lease: Duration) -> Client {
+    Client::builder(server.url())
         .default_lease(lease)
         .build()
         .unwrap()
@@ -315,7 +315,7 @@ fn reentered_locks_share_one_renewal_that_ends_with_the_last_guard() {
 fn renewal_that_cannot_reach_redis_marks_the_guard_lost_when_the_lease_ends() {
     let server = RedisServer::start();
     let lease = Duration::from_millis(600);
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .default_lease(lease)
         .io_timeout(Duration::from_millis(150))
         .build()

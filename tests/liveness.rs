@@ -7,7 +7,7 @@ mod support;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redbaton::{Error, LockClient};
+use redbaton::{Client, Error};
 use support::{eventually, JoinWithin};
 use testkit::RedisServer;
 
@@ -73,7 +73,7 @@ fn block_server(server: &RedisServer, busy: Duration) -> thread::JoinHandle<()> 
 #[test]
 fn an_acquire_that_timed_out_does_not_leave_the_lock_held() {
     let server = RedisServer::start_with(&["--enable-debug-command", "yes"]);
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .io_timeout(Duration::from_millis(300))
         .build()
         .unwrap();
@@ -104,7 +104,7 @@ fn an_acquire_that_timed_out_does_not_leave_the_lock_held() {
 #[test]
 fn a_release_that_timed_out_is_finished_when_redis_answers() {
     let server = RedisServer::start_with(&["--enable-debug-command", "yes"]);
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .io_timeout(Duration::from_millis(300))
         .build()
         .unwrap();
@@ -151,7 +151,7 @@ fn busy_script(server: &RedisServer, busy: Duration) -> thread::JoinHandle<()> {
 #[test]
 fn the_watchdog_rides_out_a_busy_spell_and_keeps_the_lock() {
     let server = RedisServer::start_with(&["--busy-reply-threshold", "100"]);
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .default_lease(Duration::from_secs(3))
         .io_timeout(Duration::from_secs(2))
         .build()
@@ -222,7 +222,7 @@ fn busy_is_reported_as_unavailable() {
 #[test]
 fn a_slow_renewal_round_does_not_stall_other_lock_calls() {
     let server = RedisServer::start();
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .default_lease(Duration::from_millis(600))
         .io_timeout(Duration::from_secs(5))
         .build()

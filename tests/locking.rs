@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redbaton::{Error, LockClient};
+use redbaton::{Client, Error};
 use support::JoinWithin;
 use support::{baton_key, client, eventually, lock_key};
 use testkit::RedisServer;
@@ -176,7 +176,7 @@ fn zero_wait_is_one_attempt_and_huge_wait_is_no_deadline() {
 fn waiter_wakes_when_holder_releases() {
     let server = RedisServer::start();
     // A long maximum park: only the baton can wake the waiter quickly.
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .max_park(Duration::from_secs(30))
         .build()
         .unwrap();
@@ -217,7 +217,7 @@ fn with_lock_returns_the_value_and_releases() {
 #[test]
 fn force_unlock_removes_any_holder_and_wakes_a_waiter() {
     let server = RedisServer::start();
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .max_park(Duration::from_secs(30))
         .build()
         .unwrap();
@@ -367,7 +367,7 @@ fn a_thread_pays_one_incr_for_its_identity_and_none_after() {
 #[test]
 fn clients_and_locks_are_send_and_sync() {
     fn assert_send_sync<T: Send + Sync + Clone>() {}
-    assert_send_sync::<LockClient>();
+    assert_send_sync::<Client>();
     assert_send_sync::<redbaton::Lock>();
 }
 
@@ -403,7 +403,7 @@ fn reentry_and_inner_release_renew_the_lease() {
 #[test]
 fn an_unclaimed_baton_is_single_and_expires() {
     let server = RedisServer::start();
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .baton_ttl(Duration::from_secs(5))
         .build()
         .unwrap();
@@ -427,7 +427,7 @@ fn an_unclaimed_baton_is_single_and_expires() {
 #[test]
 fn a_waiter_that_gives_up_never_swallows_the_baton() {
     let server = RedisServer::start();
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .max_park(Duration::from_secs(30))
         .build()
         .unwrap();

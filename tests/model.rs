@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use redbaton::{Holder, LockClient};
+use redbaton::{Client, Holder};
 use support::JoinWithin;
 use testkit::RedisServer;
 
@@ -41,7 +41,7 @@ enum Command {
     DropAll(Sender<()>),
 }
 
-fn worker(client: LockClient, commands: Receiver<Command>) {
+fn worker(client: Client, commands: Receiver<Command>) {
     let locks: Vec<_> = NAMES.iter().map(|n| client.lock(n).unwrap()).collect();
     let mut guards: Vec<(usize, redbaton::LockGuard)> = Vec::new();
     for command in commands {
@@ -80,7 +80,7 @@ struct Model {
 
 struct Harness {
     workers: Vec<(Sender<Command>, JoinHandle<()>)>,
-    client: LockClient,
+    client: Client,
     raw: redis::Connection,
     identities: HashMap<usize, String>,
 }
@@ -195,8 +195,8 @@ impl Harness {
                     let known = self
                         .identities
                         .entry(thread)
-                        .or_insert_with(|| owner.clone());
-                    prop_assert_eq!(&*known, &owner, "one identity per thread");
+                        .or_insert_with(|| owner.to_string());
+                    prop_assert_eq!(&*known, &owner.to_string(), "one identity per thread");
                 }
                 (expected, got) => {
                     return Err(TestCaseError::fail(format!(

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redbaton::LockClient;
+use redbaton::Client;
 use support::spawn_child;
 use support::JoinWithin;
 use testkit::RedisServer;
@@ -32,7 +32,7 @@ const INCREMENTS_PER_THREAD: usize = 125;
 /// 8 threads each do a non-atomic read-modify-write of `counter` under the
 /// lock, checking an occupancy marker and the fencing token each time.
 fn increment_worker(url: &str) {
-    let client = LockClient::open(url).unwrap();
+    let client = Client::open(url).unwrap();
     let lock = client.lock("counter").unwrap();
     let mut raw = redis::Client::open(url).unwrap().get_connection().unwrap();
     println!("READY");
@@ -107,7 +107,7 @@ fn increment_worker(url: &str) {
 
 /// Takes the lock with a 1 s lease, says so, and waits to be killed.
 fn hold_worker(url: &str) {
-    let client = LockClient::builder(url)
+    let client = Client::builder(url)
         .default_lease(Duration::from_secs(1))
         .build()
         .unwrap();

@@ -13,7 +13,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use redbaton::{Error, LockClient, RateLimiter, RateMode};
+use redbaton::{Client, Error, RateLimiter, RateMode};
 use support::JoinWithin;
 use support::{child_role, client, eventually, overall_limiter, spawn_child};
 use testkit::RedisServer;
@@ -34,7 +34,7 @@ fn child_entry() {
     match role.as_str() {
         "overall" => overall_worker(&url),
         "blocked" => {
-            let client = LockClient::open(&url).unwrap();
+            let client = Client::open(&url).unwrap();
             let limiter = client.rate_limiter("slow").unwrap();
             limiter.acquire(1).unwrap(); // the bucket's only permit
             println!("BLOCKING");
@@ -49,7 +49,7 @@ fn child_entry() {
 /// Waits for "go", then takes permits from `partner-api` on THREADS threads
 /// for WINDOW, and prints how many it was granted.
 fn overall_worker(url: &str) {
-    let client = LockClient::open(url).unwrap();
+    let client = Client::open(url).unwrap();
     let limiter = client.rate_limiter("partner-api").unwrap();
     // Open a pooled connection and load the script before the start.
     limiter.available_permits().unwrap();
@@ -335,7 +335,7 @@ fn a_client_whose_requests_arrive_late_still_gets_only_the_configured_rate() {
     let delay = Duration::from_millis(40);
     let proxy = DelayingProxy::start(server.port(), delay);
     let near = client(&server);
-    let far = LockClient::builder(&format!("redis://{}/", proxy.addr))
+    let far = Client::builder(format!("redis://{}/", proxy.addr))
         .io_timeout(Duration::from_secs(2))
         .build()
         .unwrap();

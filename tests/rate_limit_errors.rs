@@ -5,7 +5,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use redbaton::{Error, LockClient, RateMode};
+use redbaton::{Client, Error, RateMode};
 use support::{client, overall_limiter};
 use testkit::RedisServer;
 
@@ -108,7 +108,7 @@ fn acquiring_from_a_limiter_nobody_configured_names_set_rate() {
 
 #[test]
 fn empty_limiter_name_is_invalid() {
-    let client = LockClient::open("redis://127.0.0.1:1/").unwrap();
+    let client = Client::open("redis://127.0.0.1:1/").unwrap();
     let err = client.rate_limiter("").unwrap_err();
     assert!(matches!(err, Error::InvalidName { .. }), "{err}");
 }

@@ -8,13 +8,13 @@ use std::sync::{Mutex, OnceLock};
 use std::thread;
 use std::time::Duration;
 
-use redbaton::LockClient;
+use redbaton::Client;
 use support::{eventually, lock_key};
 use testkit::RedisServer;
 
 /// A client whose renewed locks live 3 s between renewals (every 1 s).
-fn renewing_client(server: &RedisServer) -> LockClient {
-    LockClient::builder(&server.url())
+fn renewing_client(server: &RedisServer) -> Client {
+    Client::builder(server.url())
         .default_lease(Duration::from_secs(3))
         .io_timeout(Duration::from_secs(2))
         .build()

@@ -7,7 +7,7 @@ use std::sync::{mpsc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use redbaton::{Error, LockClient};
+use redbaton::{Client, Error};
 use support::JoinWithin;
 use testkit::RedisServer;
 
@@ -66,7 +66,7 @@ fn record_logs() {
 fn everything_works_under_a_user_limited_to_the_documented_acl() {
     let server = RedisServer::start();
     add_user(&server, "locker", redbaton_acl());
-    let client = LockClient::builder(&user_url(&server, "locker", PASSWORD))
+    let client = Client::builder(user_url(&server, "locker", PASSWORD))
         .default_lease(Duration::from_millis(300))
         .max_park(Duration::from_millis(200))
         .build()
@@ -119,7 +119,7 @@ fn a_missing_permission_is_named_in_the_error() {
             },
         );
         add_user(&server, user, &rules);
-        let client = LockClient::open(&user_url(&server, user, PASSWORD)).unwrap();
+        let client = Client::open(&user_url(&server, user, PASSWORD)).unwrap();
         let lock = client.lock("denied").unwrap();
         let outcome = match lock.try_lock() {
             // Only waiting needs BLPOP: make this one wait.
@@ -158,7 +158,7 @@ fn passwords_stay_out_of_debug_errors_and_logs() {
     let server = RedisServer::start();
     add_user(&server, "locker", redbaton_acl());
 
-    let builder = LockClient::builder(&user_url(&server, "locker", "wrong-secret-xyz"));
+    let builder = Client::builder(user_url(&server, "locker", "wrong-secret-xyz"));
     let shown = format!("{builder:?}");
     let client = builder.build().unwrap();
     let shown = shown + &format!("{client:?}");
@@ -166,7 +166,7 @@ fn passwords_stay_out_of_debug_errors_and_logs() {
     assert!(matches!(err, Error::AuthenticationFailed { .. }), "{err}");
     let shown = shown + &format!("{err} {err:?}");
 
-    let good = LockClient::open(&user_url(&server, "locker", PASSWORD)).unwrap();
+    let good = Client::open(&user_url(&server, "locker", PASSWORD)).unwrap();
     let lock = good.lock("secret").unwrap();
     let guard = lock.lock().unwrap();
     let shown = shown + &format!("{good:?} {lock:?} {guard:?}");

@@ -14,7 +14,7 @@ use std::env;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redbaton::LockClient;
+use redbaton::Client;
 use support::JoinWithin;
 use support::{child_role, spawn_child};
 use testkit::{ChildProcess, RedisServer};
@@ -53,7 +53,7 @@ fn child_entry() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
-    let client = LockClient::builder(&url)
+    let client = Client::builder(&url)
         .default_lease(Duration::from_secs(1))
         .max_park(Duration::from_millis(500))
         .build()

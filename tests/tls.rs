@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use redbaton::LockClient;
+use redbaton::Client;
 use support::JoinWithin;
 use testkit::RedisServer;
 
@@ -119,7 +119,7 @@ fn locks_work_over_tls_with_a_trusted_self_signed_certificate() {
     let url = format!("rediss://127.0.0.1:{tls_port}/");
     let pem = std::fs::read(&ca).unwrap();
 
-    let client = LockClient::builder(&url)
+    let client = Client::builder(&url)
         .tls_root_certificate(&pem)
         .build()
         .unwrap();
@@ -156,7 +156,7 @@ fn locks_work_over_tls_with_a_trusted_self_signed_certificate() {
     assert_eq!(fence, second);
 
     // Without trusting the certificate, the handshake fails with a clear error.
-    let untrusting = LockClient::builder(&url)
+    let untrusting = Client::builder(&url)
         .io_timeout(Duration::from_secs(2))
         .build()
         .unwrap();

@@ -8,7 +8,7 @@ use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redbaton::LockClient;
+use redbaton::Client;
 use support::eventually;
 use support::JoinWithin;
 use testkit::RedisServer;
@@ -20,7 +20,7 @@ fn twenty_waiters_during_a_three_second_hold_send_a_bounded_number_of_commands()
     const MAX_PARK: Duration = Duration::from_secs(1);
 
     let server = RedisServer::start();
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .max_park(MAX_PARK)
         .build()
         .unwrap();
@@ -74,10 +74,7 @@ fn twenty_waiters_during_a_three_second_hold_send_a_bounded_number_of_commands()
 #[test]
 fn a_thousand_local_waiters_park_one_connection() {
     let server = RedisServer::start();
-    let client = LockClient::builder(&server.url())
-        .pool_size(4)
-        .build()
-        .unwrap();
+    let client = Client::builder(server.url()).pool_size(4).build().unwrap();
     let lock = client.lock("crowded").unwrap();
     let held = lock.lock().unwrap();
     let started = Arc::new(AtomicUsize::new(0));
@@ -130,7 +127,7 @@ fn thirty_two_threads_on_a_pool_of_two_all_finish_and_releases_never_wait_for_pa
     let server = RedisServer::start();
     // A long maximum park: a release stuck behind a parked waiter would take
     // seconds, far beyond the bound below.
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .pool_size(2)
         .max_park(Duration::from_secs(10))
         .build()
@@ -196,7 +193,7 @@ fn blocked_clients(raw: &mut redis::Connection) -> u32 {
 #[test]
 fn a_park_longer_than_the_io_timeout_is_not_an_error() {
     let server = RedisServer::start();
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .io_timeout(Duration::from_millis(200))
         .max_park(Duration::from_secs(2))
         .build()
@@ -218,7 +215,7 @@ fn a_park_longer_than_the_io_timeout_is_not_an_error() {
 #[test]
 fn a_release_on_a_pool_of_one_never_waits_for_a_parked_waiter() {
     let server = RedisServer::start();
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .pool_size(1)
         .max_park(Duration::from_secs(10))
         .io_timeout(Duration::from_secs(1))
@@ -253,7 +250,7 @@ fn a_release_on_a_pool_of_one_never_waits_for_a_parked_waiter() {
 #[test]
 fn waiters_beyond_the_parking_connections_still_acquire() {
     let server = RedisServer::start();
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .parking_connections(1)
         .max_park(Duration::from_secs(10))
         .io_timeout(Duration::from_millis(300))

@@ -8,7 +8,7 @@ use std::fs;
 use std::thread;
 use std::time::Duration;
 
-use redbaton::LockClient;
+use redbaton::Client;
 use testkit::RedisServer;
 
 /// Threads of this process with the given name, from /proc.
@@ -33,7 +33,7 @@ fn two_hundred_locks_are_renewed_by_one_thread_in_shared_rounds_and_it_ends_with
     const LOCKS: u64 = 200;
     let server = RedisServer::start();
     let lease = Duration::from_millis(900);
-    let client = LockClient::builder(&server.url())
+    let client = Client::builder(server.url())
         .default_lease(lease)
         .build()
         .unwrap();

@@ -9,6 +9,7 @@ use std::time::Duration;
 use redis::{ConnectionLike, FromRedisValue, RedisResult, Script};
 
 pub(crate) mod lock;
+pub(crate) mod reply;
 
 /// Declares every script once: its `static`, and its entry in the table
 /// that traces errors back to a file and line. A script may list helpers

@@ -3,12 +3,12 @@
 
 use std::time::{Duration, Instant};
 
-use redbaton::LockClient;
+use redbaton::Client;
 use testkit::RedisServer;
 
 /// A client on `server` with settings suited to tests: short I/O timeout.
-pub fn client(server: &RedisServer) -> LockClient {
-    LockClient::builder(&server.url())
+pub fn client(server: &RedisServer) -> Client {
+    Client::builder(server.url())
         .io_timeout(Duration::from_secs(2))
         .build()
         .expect("client settings are valid")
@@ -96,7 +96,7 @@ impl<T> JoinWithin<T> for std::thread::ScopedJoinHandle<'_, T> {
 /// A rate limiter named `name` on `client`, configured (if nobody has yet)
 /// to `permits` per `per` shared by every client.
 pub fn overall_limiter(
-    client: &LockClient,
+    client: &Client,
     name: &str,
     permits: u64,
     per: Duration,

@@ -5,14 +5,29 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client::validate_lease;
-use crate::client::Sent;
+use super::raw::{self, RawLock};
+use crate::backend::Sent;
+use crate::config::validate_lease;
+use crate::context::Context;
 use crate::error::Error;
-use crate::local_queue::{Grant, Reservation};
-use crate::lock::Lock;
-use crate::ownership::{LeaseMode, LeaseStatus};
+use crate::keys::LockKeys;
+use crate::lease::{Claim, Grant, LeaseMode, LeaseStatus};
+use crate::parking::Reservation;
+use crate::scripts::lock::HandoffArgs;
+use crate::scripts::reply::{HandoffReply, ReleaseReply};
 
-/// Held while the calling thread owns a [`Lock`]; releases one level of it
+/// The ownership a guard belongs to.
+#[derive(Debug)]
+pub(super) struct Ownership {
+    pub(super) identity: Arc<str>,
+    pub(super) fence: u64,
+    /// The ownership's lease mode (that of its first acquisition).
+    pub(super) mode: LeaseMode,
+    /// Shared by the guards of this ownership (re-entry) and the watchdog.
+    pub(super) status: Arc<LeaseStatus>,
+}
+
+/// Held while the calling thread owns a [`Lock`](crate::Lock); releases one level of it
 /// when dropped or [`unlock`](LockGuard::unlock)ed.
 ///
 /// The lock is free for others once the last guard of the holding thread is
@@ -29,32 +44,29 @@ use crate::ownership::{LeaseMode, LeaseStatus};
 /// assert_send::<redbaton::LockGuard>();
 /// ```
 #[must_use = "the lock is released as soon as the guard is dropped"]
+#[clippy::has_significant_drop]
 pub struct LockGuard {
-    lock: Lock,
-    identity: Arc<str>,
-    fence: u64,
-    mode: LeaseMode,
-    /// Shared by the guards of this ownership (re-entry) and the watchdog.
-    status: Arc<LeaseStatus>,
+    context: Arc<Context>,
+    raw: Arc<dyn RawLock>,
+    keys: Arc<LockKeys>,
+    ownership: Ownership,
     released: bool,
-    /// Raw pointers are `!Send`; the identity is the thread's.
-    _not_send: PhantomData<*const ()>,
+    /// `MutexGuard` is `!Send` (and `Sync`): the identity is the thread's.
+    _not_send: PhantomData<std::sync::MutexGuard<'static, ()>>,
 }
 
 impl LockGuard {
-    pub(crate) fn new(
-        lock: Lock,
-        identity: Arc<str>,
-        fence: u64,
-        mode: LeaseMode,
-        status: Arc<LeaseStatus>,
+    pub(super) fn new(
+        context: Arc<Context>,
+        raw: Arc<dyn RawLock>,
+        keys: Arc<LockKeys>,
+        ownership: Ownership,
     ) -> Self {
         LockGuard {
-            lock,
-            identity,
-            fence,
-            mode,
-            status,
+            context,
+            raw,
+            keys,
+            ownership,
             released: false,
             _not_send: PhantomData,
         }
@@ -66,12 +78,12 @@ impl LockGuard {
     /// one it has seen, so that a holder whose lease ran out cannot overwrite
     /// its successor's work.
     pub fn fencing_token(&self) -> u64 {
-        self.fence
+        self.ownership.fence
     }
 
-    /// The lock this guard holds.
-    pub fn lock(&self) -> &Lock {
-        &self.lock
+    /// The name of the lock this guard holds.
+    pub fn name(&self) -> &str {
+        &self.keys.name
     }
 
     /// Whether the lock is known to be no longer this thread's: the watchdog
@@ -79,7 +91,7 @@ impl LockGuard {
     /// lease has run out, or an `extend` or release was refused. No network
     /// call. `false` is not a promise: the lease may end the next moment.
     pub fn is_lost(&self) -> bool {
-        self.status.is_lost()
+        self.ownership.status.is_lost()
     }
 
     /// Makes the lock live at least `lease` from now: its end moves out,
@@ -90,7 +102,7 @@ impl LockGuard {
     /// keeps renewing as before, so only a `lease` longer than the client's
     /// lease changes anything: the lock then outlives a crash of this
     /// process by that much. Nothing but a release, or the lease running
-    /// out, ends an ownership early; see [`Lock::with_fixed_lease`] for how
+    /// out, ends an ownership early; see [`Lock::with_fixed_lease`](crate::Lock::with_fixed_lease) for how
     /// re-entry through handles of other lease modes behaves.
     ///
     /// # Errors
@@ -101,8 +113,12 @@ impl LockGuard {
     pub fn extend(&self, lease: Duration) -> Result<(), Error> {
         validate_lease(lease)?;
         let sent = Instant::now();
-        if self.lock.renew(&self.identity, self.fence, lease)? {
-            self.status.fixed_lease_from(sent, lease);
+        let ownership = &self.ownership;
+        if self
+            .raw
+            .renew(&self.keys, &ownership.identity, ownership.fence, lease)?
+        {
+            ownership.status.fixed_lease_from(sent, lease);
             Ok(())
         } else {
             Err(self.lost())
@@ -115,9 +131,10 @@ impl LockGuard {
     /// [`Error::LockLost`] when the lock is no longer this thread's; Redis
     /// failures.
     pub fn remaining_lease(&self) -> Result<Duration, Error> {
-        match self.lock.holder()? {
+        match self.raw.holder(&self.keys)? {
             Some(holder)
-                if holder.owner == *self.identity && holder.fencing_token == self.fence =>
+                if holder.owner.as_str() == &*self.ownership.identity
+                    && holder.fencing_token == self.ownership.fence =>
             {
                 // Every acquisition sets a lease; none means someone ran
                 // PERSIST on the key, and it will not end by itself.
@@ -146,56 +163,107 @@ impl LockGuard {
 
     fn release(&mut self) -> Result<(), Error> {
         self.released = true;
-        let shared = self.lock.shared();
-        // Withdraw from the watchdog first, so that no renewal follows the
-        // release (a renewal never re-creates a lock, but it must not touch
-        // the next holder's either).
-        let left = shared
-            .ownerships
-            .leave(self.lock.keys(), &self.identity, &self.status);
-        let Some(left) = left.filter(|_| !self.status.is_lost()) else {
+        let context = &self.context;
+        let ownership = &self.ownership;
+        // Withdraw from the watchdog first, so that it stops renewing (a
+        // renewal already in flight finds the lock gone or someone else's,
+        // and changes nothing).
+        let left =
+            context
+                .leases
+                .registry
+                .leave(&self.keys, &ownership.identity, &ownership.status);
+        let Some(left) = left.filter(|_| !ownership.status.is_lost()) else {
             return Err(self.lost());
         };
         if left == 0 {
             // The last guard: hand the lock to a waiter of this process if
             // there is one (and the run of local hand-offs is not too long).
-            if let Some(reservation) = shared.queues.reserve(&self.lock.keys().lock) {
+            if let Some(reservation) = context.lock_room.reserve(&self.keys.baton) {
                 return self.hand_off(reservation);
             }
-            shared.queues.released_globally(&self.lock.keys().lock);
+            context.lock_room.released_globally(&self.keys.baton);
         }
+        let lease = ownership.mode.lease();
         let sent = Instant::now();
-        match self
-            .lock
-            .release(&self.identity, self.fence, left, self.mode.lease())
-        {
-            Err(Error::LockLost { .. }) => Err(self.lost()),
-            Ok(_) => {
-                if left > 0 {
-                    // The inner release made the lock live at least the
-                    // ownership's lease more.
-                    self.status.fixed_lease_from(sent, self.mode.lease());
-                }
+        let released = self.raw.release(
+            &self.keys,
+            &ownership.identity,
+            ownership.fence,
+            left,
+            lease,
+        );
+        match released {
+            Ok(Sent {
+                value: ReleaseReply::Inner { .. },
+                ..
+            }) => {
+                // The inner release made the lock live at least the
+                // ownership's lease more.
+                ownership.status.fixed_lease_from(sent, lease);
                 Ok(())
             }
-            Err(err) => Err(err),
+            Ok(Sent {
+                value: ReleaseReply::Released,
+                ..
+            }) => Ok(()),
+            // Sent twice and "not the owner" the second time: the first
+            // send, cut off on its way back, may have released it.
+            Ok(Sent {
+                value: ReleaseReply::NotOwner,
+                resent: true,
+            }) => Ok(()),
+            Ok(Sent {
+                value: ReleaseReply::NotOwner,
+                ..
+            }) => Err(self.lost()),
+            Err(failed) => {
+                // A last release that did not land is finished in the
+                // background, so that the lock is free as soon as Redis
+                // answers, not when its lease ends.
+                let error = failed.error;
+                if left == 0 && (error.is_transient() || error.is_timeout()) {
+                    self.release_later(sent);
+                }
+                Err(error)
+            }
         }
+    }
+
+    /// Hands this ownership's last release to the watchdog thread.
+    fn release_later(&self, sent: Instant) {
+        let ownership = &self.ownership;
+        let cleanup = raw::release_later(
+            &self.raw,
+            &self.keys,
+            &ownership.identity,
+            ownership.fence,
+            ownership.mode.lease(),
+            sent,
+        );
+        self.context.finish_later(cleanup);
     }
 
     /// Passes the lock to the reserved local waiter. On failure the waiter
     /// looks at the lock itself: if the hand-off happened unseen, its
     /// attempt finds the lock under its identity and takes it afresh; if
-    /// not, the background thread frees this ownership once Redis answers.
-    fn hand_off(&self, reservation: Reservation) -> Result<(), Error> {
-        let shared = self.lock.shared();
-        let request = shared.next_request();
+    /// not, the watchdog thread frees this ownership once Redis answers.
+    fn hand_off(&self, reservation: Reservation<Claim, Grant>) -> Result<(), Error> {
+        let request = self.context.next_request();
+        let ownership = &self.ownership;
+        let args = HandoffArgs {
+            from: &ownership.identity,
+            fence: ownership.fence,
+            to: &reservation.claim.identity,
+            lease: reservation.claim.mode.lease(),
+            fence_ttl: self.context.config.fence_ttl,
+            request,
+        };
         let sent = Instant::now();
-        match self
-            .lock
-            .hand_off(&self.identity, self.fence, &reservation, request)
-        {
+        match self.raw.hand_off(&self.keys, args) {
             Ok(Sent {
-                value: Some(fence), ..
+                value: HandoffReply(Some(fence)),
+                ..
             }) => {
                 reservation.grant(Grant { fence, sent });
                 Ok(())
@@ -203,25 +271,33 @@ impl LockGuard {
             // Sent twice, and the second found the lock no longer ours: the
             // first may have handed it over. The waiter looks for itself.
             Ok(Sent {
-                value: None,
+                value: HandoffReply(None),
                 resent: true,
             }) => {
                 reservation.fail();
                 Ok(())
             }
-            Ok(Sent { value: None, .. }) => {
+            Ok(Sent {
+                value: HandoffReply(None),
+                ..
+            }) => {
                 reservation.fail();
                 Err(self.lost())
             }
             Err(failed) => {
-                self.lock.finish_failed_hand_off(
-                    &self.identity,
-                    self.fence,
-                    self.mode.lease(),
-                    &reservation,
+                // Free the lock from this ownership if it still has it, and
+                // from the waiter if the hand-off gave it the lock unseen.
+                self.release_later(sent);
+                let claim = &reservation.claim;
+                let undo = raw::undo_later(
+                    &self.raw,
+                    &self.keys,
+                    &claim.identity,
                     request,
+                    claim.mode.lease(),
                     sent,
                 );
+                self.context.finish_later(undo);
                 reservation.fail();
                 Err(failed.error)
             }
@@ -230,15 +306,16 @@ impl LockGuard {
 
     /// Marks this ownership lost and makes the error for it.
     fn lost(&self) -> Error {
-        if self.status.mark_lost() {
-            log::warn!("redbaton: lock {:?} was lost", self.lock.name());
+        let ownership = &self.ownership;
+        if ownership.status.mark_lost() {
+            log::warn!("redbaton: lock {:?} was lost", self.keys.name);
         }
-        self.lock
-            .shared()
-            .ownerships
-            .forget(self.lock.keys(), &self.identity, &self.status);
+        self.context
+            .leases
+            .registry
+            .forget(&self.keys, &ownership.identity, &ownership.status);
         Error::LockLost {
-            name: self.lock.name().to_owned(),
+            name: self.keys.name.clone(),
         }
     }
 }
@@ -251,7 +328,7 @@ impl Drop for LockGuard {
         if let Err(err) = self.release() {
             log::warn!(
                 "redbaton: releasing lock {:?} on drop failed: {err}",
-                self.lock.name()
+                self.keys.name
             );
         }
     }
@@ -261,8 +338,8 @@ impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The identity is left out: it is what lets a thread release.
         f.debug_struct("LockGuard")
-            .field("name", &self.lock.name())
-            .field("fencing_token", &self.fence)
+            .field("name", &self.keys.name)
+            .field("fencing_token", &self.ownership.fence)
             .field("lost", &self.is_lost())
             .finish_non_exhaustive()
     }

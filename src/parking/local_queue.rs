@@ -1,5 +1,9 @@
-//! Threads of one process waiting for the same lock name: a FIFO queue per
-//! (client, lock name), the parker role, and local hand-offs.
+//! Threads of one process waiting for the same key: a FIFO queue per
+//! (client, baton key), the parker role, and local hand-offs.
+//!
+//! Generic in what a waiter carries (`C`, its claim: who it is and what it
+//! asks for) and in what a hand-off gives it (`G`, the grant), so that every
+//! synchronizer queues its waiters here.
 //!
 //! One waiter at a time is the *parker*: it waits in Redis (`BLPOP`) for
 //! the whole queue. The others sleep on their own condition variable. A
@@ -18,25 +22,13 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::ownership::LeaseMode;
-
-/// A lock handed over by a local releaser.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Grant {
-    /// The fencing token of the new ownership.
-    pub(crate) fence: u64,
-    /// When the hand-off script was sent: where the new lease starts at
-    /// the latest.
-    pub(crate) sent: Instant,
-}
-
 /// What a waiting thread should do next.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Turn {
+pub(crate) enum Turn<G> {
     /// Wait in Redis for the queue (this thread is the parker now).
     Park,
     /// The lock was handed to this thread.
-    Granted(Grant),
+    Granted(G),
     /// A hand-off to this thread failed and may or may not have happened:
     /// make one attempt, then wait again.
     Retry,
@@ -45,14 +37,14 @@ pub(crate) enum Turn {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Status {
+enum Status<G> {
     /// Asleep in `next_turn`: the only status a hand-off may pick.
     Waiting,
     /// Waiting in Redis for the queue.
     Parker,
     /// Picked for a hand-off that is under way.
     Reserved,
-    Granted(Grant),
+    Granted(G),
     /// A hand-off failed: the thread should look at the lock itself.
     Retry,
     /// Out of `next_turn`, making that attempt: not to be picked, for the
@@ -61,25 +53,34 @@ enum Status {
 }
 
 #[derive(Debug)]
-struct Slot {
+struct Slot<C, G> {
     id: u64,
-    identity: Arc<str>,
-    mode: LeaseMode,
-    status: Status,
+    claim: C,
+    status: Status<G>,
     wake: Arc<Condvar>,
 }
 
-#[derive(Debug, Default)]
-struct QueueState {
+#[derive(Debug)]
+struct QueueState<C, G> {
     /// In arrival order; the parker and reserved waiters included.
-    slots: VecDeque<Slot>,
+    slots: VecDeque<Slot<C, G>>,
     next_id: u64,
     /// Local hand-offs since the lock was last released globally.
     handoffs_in_a_row: u32,
 }
 
-impl QueueState {
-    fn slot_mut(&mut self, id: u64) -> Option<&mut Slot> {
+impl<C, G> Default for QueueState<C, G> {
+    fn default() -> Self {
+        QueueState {
+            slots: VecDeque::new(),
+            next_id: 0,
+            handoffs_in_a_row: 0,
+        }
+    }
+}
+
+impl<C, G> QueueState<C, G> {
+    fn slot_mut(&mut self, id: u64) -> Option<&mut Slot<C, G>> {
         self.slots.iter_mut().find(|slot| slot.id == id)
     }
 
@@ -95,28 +96,44 @@ impl QueueState {
     /// waiter to take over. Called whenever a waiter leaves or is reserved:
     /// the one just told to take over may be reserved before it wakes.
     fn ensure_parker(&self) {
-        if self.slots.iter().any(|s| s.status == Status::Parker) {
+        if self
+            .slots
+            .iter()
+            .any(|s| matches!(s.status, Status::Parker))
+        {
             return;
         }
-        if let Some(slot) = self.slots.iter().find(|s| s.status == Status::Waiting) {
+        if let Some(slot) = self
+            .slots
+            .iter()
+            .find(|s| matches!(s.status, Status::Waiting))
+        {
             slot.wake.notify_one();
         }
     }
 }
 
-#[derive(Debug, Default)]
-struct Queue {
-    state: Mutex<QueueState>,
+#[derive(Debug)]
+struct Queue<C, G> {
+    state: Mutex<QueueState<C, G>>,
 }
 
-/// The queues of one client, by lock key.
+impl<C, G> Default for Queue<C, G> {
+    fn default() -> Self {
+        Queue {
+            state: Mutex::new(QueueState::default()),
+        }
+    }
+}
+
+/// The queues of one client, by baton key.
 #[derive(Debug)]
-pub(crate) struct LocalQueues {
-    queues: Mutex<HashMap<String, Arc<Queue>>>,
+pub(crate) struct LocalQueues<C, G> {
+    queues: Mutex<HashMap<String, Arc<Queue<C, G>>>>,
     handoff_limit: u32,
 }
 
-impl LocalQueues {
+impl<C: Clone, G: Copy> LocalQueues<C, G> {
     /// Queues whose locks are handed on locally at most `handoff_limit`
     /// times in a row (0: never).
     pub(crate) fn new(handoff_limit: u32) -> Self {
@@ -132,8 +149,8 @@ impl LocalQueues {
         self.queues.lock().contains_key(lock_key)
     }
 
-    /// Queues the calling thread (`identity`, wanting a lease of `mode`).
-    pub(crate) fn join(&self, lock_key: &str, identity: &Arc<str>, mode: LeaseMode) -> Member<'_> {
+    /// Queues the calling thread, which carries `claim`.
+    pub(crate) fn join(&self, lock_key: &str, claim: C) -> Member<'_, C, G> {
         // Joined while the map is locked, so that a member leaving at the
         // same moment cannot remove the queue this one is joining.
         let mut queues = self.queues.lock();
@@ -143,8 +160,7 @@ impl LocalQueues {
         state.next_id += 1;
         state.slots.push_back(Slot {
             id,
-            identity: Arc::clone(identity),
-            mode,
+            claim,
             status: Status::Waiting,
             wake: Arc::new(Condvar::new()),
         });
@@ -161,7 +177,7 @@ impl LocalQueues {
     /// For a thread releasing `lock_key` for good: reserves the oldest
     /// waiter not parked in Redis, unless there is none or the run of local
     /// hand-offs is at its limit.
-    pub(crate) fn reserve(&self, lock_key: &str) -> Option<Reservation> {
+    pub(crate) fn reserve(&self, lock_key: &str) -> Option<Reservation<C, G>> {
         let queue = Arc::clone(self.queues.lock().get(lock_key)?);
         let mut state = queue.state.lock();
         if state.handoffs_in_a_row >= self.handoff_limit {
@@ -170,16 +186,15 @@ impl LocalQueues {
         let slot = state
             .slots
             .iter_mut()
-            .find(|s| s.status == Status::Waiting)?;
+            .find(|s| matches!(s.status, Status::Waiting))?;
         slot.status = Status::Reserved;
-        let (id, identity, mode) = (slot.id, Arc::clone(&slot.identity), slot.mode);
+        let (id, claim) = (slot.id, slot.claim.clone());
         state.ensure_parker();
         drop(state);
         Some(Reservation {
             queue,
             id,
-            identity,
-            mode,
+            claim,
             settled: false,
         })
     }
@@ -197,14 +212,14 @@ impl LocalQueues {
 /// A thread's place in the queue of one lock name; leaving (drop) hands the
 /// parker role on.
 #[derive(Debug)]
-pub(crate) struct Member<'a> {
-    queues: &'a LocalQueues,
+pub(crate) struct Member<'a, C, G> {
+    queues: &'a LocalQueues<C, G>,
     lock_key: String,
-    queue: Arc<Queue>,
+    queue: Arc<Queue<C, G>>,
     id: u64,
 }
 
-impl Member<'_> {
+impl<C, G: Copy> Member<'_, C, G> {
     /// Sleeps until this thread has something to do, or `deadline` passes.
     ///
     /// Without a deadline, and while reserved for a hand-off, the sleep has
@@ -212,10 +227,13 @@ impl Member<'_> {
     /// time, its socket by the I/O timeout) and its leaving wakes the next;
     /// a reservation is settled when the releaser's script returns, within
     /// its I/O timeouts, or when the reservation is dropped.
-    pub(crate) fn next_turn(&self, deadline: Option<Instant>) -> Turn {
+    pub(crate) fn next_turn(&self, deadline: Option<Instant>) -> Turn<G> {
         let mut state = self.queue.state.lock();
         loop {
-            let has_parker = state.slots.iter().any(|s| s.status == Status::Parker);
+            let has_parker = state
+                .slots
+                .iter()
+                .any(|s| matches!(s.status, Status::Parker));
             let Some(slot) = state.slot_mut(self.id) else {
                 return Turn::TimedOut;
             };
@@ -241,7 +259,7 @@ impl Member<'_> {
                     let timed_out = wake.wait_until(&mut state, deadline).timed_out();
                     let still_waiting = state
                         .slot_mut(self.id)
-                        .is_some_and(|slot| slot.status == Status::Waiting);
+                        .is_some_and(|slot| matches!(slot.status, Status::Waiting));
                     if timed_out && still_waiting {
                         // Leave now, in this critical section: a slot still
                         // marked waiting after this returns could be picked
@@ -255,7 +273,7 @@ impl Member<'_> {
     }
 }
 
-impl Drop for Member<'_> {
+impl<C, G> Drop for Member<'_, C, G> {
     fn drop(&mut self) {
         let mut queues = self.queues.queues.lock();
         let mut state = self.queue.state.lock();
@@ -272,19 +290,17 @@ impl Drop for Member<'_> {
 /// [`grant`]: Reservation::grant
 /// [`fail`]: Reservation::fail
 #[derive(Debug)]
-pub(crate) struct Reservation {
-    queue: Arc<Queue>,
+pub(crate) struct Reservation<C, G> {
+    queue: Arc<Queue<C, G>>,
     id: u64,
-    /// Who gets the lock.
-    pub(crate) identity: Arc<str>,
-    /// The lease the waiter asked for.
-    pub(crate) mode: LeaseMode,
+    /// What the waiter asked for.
+    pub(crate) claim: C,
     settled: bool,
 }
 
-impl Reservation {
+impl<C, G> Reservation<C, G> {
     /// The hand-off script ran: the waiter owns the lock.
-    pub(crate) fn grant(mut self, grant: Grant) {
+    pub(crate) fn grant(mut self, grant: G) {
         self.settle(Status::Granted(grant));
     }
 
@@ -294,7 +310,7 @@ impl Reservation {
         self.settle(Status::Retry);
     }
 
-    fn settle(&mut self, status: Status) {
+    fn settle(&mut self, status: Status<G>) {
         self.settled = true;
         let mut state = self.queue.state.lock();
         if matches!(status, Status::Granted(_)) {
@@ -307,7 +323,7 @@ impl Reservation {
     }
 }
 
-impl Drop for Reservation {
+impl<C, G> Drop for Reservation<C, G> {
     fn drop(&mut self) {
         if !self.settled {
             self.settle(Status::Retry);
@@ -321,21 +337,20 @@ mod tests {
 
     use super::*;
 
-    fn mode() -> LeaseMode {
-        LeaseMode::Renewed(Duration::from_secs(30))
-    }
+    /// The queues of the tests: waiters named by a string, grants of a
+    /// number.
+    type Queues = LocalQueues<&'static str, u64>;
 
     #[test]
     fn the_first_waiter_parks_and_the_next_takes_over_when_it_leaves() {
-        let queues = LocalQueues::new(8);
-        let (a, b, c) = (Arc::from("a"), Arc::from("b"), Arc::from("c"));
-        let first = queues.join("k", &a, mode());
-        let second = queues.join("k", &b, mode());
+        let queues = Queues::new(8);
+        let first = queues.join("k", "a");
+        let second = queues.join("k", "b");
         assert_eq!(first.next_turn(None), Turn::Park);
         let soon = Instant::now() + Duration::from_millis(20);
         assert_eq!(second.next_turn(Some(soon)), Turn::TimedOut, "one parker");
         drop(second);
-        let third = queues.join("k", &c, mode());
+        let third = queues.join("k", "c");
         drop(first);
         assert_eq!(third.next_turn(Some(soon)), Turn::Park, "takes over");
         drop(third);
@@ -344,16 +359,15 @@ mod tests {
 
     #[test]
     fn a_hand_off_goes_to_the_oldest_waiter_not_parked_and_runs_are_bounded() {
-        let queues = LocalQueues::new(1);
-        let ids: Vec<Arc<str>> = ["p", "w1", "w2"].into_iter().map(Arc::from).collect();
-        let members: Vec<_> = ids.iter().map(|id| queues.join("k", id, mode())).collect();
+        let queues = Queues::new(1);
+        let members: Vec<_> = ["p", "w1", "w2"]
+            .into_iter()
+            .map(|id| queues.join("k", id))
+            .collect();
         assert_eq!(members[0].next_turn(None), Turn::Park);
         let reservation = queues.reserve("k").expect("w1 waits");
-        assert_eq!(&*reservation.identity, "w1");
-        let grant = Grant {
-            fence: 9,
-            sent: Instant::now(),
-        };
+        assert_eq!(reservation.claim, "w1");
+        let grant = 9;
         reservation.grant(grant);
         assert_eq!(members[1].next_turn(None), Turn::Granted(grant));
         assert!(
@@ -362,18 +376,17 @@ mod tests {
         );
         queues.released_globally("k");
         let reservation = queues.reserve("k").expect("w2 waits");
-        assert_eq!(&*reservation.identity, "w2");
+        assert_eq!(reservation.claim, "w2");
         reservation.fail();
         assert_eq!(members[2].next_turn(None), Turn::Retry);
     }
 
     #[test]
     fn a_waiter_that_timed_out_cannot_be_picked_before_it_is_dropped() {
-        let queues = LocalQueues::new(8);
-        let (p, w) = (Arc::from("p"), Arc::from("w"));
-        let parker = queues.join("k", &p, mode());
+        let queues = Queues::new(8);
+        let parker = queues.join("k", "p");
         assert_eq!(parker.next_turn(None), Turn::Park);
-        let waiter = queues.join("k", &w, mode());
+        let waiter = queues.join("k", "w");
         assert_eq!(waiter.next_turn(Some(Instant::now())), Turn::TimedOut);
         // The member still exists (its thread has not dropped it yet), but
         // it is no longer a candidate for a hand-off.
@@ -383,11 +396,10 @@ mod tests {
 
     #[test]
     fn a_waiter_making_its_retry_attempt_cannot_be_picked() {
-        let queues = LocalQueues::new(8);
-        let (p, w) = (Arc::from("p"), Arc::from("w"));
-        let parker = queues.join("k", &p, mode());
+        let queues = Queues::new(8);
+        let parker = queues.join("k", "p");
         assert_eq!(parker.next_turn(None), Turn::Park);
-        let waiter = queues.join("k", &w, mode());
+        let waiter = queues.join("k", "w");
         queues.reserve("k").unwrap().fail();
         assert_eq!(waiter.next_turn(None), Turn::Retry);
         assert!(queues.reserve("k").is_none(), "busy with its attempt");
@@ -397,16 +409,12 @@ mod tests {
 
     #[test]
     fn a_reserved_waiter_does_not_time_out_before_the_reservation_is_settled() {
-        let queues = LocalQueues::new(8);
-        let (p, w) = (Arc::from("p"), Arc::from("w"));
-        let parker = queues.join("k", &p, mode());
+        let queues = Queues::new(8);
+        let parker = queues.join("k", "p");
         assert_eq!(parker.next_turn(None), Turn::Park);
-        let waiter = queues.join("k", &w, mode());
+        let waiter = queues.join("k", "w");
         let reservation = queues.reserve("k").unwrap();
-        let grant = Grant {
-            fence: 3,
-            sent: Instant::now(),
-        };
+        let grant = 3;
         std::thread::scope(|scope| {
             let settle = scope.spawn(move || {
                 std::thread::sleep(Duration::from_millis(100));

@@ -14,66 +14,13 @@
 //! the replies to the entries that are still there.
 
 use std::collections::hash_map::{Entry as Slot, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::{LeaseMode, LeaseStatus};
 use crate::keys::LockKeys;
-
-/// How an acquisition keeps its lock alive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LeaseMode {
-    /// The watchdog renews the lease while a guard lives.
-    Renewed(Duration),
-    /// The lock ends at its lease, guard or not.
-    Fixed(Duration),
-}
-
-impl LeaseMode {
-    pub(crate) fn lease(self) -> Duration {
-        match self {
-            LeaseMode::Renewed(lease) | LeaseMode::Fixed(lease) => lease,
-        }
-    }
-}
-
-/// What the guards of one ownership can see without asking Redis.
-#[derive(Debug)]
-pub(crate) struct LeaseStatus {
-    lost: AtomicBool,
-    /// For fixed leases: when the lease ends at the latest, by this
-    /// process's clock (measured from before the request was sent, so never
-    /// later than Redis's own expiry). `None` while the watchdog renews.
-    fixed_until: Mutex<Option<Instant>>,
-}
-
-impl LeaseStatus {
-    /// Whether the ownership is known to be gone.
-    pub(crate) fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
-            || self
-                .fixed_until
-                .lock()
-                .is_some_and(|until| Instant::now() >= until)
-    }
-
-    /// Records that the ownership is gone; true the first time.
-    pub(crate) fn mark_lost(&self) -> bool {
-        !self.lost.swap(true, Ordering::AcqRel)
-    }
-
-    /// A request sent at `sent` made a fixed lease live at least `lease`
-    /// more: its end moves out, never in. No effect while the watchdog
-    /// renews.
-    pub(crate) fn fixed_lease_from(&self, sent: Instant, lease: Duration) {
-        let mut until = self.fixed_until.lock();
-        if let Some(end) = until.as_mut() {
-            *end = (*end).max(sent + lease);
-        }
-    }
-}
 
 /// One ownership: a lock held by one identity under one fencing token.
 #[derive(Debug)]
@@ -166,13 +113,10 @@ impl Ownerships {
             mode,
             guards: 0,
             renewal: None,
-            status: Arc::new(LeaseStatus {
-                lost: AtomicBool::new(false),
-                fixed_until: Mutex::new(match mode {
-                    LeaseMode::Fixed(lease) => Some(sent + lease),
-                    LeaseMode::Renewed(_) => None,
-                }),
-            }),
+            status: Arc::new(LeaseStatus::new(match mode {
+                LeaseMode::Fixed(lease) => Some(sent + lease),
+                LeaseMode::Renewed(_) => None,
+            })),
         };
         let mut entries = self.entries.lock();
         let entry = match entries.entry((keys.lock.clone(), Arc::clone(identity))) {

@@ -15,9 +15,10 @@
 //! nobody), is sent again until Redis answers or the lease it concerns has
 //! ended anyway. Both are safe to send any number of times.
 //!
-//! The thread holds only a `Weak` to the client, and no lock of the client
-//! while it talks to Redis.
+//! The thread holds only a `Weak` to the [`LeaseRuntime`], not to the
+//! client, and no lock of the client while it talks to Redis.
 
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread;
@@ -25,13 +26,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
-use redis::{ServerErrorKind, Value};
 
-use crate::client::Shared;
-use crate::error::is_transient_reply;
-use crate::keys::LockKeys;
-use crate::ownership::DueRenewal;
-use crate::scripts::{self, Call};
+use super::{DueRenewal, LeaseRuntime, RenewOutcome, RenewRequest};
+use crate::error::Error;
 
 /// Name of the renewal thread, as seen in debuggers and `/proc`.
 pub(crate) const THREAD_NAME: &str = "redbaton-watchdog";
@@ -65,27 +62,41 @@ pub(crate) struct Watchdog {
 /// A release that must still reach Redis: its first send failed with the
 /// outcome unknown, and until it lands the lock may be held by nobody's
 /// guard.
-#[derive(Debug)]
 pub(crate) struct Cleanup {
-    keys: Arc<LockKeys>,
-    /// A script that is safe to send again (release.lua or
-    /// release_request.lua).
-    call: Call,
+    /// The lock's name, for messages.
+    name: Arc<str>,
+    /// Sends the release once; safe to call again (it runs release.lua or
+    /// release_request.lua, which check owner and token or request).
+    send: Box<dyn FnMut() -> Result<(), Error> + Send>,
     /// When the lease it concerns has ended for sure: nothing left to do.
     give_up_at: Instant,
     next_try: Instant,
 }
 
 impl Cleanup {
-    /// `call` frees what may be left of an ownership of `keys` whose lease
-    /// is `lease` at the longest, counted from `sent`.
-    pub(crate) fn new(keys: Arc<LockKeys>, call: Call, sent: Instant, lease: Duration) -> Self {
+    /// `send` frees what may be left of an ownership of lock `name` whose
+    /// lease is `lease` at the longest, counted from `sent`.
+    pub(crate) fn new(
+        name: &str,
+        sent: Instant,
+        lease: Duration,
+        send: impl FnMut() -> Result<(), Error> + Send + 'static,
+    ) -> Self {
         Cleanup {
-            keys,
-            call,
+            name: name.into(),
+            send: Box::new(send),
             give_up_at: sent + lease,
             next_try: Instant::now(),
         }
+    }
+}
+
+impl fmt::Debug for Cleanup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cleanup")
+            .field("name", &self.name)
+            .field("give_up_at", &self.give_up_at)
+            .finish_non_exhaustive()
     }
 }
 
@@ -112,9 +123,9 @@ impl Watchdog {
 
     /// Tells the thread (starting it the first time) that a new ownership
     /// needs renewing, or a clean-up is waiting.
-    pub(crate) fn wake(shared: &Arc<Shared>) {
-        if let Some(receiver) = shared.watchdog.receiver.lock().take() {
-            let weak = Arc::downgrade(shared);
+    pub(crate) fn wake(runtime: &Arc<LeaseRuntime>) {
+        if let Some(receiver) = runtime.watchdog.receiver.lock().take() {
+            let weak = Arc::downgrade(runtime);
             let spawned = thread::Builder::new()
                 .name(THREAD_NAME.to_owned())
                 .spawn(move || run(&weak, &receiver));
@@ -125,23 +136,23 @@ impl Watchdog {
             }
         }
         // The thread may not be listening yet; the message waits for it.
-        let _ = shared.watchdog.wake.send(());
+        let _ = runtime.watchdog.wake.send(());
     }
 
     /// Hands a release that could not be confirmed to the thread.
-    pub(crate) fn clean_up(shared: &Arc<Shared>, cleanup: Cleanup) {
+    pub(crate) fn clean_up(runtime: &Arc<LeaseRuntime>, cleanup: Cleanup) {
         {
-            let mut cleanups = shared.watchdog.cleanups.lock();
+            let mut cleanups = runtime.watchdog.cleanups.lock();
             if cleanups.len() >= MAX_CLEANUPS {
                 let dropped = cleanups.remove(0);
                 log::warn!(
                     "redbaton: too many releases waiting for Redis; lock {:?} ends with its lease",
-                    dropped.keys.name
+                    dropped.name
                 );
             }
             cleanups.push(cleanup);
         }
-        Watchdog::wake(shared);
+        Watchdog::wake(runtime);
     }
 
     pub(crate) fn stats(&self) -> WatchdogStats {
@@ -162,15 +173,12 @@ impl Watchdog {
 }
 
 /// The thread's body: ends when the client is gone.
-fn run(shared: &Weak<Shared>, wake: &Receiver<()>) {
-    // Whether the renewal script is known to be loaded on the server; the
-    // first round loads it up front instead of failing once per lock.
-    let mut script_loaded = false;
+fn run(runtime: &Weak<LeaseRuntime>, wake: &Receiver<()>) {
     loop {
-        let next_due = match shared.upgrade() {
-            Some(shared) => [
-                shared.ownerships.next_renewal(),
-                shared.watchdog.next_cleanup(),
+        let next_due = match runtime.upgrade() {
+            Some(runtime) => [
+                runtime.registry.next_renewal(),
+                runtime.watchdog.next_cleanup(),
             ]
             .into_iter()
             .flatten()
@@ -188,141 +196,100 @@ fn run(shared: &Weak<Shared>, wake: &Receiver<()>) {
             Err(RecvTimeoutError::Disconnected) => return,
             Err(RecvTimeoutError::Timeout) => {}
         }
-        let Some(shared) = shared.upgrade() else {
+        let Some(runtime) = runtime.upgrade() else {
             return;
         };
-        clean_up_due(&shared);
-        renew_due(&shared, &mut script_loaded);
+        clean_up_due(&runtime);
+        renew_due(&runtime);
     }
 }
 
 /// Sends every clean-up whose time has come, once each.
-fn clean_up_due(shared: &Shared) {
+fn clean_up_due(runtime: &LeaseRuntime) {
     let now = Instant::now();
     let due: Vec<Cleanup> = {
-        let mut cleanups = shared.watchdog.cleanups.lock();
+        let mut cleanups = runtime.watchdog.cleanups.lock();
         let (due, later) = cleanups.drain(..).partition(|c| c.next_try <= now);
         *cleanups = later;
         due
     };
     for mut cleanup in due {
-        match shared.run(&cleanup.keys.name, |c| cleanup.call.invoke::<i64>(c)) {
-            Ok(_) => log::debug!(
+        match (cleanup.send)() {
+            Ok(()) => log::debug!(
                 "redbaton: finished an unconfirmed release of {:?}",
-                cleanup.keys.name
+                cleanup.name
             ),
             Err(err) if err.is_transient() && Instant::now() < cleanup.give_up_at => {
                 cleanup.next_try = Instant::now() + CLEANUP_RETRY;
-                shared.watchdog.cleanups.lock().push(cleanup);
+                runtime.watchdog.cleanups.lock().push(cleanup);
             }
             Err(err) if err.is_transient() => {}
             Err(err) => log::warn!(
                 "redbaton: cannot finish the release of {:?}; it ends with its lease: {err}",
-                cleanup.keys.name
+                cleanup.name
             ),
         }
     }
 }
 
-/// One round: renews every ownership due soon, in one pipeline.
-fn renew_due(shared: &Shared, script_loaded: &mut bool) {
+/// One round: renews every ownership due soon, in one round where the
+/// protocol allows.
+fn renew_due(runtime: &LeaseRuntime) {
     let now = Instant::now();
-    let due = shared.ownerships.due_renewals(now);
+    let due = runtime.registry.due_renewals(now);
     if due.is_empty() {
         return;
     }
-    let calls: Vec<Call> = due
+    let requests: Vec<RenewRequest<'_>> = due
         .iter()
-        .map(|d| scripts::lock::renew(&d.keys, &d.identity, d.fence, d.renewal.lease))
+        .map(|d| RenewRequest {
+            keys: &d.keys,
+            identity: &d.identity,
+            fence: d.fence,
+            lease: d.renewal.lease,
+        })
         .collect();
     let sent = Instant::now();
-    let replies = send_round(shared, &calls, script_loaded);
-    shared.watchdog.rounds.fetch_add(1, Ordering::Relaxed);
-
+    let outcomes = runtime.renewer.renew_round(&requests);
+    runtime.watchdog.rounds.fetch_add(1, Ordering::Relaxed);
     for (index, renewal) in due.iter().enumerate() {
-        let outcome = match &replies {
-            Ok(values) => match values.get(index) {
-                Some(Value::Int(1)) => Outcome::Renewed,
-                // "Not now": try again, as when Redis is out of reach.
-                Some(Value::ServerError(err)) if is_transient_reply(Some(err.code())) => {
-                    Outcome::Unreachable
-                }
-                // 0: not this ownership any more. Any other error reply (say
-                // WRONGTYPE: something else overwrote the key) means the same.
-                Some(_) => Outcome::Lost("the lock is no longer held by this thread"),
-                None => Outcome::Unreachable,
-            },
-            Err(()) => Outcome::Unreachable,
-        };
-        apply(shared, renewal, outcome, sent, now);
+        // A missing outcome is a round that did not come back.
+        let outcome = outcomes.get(index).copied().unwrap_or(RenewOutcome::Retry);
+        apply(runtime, renewal, outcome, sent, now);
     }
 }
 
-enum Outcome {
-    Renewed,
-    Unreachable,
-    Lost(&'static str),
-}
-
-fn apply(shared: &Shared, due: &DueRenewal, outcome: Outcome, sent: Instant, now: Instant) {
-    shared
-        .ownerships
+fn apply(
+    runtime: &LeaseRuntime,
+    due: &DueRenewal,
+    outcome: RenewOutcome,
+    sent: Instant,
+    now: Instant,
+) {
+    runtime
+        .registry
         .update_renewal(due, |renewal| match outcome {
-            Outcome::Renewed => {
-                shared.watchdog.renewals.fetch_add(1, Ordering::Relaxed);
+            RenewOutcome::Renewed => {
+                runtime.watchdog.renewals.fetch_add(1, Ordering::Relaxed);
                 renewal.renewed(sent);
             }
-            Outcome::Unreachable if now < renewal.lease_ends => {
+            RenewOutcome::Retry if now < renewal.lease_ends => {
                 // Retry well before the lease ends.
                 renewal.due = now
                     + (renewal.lease / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
             }
-            Outcome::Unreachable => lose(
-                shared,
+            RenewOutcome::Retry => lose(
+                runtime,
                 due,
                 "Redis stayed unreachable or busy until the lease ended",
             ),
-            Outcome::Lost(why) => lose(shared, due, why),
+            RenewOutcome::Lost => lose(runtime, due, "the lock is no longer held by this thread"),
         });
 }
 
-fn lose(shared: &Shared, due: &DueRenewal, why: &str) {
+fn lose(runtime: &LeaseRuntime, due: &DueRenewal, why: &str) {
     if due.status.mark_lost() {
-        shared.watchdog.count_loss();
+        runtime.watchdog.count_loss();
         log::warn!("redbaton: lock {:?} was lost: {why}", due.keys.name);
     }
-}
-
-/// Sends the round on a command connection; (re)loads the script first when
-/// it is not known to be loaded, and once more if the server forgot it
-/// (restart, `SCRIPT FLUSH`). Renewal is idempotent, so sending the round
-/// again (also on a fresh connection after a dropped one) is safe.
-fn send_round(shared: &Shared, calls: &[Call], script_loaded: &mut bool) -> Result<Vec<Value>, ()> {
-    let Some(first) = calls.first() else {
-        return Ok(Vec::new());
-    };
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
-    for call in calls {
-        call.add_to(&mut pipe);
-    }
-    let forgot = |values: &[Value]| {
-        values.iter().any(|value| {
-            matches!(value, Value::ServerError(err) if err.kind() == Some(ServerErrorKind::NoScript))
-        })
-    };
-    shared
-        .run("(watchdog renewal)", |c| {
-            if !*script_loaded {
-                first.load(c)?;
-                *script_loaded = true;
-            }
-            let values: Vec<Value> = pipe.query(c)?;
-            if !forgot(&values) {
-                return Ok(values);
-            }
-            first.load(c)?;
-            pipe.query(c)
-        })
-        .map_err(|err| log::warn!("redbaton: watchdog renewal failed: {err}"))
 }

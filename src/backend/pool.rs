@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use redis::{ConnectionLike, RedisError, RedisResult};
 
-use crate::error::{breaks_connection, describe_io, is_auth_failure, Error};
+use super::classify::{breaks_connection, describe_io, is_auth_failure};
+use crate::error::Error;
 
 /// A pooled Redis connection with a "state unknown" mark.
 pub(crate) struct Conn {
@@ -200,16 +201,19 @@ impl Pool {
                 Some(err) if is_auth_failure(err) => Error::AuthenticationFailed {
                     addr: self.addr.to_string(),
                     detail: describe_io(err),
+                    source: Some(err.clone()),
                 },
                 Some(err) => Error::Unreachable {
                     addr: self.addr.to_string(),
                     detail: describe_io(err),
                     timed_out: err.is_timeout(),
+                    source: Some(err.clone()),
                 },
                 None => Error::Unreachable {
                     addr: self.addr.to_string(),
                     detail: format!("no connection could be opened within {wait:?}"),
                     timed_out: true,
+                    source: None,
                 },
             }
         })

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use redis::ErrorKind;
 
-use crate::client::{Shared, MAX_LEASE};
+use crate::config::MAX_LEASE;
+use crate::context::Context;
 use crate::error::Error;
 use crate::keys::LimiterKeys;
 use crate::scripts;
@@ -30,7 +31,7 @@ const MAX_PERMITS: u64 = 1_000_000_000_000;
 pub enum RateMode {
     /// One budget shared by every client of the limiter, in every process.
     Overall,
-    /// One budget per [`LockClient`](crate::LockClient) instance (per
+    /// One budget per [`Client`](crate::Client) instance (per
     /// process, when each process makes one client), each at the full
     /// configured rate.
     PerClient,
@@ -71,7 +72,7 @@ pub struct Rate {
 }
 
 /// A handle on one distributed rate limiter, made by
-/// [`LockClient::rate_limiter`](crate::LockClient::rate_limiter).
+/// [`Client::rate_limiter`](crate::Client::rate_limiter).
 ///
 /// A token bucket kept in Redis and updated by one Lua script per call, on
 /// the server's clock (`TIME`): clients never send a time, so a client whose
@@ -88,7 +89,7 @@ pub struct Rate {
 /// use std::time::Duration;
 /// use redbaton::RateMode;
 /// # fn main() -> Result<(), redbaton::Error> {
-/// let client = redbaton::LockClient::open("redis://127.0.0.1/")?;
+/// let client = redbaton::Client::open("redis://127.0.0.1/")?;
 /// let limiter = client.rate_limiter("partner-api")?;
 /// limiter.set_rate(RateMode::Overall, 50, Duration::from_secs(1))?;
 ///
@@ -100,7 +101,7 @@ pub struct Rate {
 /// ```
 #[derive(Clone)]
 pub struct RateLimiter {
-    shared: Arc<Shared>,
+    context: Arc<Context>,
     keys: Arc<LimiterKeys>,
 }
 
@@ -113,9 +114,9 @@ enum Attempt {
 }
 
 impl RateLimiter {
-    pub(crate) fn new(shared: Arc<Shared>, keys: LimiterKeys) -> RateLimiter {
+    pub(crate) fn new(context: Arc<Context>, keys: LimiterKeys) -> RateLimiter {
         RateLimiter {
-            shared,
+            context,
             keys: Arc::new(keys),
         }
     }
@@ -160,7 +161,7 @@ impl RateLimiter {
     /// Redis failures; [`Error::WrongType`] when the configuration is
     /// damaged (something else wrote there).
     pub fn rate(&self) -> Result<Option<Rate>, Error> {
-        let stored: [Option<String>; 3] = self.shared.run(&self.keys.name, |c| {
+        let stored: [Option<String>; 3] = self.context.backend.run(&self.keys.name, |c| {
             redis::cmd("HMGET")
                 .arg(&self.keys.config)
                 .arg(&["mode", "permits", "per_us"])
@@ -262,7 +263,7 @@ impl RateLimiter {
     /// # Errors
     /// Redis failures.
     pub fn delete(&self) -> Result<bool, Error> {
-        let (config, _buckets): (u32, u32) = self.shared.run(&self.keys.name, |c| {
+        let (config, _buckets): (u32, u32) = self.context.backend.run(&self.keys.name, |c| {
             redis::pipe()
                 .atomic()
                 .del(&self.keys.config)
@@ -280,7 +281,7 @@ impl RateLimiter {
         replace: bool,
     ) -> Result<bool, Error> {
         let per_us = check_rate(permits, per)?;
-        let written: i64 = self.shared.run(&self.keys.name, |c| {
+        let written: i64 = self.context.backend.run(&self.keys.name, |c| {
             scripts::RATE_CONFIG
                 .key(&self.keys.config)
                 .arg(mode.as_str())
@@ -315,7 +316,7 @@ impl RateLimiter {
 
     /// One run of the acquire script; `permits == 0` only reads.
     fn attempt(&self, permits: u64) -> Result<Attempt, Error> {
-        let reply: Vec<i64> = self.shared.run(&self.keys.name, |c| {
+        let reply: Vec<i64> = self.context.backend.run(&self.keys.name, |c| {
             scripts::RATE_ACQUIRE
                 .key(&self.keys.config)
                 .key(&self.keys.overall)

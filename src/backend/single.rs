@@ -1,0 +1,174 @@
+//! One Redis server: a pool for short commands and a pool for parked
+//! connections, kept apart so that waiters never take the connection a
+//! releasing holder needs.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::{ConnectionLike, RedisResult};
+
+use super::classify::{self, breaks_connection, describe_io, ScriptTracer};
+use super::pool::{Pool, PooledConn};
+use super::{Failed, Parked, Sent};
+use crate::config::Config;
+use crate::error::Error;
+
+/// The least time given to opening a parking connection.
+const CONNECT_ALLOWANCE: Duration = Duration::from_millis(50);
+
+pub(super) struct Single {
+    /// Short commands: scripts, `INCR`, `EXISTS`. Each is held for one round
+    /// trip, never while waiting.
+    commands: Pool,
+    /// Connections parked in `BLPOP`.
+    parking: Pool,
+    io_timeout: Duration,
+    trace: ScriptTracer,
+    memory_policy_checked: AtomicBool,
+}
+
+impl Single {
+    pub(super) fn new(client: redis::Client, config: &Config, trace: ScriptTracer) -> Self {
+        Single {
+            commands: Pool::new(
+                client.clone(),
+                config.pool_size,
+                config.io_timeout,
+                "command",
+            ),
+            parking: Pool::new(
+                client,
+                config.parking_connections,
+                config.io_timeout,
+                "parking",
+            ),
+            io_timeout: config.io_timeout,
+            trace,
+            memory_policy_checked: AtomicBool::new(false),
+        }
+    }
+
+    pub(super) fn addr(&self) -> &str {
+        self.commands.addr()
+    }
+
+    fn classify(&self, err: redis::RedisError, name: &str) -> Error {
+        classify::from_redis(err, name, self.addr(), self.trace)
+    }
+
+    pub(super) fn exchange<T>(
+        &self,
+        name: &str,
+        mut exchange: impl FnMut(&mut dyn ConnectionLike) -> RedisResult<T>,
+    ) -> Result<Sent<T>, Failed> {
+        let not_sent = |error| Failed {
+            error,
+            outcome_unknown: false,
+        };
+        let mut resent = false;
+        loop {
+            let mut conn = self.commands.get(self.io_timeout).map_err(not_sent)?;
+            self.check_memory_policy_once(&mut conn);
+            match conn.run(|c| exchange(c)) {
+                Ok(value) => return Ok(Sent { value, resent }),
+                // A pooled connection can be dead without anyone knowing:
+                // the server closed it after its `timeout`, a proxy or NAT
+                // dropped it, an operator ran `CLIENT KILL`.
+                Err(err) if err.is_connection_dropped() && !resent => {
+                    log::debug!(
+                        "redbaton: a pooled connection was dropped ({}); sending again on a fresh one",
+                        describe_io(&err)
+                    );
+                    resent = true;
+                }
+                Err(err) => {
+                    return Err(Failed {
+                        outcome_unknown: breaks_connection(&err),
+                        error: self.classify(err, name),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Warns once per client when the server may evict lock keys: under
+    /// memory pressure a `volatile-*` or `allkeys-*` policy deletes a held
+    /// lock, and another client can take it while its holder still works.
+    /// `CONFIG GET` may be refused (ACL, managed services); that is no error.
+    fn check_memory_policy_once(&self, conn: &mut PooledConn) {
+        if self.memory_policy_checked.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let policy: RedisResult<Vec<String>> = conn.run(|c| {
+            redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("maxmemory-policy")
+                .query(c)
+        });
+        match policy.as_deref() {
+            Ok([_, policy]) if policy != "noeviction" => log::warn!(
+                "redbaton: Redis at {} has maxmemory-policy {policy}: when it reaches maxmemory it may \
+                 evict a held lock, and another client can then take it while its holder still works \
+                 (a renewed guard reports is_lost() at its next renewal). Use noeviction, or a Redis \
+                 that holds nothing but locks",
+                self.addr()
+            ),
+            Ok(_) => {}
+            Err(err) => log::debug!(
+                "redbaton: cannot read maxmemory-policy ({}); not checked",
+                describe_io(err)
+            ),
+        }
+    }
+
+    pub(super) fn park(&self, name: &str, list: &str, park: Duration) -> Result<Parked, Error> {
+        let park_until = Instant::now() + park;
+        // Opening a parking connection may take a round trip or two even
+        // when the park itself is short.
+        let wait_for_connection = park.max(CONNECT_ALLOWANCE).min(self.io_timeout);
+        let mut conn = match self.parking.get(wait_for_connection) {
+            Ok(conn) => conn,
+            // Every parking connection is busy with other names: this
+            // thread waited here instead, then looks again. Bounded: one
+            // attempt per park interval, as when parked.
+            Err(Error::PoolTimeout { .. }) => {
+                log::debug!("redbaton: no free parking connection for {name:?}");
+                return Ok(Parked::Done);
+            }
+            // No new parking connection in time: the next attempt, with the
+            // full I/O timeout, tells whether Redis is really out of reach.
+            Err(err @ Error::Unreachable { .. }) => return Ok(Parked::ConnectionFailed(err)),
+            Err(err) => return Err(err),
+        };
+        let park = park_until.saturating_duration_since(Instant::now());
+        if park.is_zero() {
+            return Ok(Parked::Done);
+        }
+        // BLPOP takes seconds with millisecond precision; 0 means "forever".
+        let millis = park.as_millis().clamp(1, u128::from(u32::MAX));
+        let timeout = format!("{}.{:03}", millis / 1000, millis % 1000);
+        // The socket must outlast the server-side timeout: a client that
+        // gave up first would leave a BLPOP behind that could swallow a
+        // token. If it fails anyway, `Conn::run` marks the connection broken
+        // and dropping it closes the socket, which cancels the BLPOP.
+        conn.set_read_timeout(park + self.io_timeout)
+            .map_err(|err| self.classify(err, name))?;
+        let parked: RedisResult<Option<(String, String)>> =
+            conn.run(|c| redis::cmd("BLPOP").arg(list).arg(&timeout).query(c));
+        match parked {
+            Ok(_token) => Ok(Parked::Done),
+            // A parked connection that was killed, reset or timed out is
+            // closed (never pooled again) and counts as a wake-up: the next
+            // attempt, on a command connection, tells whether Redis is
+            // really gone, and if not, the waiter parks on a fresh one.
+            Err(err) if breaks_connection(&err) => {
+                log::debug!(
+                    "redbaton: parked connection for {name:?} failed ({}); looking again",
+                    describe_io(&err)
+                );
+                Ok(Parked::ConnectionFailed(self.classify(err, name)))
+            }
+            Err(err) => Err(self.classify(err, name)),
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! The client's settings, checked once: every setting is stored here and
+//! nowhere else, and every limit of the crate is named here.
+
+use std::time::Duration;
+
+use crate::error::Error;
+
+/// The longest lease (and the longest of every other duration setting):
+/// one year. Longer is almost surely a unit mistake, and a lock that
+/// outlives its holder that long is a stuck lock.
+pub(crate) const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Settings of one client, as validated by [`Config::validate`].
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    /// First segment of every key; non-empty, no braces.
+    pub(crate) prefix: String,
+    /// Connections for short commands.
+    pub(crate) pool_size: u32,
+    /// Connections that may sit in `BLPOP` at once.
+    pub(crate) parking_connections: u32,
+    /// Lease of renewed locks.
+    pub(crate) default_lease: Duration,
+    /// Longest single park in Redis.
+    pub(crate) max_park: Duration,
+    /// Connect, each reply, and each wait for a pooled connection.
+    pub(crate) io_timeout: Duration,
+    /// How long an unclaimed baton stays.
+    pub(crate) baton_ttl: Duration,
+    /// How long a lock's fencing counter stays after its last use.
+    pub(crate) fence_ttl: Duration,
+    /// Local hand-offs in a row before a release in Redis.
+    pub(crate) max_local_handoffs: u32,
+}
+
+impl Config {
+    /// Checks every setting against its documented range.
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        validate_prefix(&self.prefix)?;
+        validate_lease(self.default_lease)?;
+        for (what, count) in [
+            ("pool_size", self.pool_size),
+            ("parking_connections", self.parking_connections),
+        ] {
+            if count == 0 {
+                return Err(Error::InvalidConfig(format!("{what} must be at least 1")));
+            }
+        }
+        for (what, value) in [
+            ("max_park", self.max_park),
+            ("io_timeout", self.io_timeout),
+            ("baton_ttl", self.baton_ttl),
+            ("fence_counter_ttl", self.fence_ttl),
+        ] {
+            if value < Duration::from_millis(1) || value > MAX_LEASE {
+                return Err(Error::InvalidConfig(format!(
+                    "{what} is {value:?}; it must be between 1 ms and a year"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A lease is sent as PEXPIRE milliseconds: at least one, at most a year.
+pub(crate) fn validate_lease(lease: Duration) -> Result<(), Error> {
+    if lease < Duration::from_millis(1) || lease > MAX_LEASE {
+        return Err(Error::InvalidLease { lease });
+    }
+    Ok(())
+}
+
+/// Checks a key prefix: non-empty and brace-free, so that it cannot open a
+/// hash tag of its own.
+fn validate_prefix(prefix: &str) -> Result<(), Error> {
+    if prefix.is_empty() || prefix.contains(['{', '}']) {
+        return Err(Error::InvalidConfig(format!(
+            "key prefix {prefix:?} must be non-empty and contain no '{{' or '}}'"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn braced_or_empty_prefixes_are_refused() {
+        assert!(validate_prefix("a{b").is_err());
+        assert!(validate_prefix("").is_err());
+        assert!(validate_prefix("app:locks").is_ok());
+    }
+}

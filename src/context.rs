@@ -1,0 +1,73 @@
+//! The runtime one client's handles share: its settings, backend, thread
+//! identities, waiting room and lease machinery. Below the facade (the
+//! `client` module makes it, the synchronizers use it), and above the
+//! machinery it assembles.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::backend::Backend;
+use crate::config::Config;
+use crate::error::Error;
+use crate::identity::Identities;
+use crate::keys;
+use crate::lease::{Claim, Cleanup, Grant, LeaseRuntime, RenewLeases, Watchdog};
+use crate::parking::WaitingRoom;
+
+/// What every handle of one client shares.
+#[derive(Debug)]
+pub(crate) struct Context {
+    pub(crate) config: Config,
+    pub(crate) backend: Arc<Backend>,
+    pub(crate) identities: Identities,
+    /// Where threads wait for locks.
+    pub(crate) lock_room: WaitingRoom<Claim, Grant>,
+    /// The ownership table and the watchdog; the watchdog thread holds a
+    /// `Weak` to this alone.
+    pub(crate) leases: Arc<LeaseRuntime>,
+    /// Numbers requests that may create an ownership.
+    requests: AtomicU64,
+}
+
+impl Context {
+    /// Assembles a client's runtime; `renewer` is how its watchdog renews.
+    pub(crate) fn new(
+        config: Config,
+        backend: Arc<Backend>,
+        renewer: Arc<dyn RenewLeases>,
+    ) -> Self {
+        Context {
+            identities: Identities::new(keys::identity_counter(&config.prefix)),
+            lock_room: WaitingRoom::new(Arc::clone(&backend), &config),
+            leases: Arc::new(LeaseRuntime::new(renewer)),
+            backend,
+            config,
+            requests: AtomicU64::new(0),
+        }
+    }
+
+    /// The calling thread's identity under this client.
+    pub(crate) fn identity(&self) -> Result<Arc<str>, Error> {
+        self.identities.current(|counter| {
+            self.backend
+                .run("", |c| redis::cmd("INCR").arg(counter).query(c))
+        })
+    }
+
+    /// A number for one request that may create an ownership, unique within
+    /// this client: it lets an ownership whose reply was lost be found and
+    /// undone.
+    pub(crate) fn next_request(&self) -> u64 {
+        self.requests.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Tells the watchdog a new ownership needs renewing.
+    pub(crate) fn wake_watchdog(&self) {
+        Watchdog::wake(&self.leases);
+    }
+
+    /// Hands a release that could not be confirmed to the watchdog thread.
+    pub(crate) fn finish_later(&self, cleanup: Cleanup) {
+        Watchdog::clean_up(&self.leases, cleanup);
+    }
+}

@@ -1,0 +1,150 @@
+//! Leases: how an ownership stays alive (renewed by the watchdog, or
+//! fixed), the table of ownerships this client holds, and the thread that
+//! renews them and finishes releases Redis could not be told about.
+//!
+//! Nothing here knows which Redis protocol a lock speaks: the watchdog
+//! renews through [`RenewLeases`], implemented by each synchronizer's raw
+//! protocol, and finishes releases through the closures in [`Cleanup`].
+
+mod registry;
+mod watchdog;
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::keys::LockKeys;
+
+pub(crate) use registry::{DueRenewal, Ownerships};
+pub use watchdog::WatchdogStats;
+pub(crate) use watchdog::{Cleanup, Watchdog};
+
+/// How an acquisition keeps its lock alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaseMode {
+    /// The watchdog renews the lease while a guard lives.
+    Renewed(Duration),
+    /// The lock ends at its lease, guard or not.
+    Fixed(Duration),
+}
+
+impl LeaseMode {
+    pub(crate) fn lease(self) -> Duration {
+        match self {
+            LeaseMode::Renewed(lease) | LeaseMode::Fixed(lease) => lease,
+        }
+    }
+}
+
+/// What the guards of one ownership can see without asking Redis.
+#[derive(Debug)]
+pub(crate) struct LeaseStatus {
+    lost: AtomicBool,
+    /// For fixed leases: when the lease ends at the latest, by this
+    /// process's clock (measured from before the request was sent, so never
+    /// later than Redis's own expiry). `None` while the watchdog renews.
+    fixed_until: Mutex<Option<Instant>>,
+}
+
+impl LeaseStatus {
+    /// A live ownership; `fixed_until` is the end of a fixed lease.
+    pub(crate) fn new(fixed_until: Option<Instant>) -> Self {
+        LeaseStatus {
+            lost: AtomicBool::new(false),
+            fixed_until: Mutex::new(fixed_until),
+        }
+    }
+
+    /// Whether the ownership is known to be gone.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+            || self
+                .fixed_until
+                .lock()
+                .is_some_and(|until| Instant::now() >= until)
+    }
+
+    /// Records that the ownership is gone; true the first time.
+    pub(crate) fn mark_lost(&self) -> bool {
+        !self.lost.swap(true, Ordering::AcqRel)
+    }
+
+    /// A request sent at `sent` made a fixed lease live at least `lease`
+    /// more: its end moves out, never in. No effect while the watchdog
+    /// renews.
+    pub(crate) fn fixed_lease_from(&self, sent: Instant, lease: Duration) {
+        let mut until = self.fixed_until.lock();
+        if let Some(end) = until.as_mut() {
+            *end = (*end).max(sent + lease);
+        }
+    }
+}
+
+/// Who asks for an ownership, and how it is to be kept alive: what a
+/// waiter carries in the local queue, so that a releasing thread can hand
+/// it the lock.
+#[derive(Debug, Clone)]
+pub(crate) struct Claim {
+    pub(crate) identity: Arc<str>,
+    pub(crate) mode: LeaseMode,
+}
+
+/// An ownership handed over by a releasing thread of this client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grant {
+    /// The fencing token of the new ownership.
+    pub(crate) fence: u64,
+    /// When the hand-off was sent: where the new lease starts at the
+    /// latest.
+    pub(crate) sent: Instant,
+}
+
+/// One ownership to renew.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RenewRequest<'a> {
+    pub(crate) keys: &'a LockKeys,
+    pub(crate) identity: &'a str,
+    pub(crate) fence: u64,
+    pub(crate) lease: Duration,
+}
+
+/// What a renewal found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RenewOutcome {
+    /// The ownership lives at least its lease more.
+    Renewed,
+    /// Redis could not be reached or said "not now": try again.
+    Retry,
+    /// The lock is gone or someone else's.
+    Lost,
+}
+
+/// How the watchdog renews ownerships: many in one round where the
+/// protocol allows (one pipeline on one server).
+pub(crate) trait RenewLeases: Send + Sync + fmt::Debug {
+    /// Renews each request; one outcome per request, in order.
+    fn renew_round(&self, requests: &[RenewRequest<'_>]) -> Vec<RenewOutcome>;
+}
+
+/// What the watchdog thread works on: the table of ownerships, the way to
+/// renew them, and its own state. The thread holds a `Weak` to this only,
+/// not to the client.
+#[derive(Debug)]
+pub(crate) struct LeaseRuntime {
+    pub(crate) registry: Ownerships,
+    pub(crate) renewer: Arc<dyn RenewLeases>,
+    pub(crate) watchdog: Watchdog,
+}
+
+impl LeaseRuntime {
+    pub(crate) fn new(renewer: Arc<dyn RenewLeases>) -> Self {
+        LeaseRuntime {
+            registry: Ownerships::default(),
+            renewer,
+            watchdog: Watchdog::new(),
+        }
+    }
+}

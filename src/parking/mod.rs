@@ -1,0 +1,171 @@
+//! The wait core: how a thread that lost the race waits without spinning,
+//! for any synchronizer. It knows baton keys, the backend and errors; it
+//! does not know locks or leases (what a waiter asks for and what a grant
+//! gives are type parameters).
+//!
+//! In Redis, a waiter parks in `BLPOP` on a baton list for min(time left
+//! before its deadline, the holder's remaining lease + a margin, the maximum
+//! park time). It wakes with a baton (the holder released) or by timeout
+//! (the holder's lease ran out, or it is time to look again), and then makes
+//! one attempt, even when its deadline has just passed, so a baton it took
+//! is never dropped unused.
+//!
+//! Inside one process, threads waiting on the same baton key queue up (see
+//! `local_queue`): one of them (the *parker*) waits in Redis for all, the
+//! others sleep until a releasing thread of this process hands them what
+//! they wait for, or until it is their turn to park. So a process holds at
+//! most one parked connection per key, however many of its threads wait. A
+//! newcomer queues behind waiting threads instead of barging in, and a run
+//! of local hand-offs is bounded, so that other processes get their turn.
+
+mod local_queue;
+mod park;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::backend::{Backend, Parked};
+use crate::config::Config;
+use crate::error::Error;
+
+pub(crate) use local_queue::{Reservation, Turn};
+pub(crate) use park::ride_out;
+
+use local_queue::LocalQueues;
+use park::{park_duration, Failures};
+
+/// What one attempt found.
+#[derive(Debug)]
+pub(crate) enum Attempt<T> {
+    /// Ours.
+    Acquired(T),
+    /// Someone else holds it; their lease ends in `lease_left` (`None`: no
+    /// expiry, so only a release will free it).
+    Held { lease_left: Option<Duration> },
+}
+
+/// How a wait ended.
+#[derive(Debug)]
+pub(crate) enum Waited<T, G> {
+    /// An attempt of this thread succeeded.
+    Acquired(T),
+    /// A releasing thread of this process handed it over.
+    Granted(G),
+    /// The deadline passed.
+    TimedOut,
+}
+
+/// Where the threads of one client wait: the local queues of every baton
+/// key, and the way to park in Redis. `C` is what a waiter carries (who it
+/// is, what it asks for), `G` what a local hand-off gives it.
+#[derive(Debug)]
+pub(crate) struct WaitingRoom<C, G> {
+    queues: LocalQueues<C, G>,
+    backend: Arc<Backend>,
+    max_park: Duration,
+    io_timeout: Duration,
+}
+
+impl<C: Clone, G: Copy> WaitingRoom<C, G> {
+    pub(crate) fn new(backend: Arc<Backend>, config: &Config) -> Self {
+        WaitingRoom {
+            queues: LocalQueues::new(config.max_local_handoffs),
+            backend,
+            max_park: config.max_park,
+            io_timeout: config.io_timeout,
+        }
+    }
+
+    /// Whether threads of this client wait on `baton_key`: a newcomer then
+    /// queues behind them instead of trying first (no barging).
+    pub(crate) fn has_waiters(&self, baton_key: &str) -> bool {
+        self.queues.has_waiters(baton_key)
+    }
+
+    /// For a thread releasing for good: reserves the oldest waiter on
+    /// `baton_key` that is not parked in Redis, unless there is none or the
+    /// run of local hand-offs is at its limit.
+    pub(crate) fn reserve(&self, baton_key: &str) -> Option<Reservation<C, G>> {
+        self.queues.reserve(baton_key)
+    }
+
+    /// Released in Redis (baton pushed): a new run of local hand-offs may
+    /// start.
+    pub(crate) fn released_globally(&self, baton_key: &str) {
+        self.queues.released_globally(baton_key);
+    }
+
+    /// Waits on `baton_key` (of the object `name`, for messages) until
+    /// `attempt` succeeds, a local releaser grants, or `deadline` passes
+    /// (`None`: no deadline). The waiter carries `claim`.
+    ///
+    /// Redis failing meanwhile is ridden out until the deadline (without
+    /// one, for the I/O timeout of failures in a row); then the last error
+    /// is returned rather than `TimedOut`, so that the caller can tell
+    /// "Redis was failing" from "someone else held it".
+    pub(crate) fn wait_until<T>(
+        &self,
+        name: &str,
+        baton_key: &str,
+        claim: C,
+        deadline: Option<Instant>,
+        mut attempt: impl FnMut() -> Result<Attempt<T>, Error>,
+    ) -> Result<Waited<T, G>, Error> {
+        let member = self.queues.join(baton_key, claim);
+        loop {
+            match member.next_turn(deadline) {
+                Turn::TimedOut => return Ok(Waited::TimedOut),
+                Turn::Granted(grant) => return Ok(Waited::Granted(grant)),
+                Turn::Retry => match attempt() {
+                    Ok(Attempt::Acquired(value)) => return Ok(Waited::Acquired(value)),
+                    Ok(Attempt::Held { .. }) => {}
+                    // Redis is failing: the parker meets that too, and
+                    // reports it after riding it out; wait on meanwhile.
+                    Err(err) if err.is_transient() => {
+                        log::debug!("redbaton: retry after a failed hand-off failed: {err}");
+                    }
+                    Err(err) => return Err(err),
+                },
+                // Leaving, whichever way, hands the parker role on
+                // (`Member`'s drop).
+                Turn::Park => return self.park_until_acquired(name, baton_key, deadline, attempt),
+            }
+        }
+    }
+
+    /// The parker's loop: attempt, park in Redis, attempt again.
+    fn park_until_acquired<T>(
+        &self,
+        name: &str,
+        baton_key: &str,
+        deadline: Option<Instant>,
+        mut attempt: impl FnMut() -> Result<Attempt<T>, Error>,
+    ) -> Result<Waited<T, G>, Error> {
+        let mut failures = Failures::new(self.io_timeout);
+        loop {
+            // The previous parker may have left because it acquired, so
+            // look before parking.
+            let lease_left = match attempt() {
+                Ok(Attempt::Acquired(value)) => return Ok(Waited::Acquired(value)),
+                Ok(Attempt::Held { lease_left }) => {
+                    failures.reset();
+                    lease_left
+                }
+                Err(err) if err.is_transient() => {
+                    failures.back_off(err, deadline)?;
+                    continue;
+                }
+                Err(err) => return Err(err),
+            };
+            let Some(park) = park_duration(Instant::now(), lease_left, deadline, self.max_park)
+            else {
+                return Ok(Waited::TimedOut);
+            };
+            if let Parked::ConnectionFailed(err) = self.backend.park(name, baton_key, park)? {
+                // A killed or reset parked connection: look again at once,
+                // on a fresh connection.
+                failures.count(err, deadline)?;
+            }
+        }
+    }
+}

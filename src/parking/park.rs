@@ -1,0 +1,149 @@
+//! How long one park lasts, and how a waiter rides out a failing Redis.
+
+use std::time::{Duration, Instant};
+
+use crate::error::Error;
+
+/// Added to the holder's remaining lease so that the waiter wakes just
+/// after Redis expires the key, not just before.
+const LEASE_END_MARGIN: Duration = Duration::from_millis(5);
+
+/// How long to park now: until the holder's lease ends (`lease_left`, plus
+/// a margin; `None`: no expiry), the waiter's deadline, or `max_park`,
+/// whichever is first. `None` when the deadline has passed.
+pub(super) fn park_duration(
+    now: Instant,
+    lease_left: Option<Duration>,
+    deadline: Option<Instant>,
+    max_park: Duration,
+) -> Option<Duration> {
+    let mut park = max_park;
+    if let Some(left) = lease_left {
+        park = park.min(left + LEASE_END_MARGIN);
+    }
+    if let Some(deadline) = deadline {
+        if deadline <= now {
+            return None;
+        }
+        park = park.min(deadline - now);
+    }
+    Some(park)
+}
+
+/// Runs `call` until it succeeds or fails for good, riding out transient
+/// failures (a failing connection, `BUSY`) as the wait loop does: until
+/// `deadline`, or for `patience` without one.
+pub(crate) fn ride_out<T>(
+    deadline: Option<Instant>,
+    patience: Duration,
+    mut call: impl FnMut() -> Result<T, Error>,
+) -> Result<T, Error> {
+    let mut failures = Failures::new(patience);
+    loop {
+        match call() {
+            Err(err) if err.is_transient() => failures.back_off(err, deadline)?,
+            other => return other,
+        }
+    }
+}
+
+/// The first pause after a failed attempt; it doubles with each failure in
+/// a row up to [`MAX_BACKOFF`]. This is the only sleep in the wait path, and
+/// only while Redis is failing.
+const FIRST_BACKOFF: Duration = Duration::from_millis(20);
+
+/// The longest pause between two attempts while Redis is failing.
+const MAX_BACKOFF: Duration = Duration::from_millis(160);
+
+/// Failures in a row while waiting: transport errors (a restart, a killed
+/// connection) and "not now" replies (`BUSY`, `LOADING`, ...).
+///
+/// A waiter rides them out until its deadline, and then returns the last
+/// error rather than `None`, so that a caller can tell "Redis was failing"
+/// from "someone else held the lock". A waiter without a deadline rides
+/// them out for `patience` (the I/O timeout) from the first failure in a
+/// row, so that `lock()` reports an outage instead of hanging in it.
+pub(super) struct Failures {
+    in_a_row: u32,
+    since: Option<Instant>,
+    patience: Duration,
+}
+
+impl Failures {
+    pub(super) fn new(patience: Duration) -> Self {
+        Failures {
+            in_a_row: 0,
+            since: None,
+            patience,
+        }
+    }
+
+    /// An attempt got an answer: the run of failures is over.
+    pub(super) fn reset(&mut self) {
+        self.in_a_row = 0;
+        self.since = None;
+    }
+
+    /// Counts a failure; the error once the waiter's patience is spent.
+    /// Returns the time left to ride out.
+    pub(super) fn count(
+        &mut self,
+        err: Error,
+        deadline: Option<Instant>,
+    ) -> Result<Duration, Error> {
+        let now = Instant::now();
+        self.in_a_row += 1;
+        let since = *self.since.get_or_insert(now);
+        let give_up_at = deadline.unwrap_or(since + self.patience);
+        if now >= give_up_at {
+            return Err(err);
+        }
+        Ok(give_up_at - now)
+    }
+
+    /// Counts a failed attempt and pauses before the next one: Redis
+    /// refusing connections answers at once, so retrying without a pause
+    /// would spin through the failures in microseconds.
+    pub(super) fn back_off(&mut self, err: Error, deadline: Option<Instant>) -> Result<(), Error> {
+        let doublings = self.in_a_row.min(8);
+        let left = self.count(err, deadline)?;
+        let pause = (FIRST_BACKOFF * 2u32.pow(doublings)).min(MAX_BACKOFF);
+        std::thread::sleep(pause.min(left));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_park_ends_at_the_first_of_lease_end_deadline_and_max_park() {
+        let now = Instant::now();
+        let max = Duration::from_secs(2);
+        let ms = Duration::from_millis;
+        assert_eq!(park_duration(now, None, None, max), Some(max));
+        assert_eq!(park_duration(now, Some(ms(100)), None, max), Some(ms(105)));
+        assert_eq!(
+            park_duration(now, Some(ms(100)), Some(now + ms(50)), max),
+            Some(ms(50))
+        );
+        assert_eq!(park_duration(now, None, Some(now), max), None);
+    }
+
+    #[test]
+    fn without_a_deadline_failures_are_ridden_out_for_the_patience_only() {
+        let patience = Duration::from_millis(100);
+        let started = Instant::now();
+        let mut calls = 0;
+        let result: Result<(), Error> = ride_out(None, patience, || {
+            calls += 1;
+            Err(Error::Unavailable {
+                addr: "test".into(),
+                detail: "BUSY".into(),
+            })
+        });
+        assert!(result.is_err());
+        assert!(started.elapsed() >= patience && calls > 1, "{calls} calls");
+    }
+}

@@ -1,0 +1,155 @@
+//! The lock scripts' replies, decoded in one place each, next to the type
+//! (the `.lua` files document them).
+
+use std::time::Duration;
+
+use redis::{FromRedisValue, ParsingError, Value};
+
+/// What `lock/acquire.lua` answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AcquireReply {
+    /// Taken afresh (depth 1) or re-entered, under `fence`.
+    Acquired { fence: u64, depth: u64 },
+    /// Held by another identity, whose lease ends in `lease_left` (`None`:
+    /// the key has no expiry).
+    Held { lease_left: Option<Duration> },
+}
+
+impl FromRedisValue for AcquireReply {
+    fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
+        let reply: Vec<i64> = FromRedisValue::from_redis_value(value)?;
+        match reply[..] {
+            [1, fence, depth] => Ok(AcquireReply::Acquired {
+                fence: fence.unsigned_abs(),
+                depth: depth.unsigned_abs(),
+            }),
+            [0, pttl] => Ok(AcquireReply::Held {
+                lease_left: u64::try_from(pttl).ok().map(Duration::from_millis),
+            }),
+            _ => Err(unexpected("lock/acquire.lua", &reply)),
+        }
+    }
+}
+
+/// What `lock/release.lua` answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReleaseReply {
+    /// The last guard: the lock is free and the baton pushed.
+    Released,
+    /// An inner guard: the lock is still held at this depth.
+    Inner { depth: u64 },
+    /// The caller does not own the lock; nothing changed.
+    NotOwner,
+}
+
+impl FromRedisValue for ReleaseReply {
+    fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
+        Ok(match i64::from_redis_value(value)? {
+            0 => ReleaseReply::Released,
+            -1 => ReleaseReply::NotOwner,
+            depth => ReleaseReply::Inner {
+                depth: depth.unsigned_abs(),
+            },
+        })
+    }
+}
+
+/// What `lock/handoff.lua` answered: the waiter's new fencing token, or
+/// `None` when the releaser no longer owned the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HandoffReply(pub(crate) Option<u64>);
+
+impl FromRedisValue for HandoffReply {
+    fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
+        Ok(HandoffReply(
+            u64::try_from(i64::from_redis_value(value)?).ok(),
+        ))
+    }
+}
+
+/// What `lock/holder.lua` answered: `None` when the lock is free.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HolderReply(pub(crate) Option<HolderRow>);
+
+/// One holder, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HolderRow {
+    pub(crate) owner: String,
+    pub(crate) depth: u32,
+    pub(crate) fence: u64,
+    /// `None`: the key has no expiry.
+    pub(crate) lease_left: Option<Duration>,
+}
+
+impl FromRedisValue for HolderReply {
+    fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
+        let row: Vec<Value> = FromRedisValue::from_redis_value(value)?;
+        if row.is_empty() {
+            return Ok(HolderReply(None));
+        }
+        let (owner, depth, fence, pttl): (String, u32, u64, i64) =
+            FromRedisValue::from_redis_value(Value::Array(row))?;
+        Ok(HolderReply(Some(HolderRow {
+            owner,
+            depth,
+            fence,
+            lease_left: u64::try_from(pttl).ok().map(Duration::from_millis),
+        })))
+    }
+}
+
+/// A script's `1` (done) or `0` (nothing to do): renew.lua,
+/// force_unlock.lua, release_request.lua.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Done(pub(crate) bool);
+
+impl FromRedisValue for Done {
+    fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
+        Ok(Done(i64::from_redis_value(value)? == 1))
+    }
+}
+
+fn unexpected(script: &str, reply: &[i64]) -> ParsingError {
+    format!("unexpected reply {reply:?} from {script}").into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(values: &[i64]) -> Value {
+        Value::Array(values.iter().map(|&v| Value::Int(v)).collect())
+    }
+
+    #[test]
+    fn replies_decode_every_documented_shape() {
+        assert_eq!(
+            AcquireReply::from_redis_value(ints(&[1, 42, 2])).unwrap(),
+            AcquireReply::Acquired {
+                fence: 42,
+                depth: 2
+            }
+        );
+        assert_eq!(
+            AcquireReply::from_redis_value(ints(&[0, -1])).unwrap(),
+            AcquireReply::Held { lease_left: None }
+        );
+        assert!(AcquireReply::from_redis_value(ints(&[7])).is_err());
+        assert_eq!(
+            ReleaseReply::from_redis_value(Value::Int(-1)).unwrap(),
+            ReleaseReply::NotOwner
+        );
+        assert_eq!(
+            ReleaseReply::from_redis_value(Value::Int(2)).unwrap(),
+            ReleaseReply::Inner { depth: 2 }
+        );
+        assert_eq!(
+            HandoffReply::from_redis_value(Value::Int(-1)).unwrap(),
+            HandoffReply(None)
+        );
+        assert_eq!(
+            HolderReply::from_redis_value(Value::Array(vec![])).unwrap(),
+            HolderReply(None)
+        );
+    }
+}

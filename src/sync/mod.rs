@@ -1,0 +1,16 @@
+//! The user-facing synchronizers, one folder (or file) each: a handle, its
+//! guards where something is held, and the raw Redis protocol under them.
+//!
+//! - `lock/`: the re-entrant mutex ([`Lock`], [`LockGuard`]).
+//! - `rate_limit`: the token bucket ([`RateLimiter`]); no guard and no
+//!   parking: it sleeps for the wait the server computes.
+//!
+//! A new synchronizer is a new folder here: its raw protocol (scripts in
+//! `scripts/<name>/`), its handle and guards, waiting through
+//! `parking::WaitingRoom` and keeping leases through `lease`.
+
+pub(crate) mod lock;
+pub(crate) mod rate_limit;
+
+pub use lock::{Holder, Lock, LockGuard, Owner};
+pub use rate_limit::{Rate, RateLimiter, RateMode};
