@@ -45,9 +45,8 @@ fn every_module_imports_only_from_the_layers_below_it() {
         let Some(module) = module_of(&src, file) else {
             continue;
         };
-        let own = rank(&module).unwrap_or_else(|| {
-            panic!("{module} (from {}) is not in LAYERS", file.display())
-        });
+        let own = rank(&module)
+            .unwrap_or_else(|| panic!("{module} (from {}) is not in LAYERS", file.display()));
         let text = fs::read_to_string(file).unwrap();
         for (number, line) in text.lines().enumerate() {
             for (at, _) in line.match_indices("crate::") {
@@ -69,5 +68,9 @@ fn every_module_imports_only_from_the_layers_below_it() {
             }
         }
     }
-    assert!(upward.is_empty(), "imports against the layering:\n{}", upward.join("\n"));
+    assert!(
+        upward.is_empty(),
+        "imports against the layering:\n{}",
+        upward.join("\n")
+    );
 }

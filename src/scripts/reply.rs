@@ -109,6 +109,47 @@ impl FromRedisValue for Done {
     }
 }
 
+/// What `rate/acquire.lua` answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TakeReply {
+    /// Granted (or, for zero permits, read); `left` whole permits remain.
+    Granted { left: u64 },
+    /// Refused; the permits will exist after `wait` if no one takes them.
+    Refused { wait: Duration },
+    /// The limiter has no configuration.
+    NotConfigured,
+    /// More permits were asked for than the bucket holds.
+    OverCapacity { capacity: u64 },
+    /// The configuration's `field` is missing or malformed.
+    Damaged { field: &'static str },
+}
+
+impl FromRedisValue for TakeReply {
+    fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
+        let reply: Vec<i64> = FromRedisValue::from_redis_value(value)?;
+        Ok(match reply[..] {
+            [1, left, _] => TakeReply::Granted {
+                left: left.unsigned_abs(),
+            },
+            [0, _, wait_us] => TakeReply::Refused {
+                wait: Duration::from_micros(wait_us.unsigned_abs().max(1)),
+            },
+            [-1, _, _] => TakeReply::NotConfigured,
+            [-2, capacity, _] => TakeReply::OverCapacity {
+                capacity: capacity.unsigned_abs(),
+            },
+            [-3, field, _] => TakeReply::Damaged {
+                field: match field {
+                    1 => "mode",
+                    2 => "permits",
+                    _ => "per_us",
+                },
+            },
+            _ => return Err(unexpected("rate/acquire.lua", &reply)),
+        })
+    }
+}
+
 fn unexpected(script: &str, reply: &[i64]) -> ParsingError {
     format!("unexpected reply {reply:?} from {script}").into()
 }

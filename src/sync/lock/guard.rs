@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::raw::{self, RawLock};
-use crate::backend::Sent;
+use crate::backend::{Failed, Sent};
 use crate::config::validate_lease;
 use crate::context::Context;
 use crate::error::Error;
@@ -184,15 +184,24 @@ impl LockGuard {
             }
             context.lock_room.released_globally(&self.keys.baton);
         }
-        let lease = ownership.mode.lease();
         let sent = Instant::now();
         let released = self.raw.release(
             &self.keys,
             &ownership.identity,
             ownership.fence,
             left,
-            lease,
+            ownership.mode.lease(),
         );
+        self.settle_release(released, left, sent)
+    }
+
+    /// What a release sent at `sent`, leaving `left` guards, came to.
+    fn settle_release(
+        &self,
+        released: Result<Sent<ReleaseReply>, Failed>,
+        left: usize,
+        sent: Instant,
+    ) -> Result<(), Error> {
         match released {
             Ok(Sent {
                 value: ReleaseReply::Inner { .. },
@@ -200,7 +209,10 @@ impl LockGuard {
             }) => {
                 // The inner release made the lock live at least the
                 // ownership's lease more.
-                ownership.status.fixed_lease_from(sent, lease);
+                let ownership = &self.ownership;
+                ownership
+                    .status
+                    .fixed_lease_from(sent, ownership.mode.lease());
                 Ok(())
             }
             Ok(Sent {

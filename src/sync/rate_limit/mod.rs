@@ -8,68 +8,21 @@ use std::time::{Duration, Instant};
 
 use redis::ErrorKind;
 
-use crate::config::MAX_LEASE;
 use crate::context::Context;
 use crate::error::Error;
 use crate::keys::LimiterKeys;
 use crate::scripts;
+use crate::scripts::reply::TakeReply;
+
+mod rate;
+
+use rate::{check_permits, check_rate};
+pub use rate::{Rate, RateMode};
 
 /// The longest a blocked [`RateLimiter::acquire`] sleeps before it asks
 /// again, so that a rate changed by [`RateLimiter::force_rate`] is seen
 /// within this long.
 const MAX_NAP: Duration = Duration::from_secs(1);
-/// The shortest interval a rate may have.
-const MIN_INTERVAL: Duration = Duration::from_millis(1);
-/// The most permits a rate may have per interval. Bucket state is kept in
-/// Lua numbers (doubles); this keeps fractions of a permit well inside their
-/// precision.
-const MAX_PERMITS: u64 = 1_000_000_000_000;
-
-/// Whose budget a [`RateLimiter`] spends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum RateMode {
-    /// One budget shared by every client of the limiter, in every process.
-    Overall,
-    /// One budget per [`Client`](crate::Client) instance (per
-    /// process, when each process makes one client), each at the full
-    /// configured rate.
-    PerClient,
-}
-
-impl RateMode {
-    fn as_str(self) -> &'static str {
-        match self {
-            RateMode::Overall => "overall",
-            RateMode::PerClient => "per_client",
-        }
-    }
-
-    fn parse(stored: &str) -> Option<RateMode> {
-        match stored {
-            "overall" => Some(RateMode::Overall),
-            "per_client" => Some(RateMode::PerClient),
-            _ => None,
-        }
-    }
-}
-
-/// A limiter's configuration, as stored in Redis: `permits` per `per`, in
-/// `mode`. From [`RateLimiter::rate`].
-///
-/// The bucket holds `permits`: a limiter left idle for `per` lets a burst of
-/// `permits` through at once. For smaller bursts, state the same rate over
-/// a shorter interval (5 per 100 ms rather than 50 per second).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub struct Rate {
-    /// Whose budget is spent.
-    pub mode: RateMode,
-    /// Permits per interval; also the bucket's capacity.
-    pub permits: u64,
-    /// The interval, to the microsecond.
-    pub per: Duration,
-}
 
 /// A handle on one distributed rate limiter, made by
 /// [`Client::rate_limiter`](crate::Client::rate_limiter).
@@ -105,8 +58,9 @@ pub struct RateLimiter {
     keys: Arc<LimiterKeys>,
 }
 
-/// What one run of the acquire script said.
-enum Attempt {
+/// What one run of the acquire script granted or refused (its errors are
+/// [`Error`]s).
+enum Take {
     /// Granted (or, for zero permits, read); `left` whole permits remain.
     Granted { left: u64 },
     /// Refused; the permits will exist after `wait` if no one takes them.
@@ -197,7 +151,7 @@ impl RateLimiter {
     /// is `Ok(false)`, not an error.
     pub fn try_acquire(&self, permits: u64) -> Result<bool, Error> {
         check_permits(permits)?;
-        Ok(matches!(self.attempt(permits)?, Attempt::Granted { .. }))
+        Ok(matches!(self.attempt(permits)?, Take::Granted { .. }))
     }
 
     /// Blocks until `permits` are granted.
@@ -249,8 +203,8 @@ impl RateLimiter {
     /// [`set_rate`](RateLimiter::set_rate); Redis failures.
     pub fn available_permits(&self) -> Result<u64, Error> {
         match self.attempt(0)? {
-            Attempt::Granted { left } => Ok(left),
-            Attempt::Refused { .. } => Err(unexpected_reply()),
+            Take::Granted { left } => Ok(left),
+            Take::Refused { .. } => Err(unexpected_reply()),
         }
     }
 
@@ -297,8 +251,8 @@ impl RateLimiter {
     fn acquire_until(&self, permits: u64, deadline: Option<Instant>) -> Result<bool, Error> {
         loop {
             let wait = match self.attempt(permits)? {
-                Attempt::Granted { .. } => return Ok(true),
-                Attempt::Refused { wait } => wait,
+                Take::Granted { .. } => return Ok(true),
+                Take::Refused { wait } => wait,
             };
             if let Some(deadline) = deadline {
                 if Instant::now()
@@ -315,8 +269,8 @@ impl RateLimiter {
     }
 
     /// One run of the acquire script; `permits == 0` only reads.
-    fn attempt(&self, permits: u64) -> Result<Attempt, Error> {
-        let reply: Vec<i64> = self.context.backend.run(&self.keys.name, |c| {
+    fn attempt(&self, permits: u64) -> Result<Take, Error> {
+        let reply: TakeReply = self.context.backend.run(&self.keys.name, |c| {
             scripts::RATE_ACQUIRE
                 .key(&self.keys.config)
                 .key(&self.keys.overall)
@@ -324,27 +278,17 @@ impl RateLimiter {
                 .arg(permits)
                 .invoke(c)
         })?;
-        match reply[..] {
-            [1, left, _] => Ok(Attempt::Granted {
-                left: left.unsigned_abs(),
-            }),
-            [0, _, wait_us] => Ok(Attempt::Refused {
-                wait: Duration::from_micros(wait_us.unsigned_abs().max(1)),
-            }),
-            [-1, _, _] => Err(Error::RateNotConfigured {
-                name: self.keys.name.clone(),
-            }),
-            [-2, capacity, _] => Err(Error::PermitsOverCapacity {
-                name: self.keys.name.clone(),
+        let name = || self.keys.name.clone();
+        match reply {
+            TakeReply::Granted { left } => Ok(Take::Granted { left }),
+            TakeReply::Refused { wait } => Ok(Take::Refused { wait }),
+            TakeReply::NotConfigured => Err(Error::RateNotConfigured { name: name() }),
+            TakeReply::OverCapacity { capacity } => Err(Error::PermitsOverCapacity {
+                name: name(),
                 permits,
-                capacity: capacity.unsigned_abs(),
+                capacity,
             }),
-            [-3, field, _] => Err(self.damaged(match field {
-                1 => "mode",
-                2 => "permits",
-                _ => "per_us",
-            })),
-            _ => Err(unexpected_reply()),
+            TakeReply::Damaged { field } => Err(self.damaged(field)),
         }
     }
 
@@ -368,37 +312,6 @@ impl fmt::Debug for RateLimiter {
     }
 }
 
-fn check_permits(permits: u64) -> Result<(), Error> {
-    if permits == 0 {
-        return Err(Error::InvalidPermits { permits });
-    }
-    Ok(())
-}
-
-/// Checks a rate and returns its interval in whole microseconds.
-fn check_rate(permits: u64, per: Duration) -> Result<u64, Error> {
-    let reason = if permits == 0 {
-        "a rate needs at least 1 permit per interval"
-    } else if permits > MAX_PERMITS {
-        "a rate may have at most 10^12 permits per interval"
-    } else if per < MIN_INTERVAL {
-        "the interval must be at least 1 ms"
-    } else if per > MAX_LEASE {
-        "the interval must be at most a year"
-    } else {
-        return u64::try_from(per.as_micros()).map_err(|_| Error::InvalidRate {
-            permits,
-            per,
-            reason: "the interval must be at most a year",
-        });
-    };
-    Err(Error::InvalidRate {
-        permits,
-        per,
-        reason,
-    })
-}
-
 fn unexpected_reply() -> Error {
     Error::Redis {
         source: (
@@ -406,41 +319,5 @@ fn unexpected_reply() -> Error {
             "unexpected reply from the rate limiter script",
         )
             .into(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rates_out_of_range_are_refused() {
-        let second = Duration::from_secs(1);
-        for (permits, per) in [
-            (0, second),
-            (MAX_PERMITS + 1, second),
-            (1, Duration::ZERO),
-            (1, Duration::from_micros(999)),
-            (1, MAX_LEASE + Duration::from_secs(1)),
-            (1, Duration::MAX),
-        ] {
-            assert!(
-                matches!(check_rate(permits, per), Err(Error::InvalidRate { .. })),
-                "{permits} per {per:?}"
-            );
-        }
-        assert_eq!(check_rate(MAX_PERMITS, MIN_INTERVAL).unwrap(), 1_000);
-        assert_eq!(
-            check_rate(1, MAX_LEASE).unwrap(),
-            365 * 24 * 3600 * 1_000_000
-        );
-    }
-
-    #[test]
-    fn modes_round_trip_through_their_stored_names() {
-        for mode in [RateMode::Overall, RateMode::PerClient] {
-            assert_eq!(RateMode::parse(mode.as_str()), Some(mode));
-        }
-        assert_eq!(RateMode::parse("other"), None);
     }
 }
