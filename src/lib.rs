@@ -63,6 +63,18 @@
 //!
 //! A single Redis is not safe across failover: a replica promoted before it
 //! received the lock can grant it again. See the README for the limits.
+//!
+//! # How the crate is built
+//!
+//! Layers, each importing only from those below it: the facade
+//! ([`Client`]), the synchronizers (the lock, the rate limiter), the runtime
+//! a client's handles share, the wait core and the lease machinery, the Lua
+//! scripts and the key layout, the backend that owns every socket, and the
+//! settings and errors. Under each synchronizer sits its raw protocol: the
+//! Redis exchanges as a trait that returns data, never a guard, so that
+//! another deployment (a quorum of masters) is another implementation of
+//! it. `ARCHITECTURE.md` in the repository lists every module and where a
+//! new synchronizer or backend goes.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations, rust_2018_idioms)]
