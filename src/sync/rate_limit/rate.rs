@@ -13,7 +13,7 @@ const MIN_INTERVAL: Duration = Duration::from_millis(1);
 /// precision.
 const MAX_PERMITS: u64 = 1_000_000_000_000;
 
-/// Whose budget a [`RateLimiter`] spends.
+/// Whose budget a [`RateLimiter`](crate::RateLimiter) spends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RateMode {
@@ -43,7 +43,7 @@ impl RateMode {
 }
 
 /// A limiter's configuration, as stored in Redis: `permits` per `per`, in
-/// `mode`. From [`RateLimiter::rate`].
+/// `mode`. From [`RateLimiter::rate`](crate::RateLimiter::rate).
 ///
 /// The bucket holds `permits`: a limiter left idle for `per` lets a burst of
 /// `permits` through at once. For smaller bursts, state the same rate over
