@@ -96,7 +96,11 @@ impl Single {
     /// lock, and another client can take it while its holder still works.
     /// `CONFIG GET` may be refused (ACL, managed services); that is no error.
     fn check_memory_policy_once(&self, conn: &mut PooledConn) {
-        if self.memory_policy_checked.swap(true, Ordering::Relaxed) {
+        // A load first: every exchange passes here, and a swap would write
+        // the shared flag each time.
+        if self.memory_policy_checked.load(Ordering::Relaxed)
+            || self.memory_policy_checked.swap(true, Ordering::Relaxed)
+        {
             return;
         }
         let policy: RedisResult<Vec<String>> = conn.run(|c| {
