@@ -7,6 +7,9 @@
 //!
 //! - `single`: one Redis server (a command pool and a parking pool).
 //!
+//! `unblock` ends parks on time (`CLIENT UNBLOCK`) rather than on the
+//! server's timer tick; every flavor uses it.
+//!
 //! Redis Cluster and Sentinel come as further flavors of the private
 //! `Flavor` enum, each a file of this folder, with one-line dispatch in
 //! [`Backend`]'s methods.
@@ -14,6 +17,7 @@
 mod classify;
 mod pool;
 mod single;
+mod unblock;
 
 use std::fmt;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! from every other waiter). So every transport error marks the connection
 //! broken, and r2d2 drops it instead of pooling it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,10 @@ use crate::error::Error;
 /// A pooled Redis connection with a "state unknown" mark.
 pub(crate) struct Conn {
     inner: redis::Connection,
+    /// The server's `CLIENT ID` of this connection, read when it was
+    /// opened, for pools whose connections may need unblocking; `None` when
+    /// not asked or refused.
+    client_id: Option<i64>,
     broken: bool,
     /// The pool's generation when this connection was opened.
     generation: u64,
@@ -37,6 +41,11 @@ pub(crate) struct Health {
 }
 
 impl Conn {
+    /// The server's id of this connection (`CLIENT ID`), if known.
+    pub(crate) fn client_id(&self) -> Option<i64> {
+        self.client_id
+    }
+
     /// Runs one exchange; a transport error marks the connection broken so
     /// that it is closed when it goes back to the pool.
     pub(crate) fn run<T>(
@@ -88,6 +97,10 @@ impl r2d2::HandleError<RedisError> for ConnectFailures {
 pub(crate) struct Manager {
     client: redis::Client,
     io_timeout: Duration,
+    /// Whether to read each new connection's `CLIENT ID`.
+    identify: bool,
+    /// Set once the server refused `CLIENT ID`.
+    id_refused: AtomicBool,
     failures: ConnectFailures,
     health: Arc<Health>,
 }
@@ -97,12 +110,18 @@ impl r2d2::ManageConnection for Manager {
     type Error = RedisError;
 
     fn connect(&self) -> RedisResult<Conn> {
-        let inner = self.client.get_connection_with_timeout(self.io_timeout)?;
+        let mut inner = self.client.get_connection_with_timeout(self.io_timeout)?;
         inner.set_read_timeout(Some(self.io_timeout))?;
         inner.set_write_timeout(Some(self.io_timeout))?;
+        let client_id = if self.identify {
+            self.read_client_id(&mut inner)?
+        } else {
+            None
+        };
         *self.failures.last.lock() = None;
         Ok(Conn {
             inner,
+            client_id,
             broken: false,
             generation: self.health.generation.load(Ordering::Acquire),
             health: Arc::clone(&self.health),
@@ -118,8 +137,30 @@ impl r2d2::ManageConnection for Manager {
     }
 }
 
-/// One bounded pool of connections to one server.
-#[derive(Debug)]
+impl Manager {
+    /// A new connection's `CLIENT ID`: `None` when the server refuses it
+    /// (an ACL without it; warned about once per pool); a transport error
+    /// fails the connect.
+    fn read_client_id(&self, conn: &mut redis::Connection) -> RedisResult<Option<i64>> {
+        match redis::cmd("CLIENT").arg("ID").query(conn) {
+            Ok(id) => Ok(Some(id)),
+            Err(err) if !breaks_connection(&err) => {
+                if !self.id_refused.swap(true, Ordering::Relaxed) {
+                    log::warn!(
+                        "redbaton: Redis refused CLIENT ID ({err}); waiters wake on the server's timer, \
+                         up to 100 ms late (hz 10). Grant +client|id +client|unblock (see the README's ACL line)"
+                    );
+                }
+                Ok(None)
+            }
+            Err(err) => Err(err),
+        }
+    }
+}
+
+/// One bounded pool of connections to one server. Cheap to clone: clones
+/// share the connections.
+#[derive(Debug, Clone)]
 pub(crate) struct Pool {
     pool: r2d2::Pool<Manager>,
     failures: ConnectFailures,
@@ -139,6 +180,7 @@ impl Pool {
         max_size: u32,
         io_timeout: Duration,
         name: &str,
+        identify: bool,
     ) -> Pool {
         let addr: Arc<str> = client.get_connection_info().addr().to_string().into();
         let failures = ConnectFailures::default();
@@ -146,6 +188,8 @@ impl Pool {
         let manager = Manager {
             client,
             io_timeout,
+            identify,
+            id_refused: AtomicBool::new(false),
             failures: failures.clone(),
             health: Arc::clone(&health),
         };

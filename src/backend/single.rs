@@ -9,6 +9,7 @@ use redis::{ConnectionLike, RedisResult};
 
 use super::classify::{self, breaks_connection, describe_io, ScriptTracer};
 use super::pool::{Pool, PooledConn};
+use super::unblock::Unblocker;
 use super::{Failed, Parked, Sent};
 use crate::config::Config;
 use crate::error::Error;
@@ -22,6 +23,8 @@ pub(super) struct Single {
     commands: Pool,
     /// Connections parked in `BLPOP`.
     parking: Pool,
+    /// Ends parks on time rather than on the server's timer tick.
+    unblocker: Unblocker,
     io_timeout: Duration,
     trace: ScriptTracer,
     memory_policy_checked: AtomicBool,
@@ -29,18 +32,24 @@ pub(super) struct Single {
 
 impl Single {
     pub(super) fn new(client: redis::Client, config: &Config, trace: ScriptTracer) -> Self {
+        let commands = Pool::new(
+            client.clone(),
+            config.pool_size,
+            config.io_timeout,
+            "command",
+            false,
+        );
         Single {
-            commands: Pool::new(
-                client.clone(),
-                config.pool_size,
-                config.io_timeout,
-                "command",
-            ),
+            unblocker: Unblocker::new(commands.clone(), config.io_timeout),
+            commands,
+            // Parked connections are identified, so that the timer can end
+            // their park.
             parking: Pool::new(
                 client,
                 config.parking_connections,
                 config.io_timeout,
                 "parking",
+                true,
             ),
             io_timeout: config.io_timeout,
             trace,
@@ -157,8 +166,14 @@ impl Single {
         // and dropping it closes the socket, which cancels the BLPOP.
         conn.set_read_timeout(park + self.io_timeout)
             .map_err(|err| self.classify(err, name))?;
+        // The timer ends the park on time; the server's own timeout (up to a
+        // tick late) is the backstop.
+        let scheduled = conn
+            .client_id()
+            .and_then(|id| self.unblocker.schedule(id, park_until));
         let parked: RedisResult<Option<(String, String)>> =
             conn.run(|c| redis::cmd("BLPOP").arg(list).arg(&timeout).query(c));
+        drop(scheduled);
         match parked {
             Ok(_token) => Ok(Parked::Done),
             // A parked connection that was killed, reset or timed out is
