@@ -234,32 +234,55 @@ fn median(rounds: usize, mut f: impl FnMut()) -> Duration {
     times[rounds / 2]
 }
 
-/// Milliseconds from the end of a killed holder's 2 s lease to a waiter's
-/// acquisition (median of 3).
-fn crash_recovery(peer: Peer, url: &str) -> Duration {
-    let mut delays: Vec<i64> = (0..3)
-        .map(|round| {
-            let mut holder = child(&["hold", peer.name(), url, &round.to_string()]);
-            let acquired: u64 = lines(&mut holder)
-                .next()
-                .and_then(|l| l.parse().ok())
-                .expect("holder");
-            holder.kill().expect("kill");
-            holder.wait().expect("reap");
-            let client = Client::open(url).expect("url");
-            let name = format!("bench:crash:{round}");
-            match peer {
-                Peer::Redbaton => drop(client.lock(&name).expect("name").lock().expect("lock")),
-                Peer::Redlock => {
-                    let redlock = redlock::RedLock::new(vec![url]);
-                    drop(redlock.acquire(name.as_bytes(), 10_000).expect("redlock"));
-                }
-            }
-            (now_ns() as i64 - (acquired + 2_000_000_000) as i64) / 1000
+/// The lease of the killed holder in the crash-recovery runs.
+const CRASH_LEASE: Duration = Duration::from_secs(1);
+
+/// From the end of a killed holder's lease to a waiter's acquisition, for
+/// a waiter that starts `phase` (0.0 to 1.0) into the lease; one run.
+fn crash_recovery(peer: Peer, url: &str, round: usize, phase: f64) -> Duration {
+    let mut holder = child(&["hold", peer.name(), url, &round.to_string()]);
+    let acquired: u64 = lines(&mut holder)
+        .next()
+        .and_then(|l| l.parse().ok())
+        .expect("holder");
+    holder.kill().expect("kill");
+    holder.wait().expect("reap");
+    let lease_ns = CRASH_LEASE.as_nanos() as u64;
+    let start_at = acquired + (lease_ns as f64 * phase) as u64;
+    thread::sleep(Duration::from_nanos(start_at.saturating_sub(now_ns())));
+    let client = Client::open(url).expect("url");
+    let name = format!("bench:crash:{round}");
+    match peer {
+        Peer::Redbaton => drop(client.lock(&name).expect("name").lock().expect("lock")),
+        Peer::Redlock => {
+            let redlock = redlock::RedLock::new(vec![url]);
+            drop(redlock.acquire(name.as_bytes(), 10_000).expect("redlock"));
+        }
+    }
+    Duration::from_nanos(now_ns().saturating_sub(acquired + lease_ns))
+}
+
+/// How far past their deadline timed-out waits return: 90 `try_lock_for`
+/// of 10 to 300 ms on a held lock; (p50, p99, max).
+fn deadline_overshoot(url: &str) -> (Duration, Duration, Duration) {
+    let holder = Client::open(url).expect("url");
+    let _held = holder
+        .lock("bench:deadline")
+        .expect("name")
+        .lock()
+        .expect("lock");
+    let waiter = Client::open(url).expect("url");
+    let lock = waiter.lock("bench:deadline").expect("name");
+    let mut overshoots: Vec<Duration> = (0..90u64)
+        .map(|i| {
+            let wait = Duration::from_millis(10 + (i * 290) / 89);
+            let started = Instant::now();
+            assert!(lock.try_lock_for(wait).expect("wait").is_none());
+            started.elapsed().saturating_sub(wait)
         })
         .collect();
-    delays.sort_unstable();
-    Duration::from_micros(delays[1].max(0) as u64)
+    overshoots.sort_unstable();
+    (overshoots[45], overshoots[89 * 99 / 100], overshoots[89])
 }
 
 /// CPU seconds this process has used (user + system), from /proc.
@@ -362,7 +385,7 @@ fn run_child(args: &[String]) {
                     let lock = client
                         .lock(&name)
                         .expect("name")
-                        .with_fixed_lease(Duration::from_secs(2))
+                        .with_fixed_lease(CRASH_LEASE)
                         .expect("lease");
                     let _guard = lock.lock().expect("lock");
                     println!("{}", now_ns());
@@ -370,7 +393,8 @@ fn run_child(args: &[String]) {
                 }
                 Peer::Redlock => {
                     let redlock = redlock::RedLock::new(vec![url.as_str()]);
-                    let _held = redlock.lock(name.as_bytes(), 2_000).expect("redlock");
+                    let lease = CRASH_LEASE.as_millis() as usize;
+                    let _held = redlock.lock(name.as_bytes(), lease).expect("redlock");
                     println!("{}", now_ns());
                     thread::sleep(Duration::from_secs(30));
                 }
@@ -498,14 +522,38 @@ fn main() {
         );
     }
 
-    println!("\ncrash recovery (holder with a 2 s lease killed; lease end -> waiter's acquisition, median of 3):");
+    println!("\ncrash recovery (holder with a {CRASH_LEASE:?} fixed lease SIGKILLed; waiter starts at 0/40/80 % of the lease; lease end -> waiter's acquisition, 3 runs each):");
     for peer in [Peer::Redbaton, Peer::Redlock] {
+        let mut round = 0;
+        let mut all = Vec::new();
+        let phases: Vec<String> = [0.0, 0.4, 0.8]
+            .into_iter()
+            .map(|phase| {
+                let runs: Vec<String> = (0..3)
+                    .map(|_| {
+                        round += 1;
+                        let delay = crash_recovery(peer, &url, round, phase);
+                        all.push(delay);
+                        format!("{:.1}", ms(delay))
+                    })
+                    .collect();
+                format!("{:>3.0} %: {} ms", phase * 100.0, runs.join(" / "))
+            })
+            .collect();
+        let worst = all.iter().max().copied().unwrap_or_default();
         println!(
-            "  {:<8} {:>8.1} ms",
+            "  {:<8} {}   worst {:.1} ms",
             peer.name(),
-            ms(crash_recovery(peer, &url))
+            phases.join("   "),
+            ms(worst)
         );
     }
+
+    let (p50, p99, max) = deadline_overshoot(&url);
+    println!(
+        "\ndeadline precision (90 timed-out try_lock_for of 10-300 ms on a held lock): overshoot p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (targets: p99 <= 5, max <= 20)",
+        ms(p50), ms(p99), ms(max)
+    );
 
     println!("\nwaiting cost ({WAITERS} waiters in one process during a {HOLD:?} hold; redbaton max park {MAX_PARK:?}):");
     for peer in [Peer::Redbaton, Peer::Redlock] {
