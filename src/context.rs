@@ -5,6 +5,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::backend::Backend;
 use crate::config::Config;
@@ -61,9 +62,9 @@ impl Context {
         self.requests.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Tells the watchdog a new ownership needs renewing.
-    pub(crate) fn wake_watchdog(&self) {
-        Watchdog::wake(&self.leases);
+    /// Tells the watchdog a new ownership needs renewing from `due` on.
+    pub(crate) fn wake_watchdog(&self, due: Instant) {
+        Watchdog::wake(&self.leases, Some(due));
     }
 
     /// Hands a release that could not be confirmed to the watchdog thread.

@@ -107,10 +107,18 @@ impl Backend {
 
     /// Parks in `BLPOP` on `list` for at most `park`, on a parking
     /// connection (never one a releasing holder needs). Whether a token
-    /// came does not matter to the caller: either way it looks again.
-    pub(crate) fn park(&self, name: &str, list: &str, park: Duration) -> Result<Parked, Error> {
+    /// came does not matter to the caller: either way it looks again. A
+    /// `precise` park is ended on time by the client's timer, at the cost
+    /// of one command; the others end on the server's timer tick.
+    pub(crate) fn park(
+        &self,
+        name: &str,
+        list: &str,
+        park: Duration,
+        precise: bool,
+    ) -> Result<Parked, Error> {
         match &self.flavor {
-            Flavor::Single(single) => single.park(name, list, park),
+            Flavor::Single(single) => single.park(name, list, park, precise),
         }
     }
 }

@@ -134,7 +134,13 @@ impl Single {
         }
     }
 
-    pub(super) fn park(&self, name: &str, list: &str, park: Duration) -> Result<Parked, Error> {
+    pub(super) fn park(
+        &self,
+        name: &str,
+        list: &str,
+        park: Duration,
+        precise: bool,
+    ) -> Result<Parked, Error> {
         let park_until = Instant::now() + park;
         // Opening a parking connection may take a round trip or two even
         // when the park itself is short.
@@ -170,6 +176,7 @@ impl Single {
         // tick late) is the backstop.
         let scheduled = conn
             .client_id()
+            .filter(|_| precise)
             .and_then(|id| self.unblocker.schedule(id, park_until));
         let parked: RedisResult<Option<(String, String)>> =
             conn.run(|c| redis::cmd("BLPOP").arg(list).arg(&timeout).query(c));

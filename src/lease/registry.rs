@@ -97,7 +97,8 @@ impl Ownerships {
     /// Records a guard of the ownership `fence` of `keys` by `identity`,
     /// whose acquisition was sent at `sent` asking for `mode`. Returns the
     /// shared status, the ownership's lease mode (that of its first
-    /// acquisition), and whether the watchdog has a new ownership to renew.
+    /// acquisition), and, when the watchdog has a new ownership to renew,
+    /// when its first renewal is due.
     pub(crate) fn enter(
         &self,
         keys: &Arc<LockKeys>,
@@ -105,7 +106,7 @@ impl Ownerships {
         fence: u64,
         mode: LeaseMode,
         sent: Instant,
-    ) -> (Arc<LeaseStatus>, LeaseMode, bool) {
+    ) -> (Arc<LeaseStatus>, LeaseMode, Option<Instant>) {
         let fresh = || Entry {
             keys: Arc::clone(keys),
             identity: Arc::clone(identity),
@@ -131,18 +132,19 @@ impl Ownerships {
             Slot::Vacant(slot) => slot.insert(fresh()),
         };
         entry.guards += 1;
-        let mut wake_watchdog = false;
+        let mut new_renewal = None;
         // The script made the lock live at least the ownership's lease more
         // (re-entry sends the ownership's lease, not the handle's).
         match entry.mode {
             LeaseMode::Renewed(lease) if entry.renewal.is_none() => {
-                entry.renewal = Some(Renewal::new(lease, sent));
-                wake_watchdog = true;
+                let renewal = Renewal::new(lease, sent);
+                new_renewal = Some(renewal.due);
+                entry.renewal = Some(renewal);
             }
             LeaseMode::Renewed(_) => {}
             LeaseMode::Fixed(lease) => entry.status.fixed_lease_from(sent, lease),
         }
-        (Arc::clone(&entry.status), entry.mode, wake_watchdog)
+        (Arc::clone(&entry.status), entry.mode, new_renewal)
     }
 
     /// The ownership `identity` holds on `keys` through live guards.
@@ -264,7 +266,7 @@ mod tests {
         let (a, _, wake_a) = ownerships.enter(&keys, &id, 7, mode, now);
         let (b, _, wake_b) = ownerships.enter(&keys, &id, 7, mode, now);
         assert!(Arc::ptr_eq(&a, &b));
-        assert!(wake_a && !wake_b, "one watchdog entry");
+        assert!(wake_a.is_some() && wake_b.is_none(), "one watchdog entry");
         assert_eq!(
             ownerships.held(&keys, &id),
             Some(Held {
@@ -308,7 +310,7 @@ mod tests {
             LeaseMode::Fixed(Duration::from_secs(1)),
             long_ago,
         );
-        assert!(!wake);
+        assert!(wake.is_none());
         assert!(status.is_lost());
         status.fixed_lease_from(Instant::now(), Duration::from_secs(60));
         assert!(!status.is_lost(), "extended");
@@ -329,7 +331,7 @@ mod tests {
         let (inner, inner_mode, wake) = ownerships.enter(&keys, &id, 1, short, now);
         assert!(Arc::ptr_eq(&outer, &inner));
         assert_eq!((outer_mode, inner_mode), (renewed, renewed));
-        assert!(!wake, "already renewed");
+        assert!(wake.is_none(), "already renewed");
         let later = now + Duration::from_secs(1);
         assert!(!inner.is_lost(), "no fixed end was set");
         assert_eq!(
@@ -343,6 +345,6 @@ mod tests {
         let other = Arc::from("other");
         let (_, first, _) = ownerships.enter(&keys, &other, 2, short, now);
         let (_, again, wake) = ownerships.enter(&keys, &other, 2, renewed, now);
-        assert_eq!((first, again, wake), (short, short, false));
+        assert_eq!((first, again, wake), (short, short, None));
     }
 }

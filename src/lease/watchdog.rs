@@ -54,6 +54,10 @@ pub(crate) struct Watchdog {
     receiver: Mutex<Option<Receiver<()>>>,
     /// Releases to finish; see [`Cleanup`].
     cleanups: Mutex<Vec<Cleanup>>,
+    /// When the thread will next wake by itself (`None`: only on a
+    /// message). Written by the thread and read by `wake` under this lock,
+    /// so that a new ownership due no earlier needs no message.
+    scheduled: Mutex<Option<Instant>>,
     rounds: AtomicU64,
     renewals: AtomicU64,
     losses: AtomicU64,
@@ -115,6 +119,7 @@ impl Watchdog {
             wake,
             receiver: Mutex::new(Some(receiver)),
             cleanups: Mutex::new(Vec::new()),
+            scheduled: Mutex::new(None),
             rounds: AtomicU64::new(0),
             renewals: AtomicU64::new(0),
             losses: AtomicU64::new(0),
@@ -122,8 +127,15 @@ impl Watchdog {
     }
 
     /// Tells the thread (starting it the first time) that a new ownership
-    /// needs renewing, or a clean-up is waiting.
-    pub(crate) fn wake(runtime: &Arc<LeaseRuntime>) {
+    /// needs renewing from `due` on, or (`None`) that a clean-up is
+    /// waiting. A renewal due no earlier than the thread's next wake-up
+    /// needs no message: most acquisitions cost no thread switch.
+    pub(crate) fn wake(runtime: &Arc<LeaseRuntime>, due: Option<Instant>) {
+        let watchdog = &runtime.watchdog;
+        let started = watchdog.receiver.lock().is_none();
+        if started && due.is_some_and(|due| watchdog.scheduled.lock().is_some_and(|at| at <= due)) {
+            return;
+        }
         if let Some(receiver) = runtime.watchdog.receiver.lock().take() {
             let weak = Arc::downgrade(runtime);
             let spawned = thread::Builder::new()
@@ -152,7 +164,7 @@ impl Watchdog {
             }
             cleanups.push(cleanup);
         }
-        Watchdog::wake(runtime);
+        Watchdog::wake(runtime, None);
     }
 
     pub(crate) fn stats(&self) -> WatchdogStats {
@@ -176,13 +188,19 @@ impl Watchdog {
 fn run(runtime: &Weak<LeaseRuntime>, wake: &Receiver<()>) {
     loop {
         let next_due = match runtime.upgrade() {
-            Some(runtime) => [
-                runtime.registry.next_renewal(),
-                runtime.watchdog.next_cleanup(),
-            ]
-            .into_iter()
-            .flatten()
-            .min(),
+            Some(runtime) => {
+                // Under the lock `wake` reads, so that an ownership added
+                // after this look either is in it or gets a message.
+                let mut scheduled = runtime.watchdog.scheduled.lock();
+                *scheduled = [
+                    runtime.registry.next_renewal(),
+                    runtime.watchdog.next_cleanup(),
+                ]
+                .into_iter()
+                .flatten()
+                .min();
+                *scheduled
+            }
             None => return,
         };
         // With nothing to do, sleep until a message: the channel

@@ -161,7 +161,10 @@ impl<C: Clone, G: Copy> WaitingRoom<C, G> {
             else {
                 return Ok(Waited::TimedOut);
             };
-            if let Parked::ConnectionFailed(err) = self.backend.park(name, baton_key, park)? {
+            let parked = self
+                .backend
+                .park(name, baton_key, park.duration, park.precise)?;
+            if let Parked::ConnectionFailed(err) = parked {
                 // A killed or reset parked connection: look again at once,
                 // on a fresh connection.
                 failures.count(err, deadline)?;

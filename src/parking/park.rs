@@ -8,6 +8,16 @@ use crate::error::Error;
 /// after Redis expires the key, not just before.
 const LEASE_END_MARGIN: Duration = Duration::from_millis(5);
 
+/// One park: how long, and whether its end matters to the millisecond.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Park {
+    pub(super) duration: Duration,
+    /// The park ends at the waiter's deadline or the holder's lease end,
+    /// not at the maximum park time (which only bounds a lost wake-up, so
+    /// the server's timer is precise enough for it).
+    pub(super) precise: bool,
+}
+
 /// How long to park now: until the holder's lease ends (`lease_left`, plus
 /// a margin; `None`: no expiry), the waiter's deadline, or `max_park`,
 /// whichever is first. `None` when the deadline has passed.
@@ -16,7 +26,7 @@ pub(super) fn park_duration(
     lease_left: Option<Duration>,
     deadline: Option<Instant>,
     max_park: Duration,
-) -> Option<Duration> {
+) -> Option<Park> {
     let mut park = max_park;
     if let Some(left) = lease_left {
         park = park.min(left + LEASE_END_MARGIN);
@@ -27,7 +37,10 @@ pub(super) fn park_duration(
         }
         park = park.min(deadline - now);
     }
-    Some(park)
+    Some(Park {
+        duration: park,
+        precise: park < max_park,
+    })
 }
 
 /// Runs `call` until it succeeds or fails for good, riding out transient
@@ -122,11 +135,15 @@ mod tests {
         let now = Instant::now();
         let max = Duration::from_secs(2);
         let ms = Duration::from_millis;
-        assert_eq!(park_duration(now, None, None, max), Some(max));
-        assert_eq!(park_duration(now, Some(ms(100)), None, max), Some(ms(105)));
+        let park = |duration, precise| Some(Park { duration, precise });
+        assert_eq!(park_duration(now, None, None, max), park(max, false));
+        assert_eq!(
+            park_duration(now, Some(ms(100)), None, max),
+            park(ms(105), true)
+        );
         assert_eq!(
             park_duration(now, Some(ms(100)), Some(now + ms(50)), max),
-            Some(ms(50))
+            park(ms(50), true)
         );
         assert_eq!(park_duration(now, None, Some(now), max), None);
     }

@@ -298,8 +298,8 @@ impl Lock {
             .leases
             .registry
             .enter(&self.keys, identity, fence, mode, sent);
-        if new_renewal {
-            self.context.wake_watchdog();
+        if let Some(due) = new_renewal {
+            self.context.wake_watchdog(due);
         }
         let ownership = Ownership {
             identity: Arc::clone(identity),
