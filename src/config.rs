@@ -10,6 +10,14 @@ use crate::error::Error;
 /// outlives its holder that long is a stuck lock.
 pub(crate) const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// How many connections a pool may have. r2d2 reserves room for all of
+/// them up front, so an absurd size would abort the process; a Redis serves
+/// 10,000 clients by default, shared by every process.
+const CONNECTIONS: std::ops::RangeInclusive<u32> = 1..=1024;
+
+/// How many local hand-offs in a row may be allowed (0: none).
+const HANDOFFS: std::ops::RangeInclusive<u32> = 0..=1_000_000;
+
 /// Settings of one client, as validated by [`Config::validate`].
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
@@ -38,12 +46,17 @@ impl Config {
     pub(crate) fn validate(&self) -> Result<(), Error> {
         validate_prefix(&self.prefix)?;
         validate_lease(self.default_lease)?;
-        for (what, count) in [
-            ("pool_size", self.pool_size),
-            ("parking_connections", self.parking_connections),
+        for (what, value, range) in [
+            ("pool_size", self.pool_size, CONNECTIONS),
+            ("parking_connections", self.parking_connections, CONNECTIONS),
+            ("max_local_handoffs", self.max_local_handoffs, HANDOFFS),
         ] {
-            if count == 0 {
-                return Err(Error::InvalidConfig(format!("{what} must be at least 1")));
+            if !range.contains(&value) {
+                return Err(Error::InvalidConfig(format!(
+                    "{what} is {value}; it must be between {} and {}",
+                    range.start(),
+                    range.end()
+                )));
             }
         }
         for (what, value) in [

@@ -49,9 +49,13 @@ impl Context {
 
     /// The calling thread's identity under this client.
     pub(crate) fn identity(&self) -> Result<Arc<str>, Error> {
+        // Before the thread-local cache: a forked child inherits the
+        // calling thread's identity and must not use it.
+        self.backend.check_process()?;
         self.identities.current(|counter| {
             self.backend
                 .run("", |c| redis::cmd("INCR").arg(counter).query(c))
+                .map_err(|err| damaged_counter(err, counter))
         })
     }
 
@@ -70,5 +74,25 @@ impl Context {
     /// Hands a release that could not be confirmed to the watchdog thread.
     pub(crate) fn finish_later(&self, cleanup: Cleanup) {
         Watchdog::clean_up(&self.leases, cleanup);
+    }
+}
+
+/// Names the identity counter when it is what went wrong: something else
+/// was written under it (a hash: WRONGTYPE; a string that is no integer).
+fn damaged_counter(err: Error, counter: &str) -> Error {
+    let detail = match &err {
+        Error::WrongType { detail, .. } => detail.clone(),
+        Error::Redis { source }
+            if source
+                .detail()
+                .is_some_and(|d| d.contains("not an integer")) =>
+        {
+            source.detail().unwrap_or_default().to_owned()
+        }
+        _ => return err,
+    };
+    Error::DamagedKey {
+        key: counter.to_owned(),
+        detail,
     }
 }

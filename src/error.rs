@@ -58,6 +58,16 @@ pub enum Error {
         source: Option<RedisError>,
     },
 
+    /// Redis answered a new connection with a refusal: too many clients
+    /// (`maxclients`), a database number it does not have, ...
+    #[error("Redis at {addr} refused the connection: {detail}; fix what it names (its maxclients, or the database number in the URL)")]
+    Refused {
+        /// `host:port` of the server.
+        addr: String,
+        /// What Redis answered.
+        detail: String,
+    },
+
     /// Redis answered, but cannot serve commands for now: it is running a
     /// long script (`BUSY`), loading its data (`LOADING`), or a replica or
     /// cluster is between masters (`MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`).
@@ -76,6 +86,16 @@ pub enum Error {
     PoolTimeout {
         /// How long the caller waited for a connection.
         waited: Duration,
+    },
+
+    /// A key the client keeps for the whole prefix (the identity counter)
+    /// holds something that is not redbaton's.
+    #[error("key {key:?} holds a value redbaton cannot use ({detail}): it must be an integer counter; delete it (redbaton starts a new one) or choose another key prefix")]
+    DamagedKey {
+        /// The key.
+        key: String,
+        /// What Redis reported.
+        detail: String,
     },
 
     /// A key redbaton uses holds a value of another type: something else
@@ -156,6 +176,18 @@ pub enum Error {
     RateNotConfigured {
         /// The limiter's name.
         name: String,
+    },
+
+    /// The client was made in another process: this one is a child forked
+    /// from it. Its connections and the locks its threads hold belong to
+    /// the parent, so the child may not use them (it could "re-enter" a
+    /// lock its parent holds, or release it).
+    #[error("this client was made in process {parent} and cannot be used in process {current}, a forked child: its connections and held locks belong to the parent; make a new client in the child")]
+    ForkedProcess {
+        /// The process that made the client.
+        parent: u32,
+        /// The calling process.
+        current: u32,
     },
 
     /// Redis answered with an error not covered above (for example `NOPERM`

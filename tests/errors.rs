@@ -54,6 +54,12 @@ fn bad_settings_are_refused_by_build() {
         Client::builder("redis://127.0.0.1/").prefix(""),
         Client::builder("redis://127.0.0.1/").pool_size(0),
         Client::builder("redis://127.0.0.1/").parking_connections(0),
+        // r2d2 reserves room for the whole pool up front: these aborted
+        // the process before they were refused.
+        Client::builder("redis://127.0.0.1/").pool_size(u32::MAX),
+        Client::builder("redis://127.0.0.1/").parking_connections(u32::MAX),
+        Client::builder("redis://127.0.0.1/").max_local_handoffs(u32::MAX),
+        Client::builder("redis://127.0.0.1/").fence_counter_ttl(Duration::ZERO),
         Client::builder("redis://127.0.0.1/").max_park(Duration::ZERO),
         Client::builder("redis://127.0.0.1/").io_timeout(Duration::ZERO),
         Client::builder("redis://127.0.0.1/").baton_ttl(Duration::MAX),

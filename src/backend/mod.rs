@@ -32,6 +32,9 @@ pub(crate) use classify::{is_transient_reply, ScriptTracer};
 /// Where a client's commands go.
 pub(crate) struct Backend {
     flavor: Flavor,
+    /// The process that opened it: a forked child inherits the sockets,
+    /// which it must not use.
+    pid: u32,
 }
 
 enum Flavor {
@@ -70,7 +73,20 @@ impl Backend {
     pub(crate) fn single(client: redis::Client, config: &Config, trace: ScriptTracer) -> Backend {
         Backend {
             flavor: Flavor::Single(single::Single::new(client, config, trace)),
+            pid: std::process::id(),
         }
+    }
+
+    /// Refuses to be used from a process forked from the one that made it.
+    pub(crate) fn check_process(&self) -> Result<(), Error> {
+        let current = std::process::id();
+        if current == self.pid {
+            return Ok(());
+        }
+        Err(Error::ForkedProcess {
+            parent: self.pid,
+            current,
+        })
     }
 
     /// `host:port` of the server, for messages (never a password).
@@ -89,6 +105,10 @@ impl Backend {
         name: &str,
         exchange: impl FnMut(&mut dyn ConnectionLike) -> RedisResult<T>,
     ) -> Result<Sent<T>, Failed> {
+        self.check_process().map_err(|error| Failed {
+            error,
+            outcome_unknown: false,
+        })?;
         match &self.flavor {
             Flavor::Single(single) => single.exchange(name, exchange),
         }
@@ -117,6 +137,7 @@ impl Backend {
         park: Duration,
         precise: bool,
     ) -> Result<Parked, Error> {
+        self.check_process()?;
         match &self.flavor {
             Flavor::Single(single) => single.park(name, list, park, precise),
         }

@@ -13,9 +13,14 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use redis::{ConnectionLike, RedisError, RedisResult};
+use scheduled_thread_pool::ScheduledThreadPool;
 
 use super::classify::{breaks_connection, describe_io, is_auth_failure};
 use crate::error::Error;
+
+/// How long a caller waits for a connection before it looks whether the
+/// last connect was refused for good.
+const CHECKOUT_SLICE: Duration = Duration::from_millis(20);
 
 /// A pooled Redis connection with a "state unknown" mark.
 pub(crate) struct Conn {
@@ -110,7 +115,10 @@ impl r2d2::ManageConnection for Manager {
     type Error = RedisError;
 
     fn connect(&self) -> RedisResult<Conn> {
-        let mut inner = self.client.get_connection_with_timeout(self.io_timeout)?;
+        let mut inner = self
+            .client
+            .get_connection_with_timeout(self.io_timeout)
+            .map_err(|err| self.why_dropped(err))?;
         inner.set_read_timeout(Some(self.io_timeout))?;
         inner.set_write_timeout(Some(self.io_timeout))?;
         let client_id = if self.identify {
@@ -138,6 +146,30 @@ impl r2d2::ManageConnection for Manager {
 }
 
 impl Manager {
+    /// A connect that the server dropped may have been refused with a
+    /// parting message that the handshake did not read (Redis writes
+    /// `-ERR max number of clients reached` and closes at once). Listens
+    /// for it on a second, plain TCP connection, and returns it as the
+    /// error when there is one.
+    fn why_dropped(&self, err: RedisError) -> RedisError {
+        if !err.is_connection_dropped() {
+            return err;
+        }
+        let redis::ConnectionAddr::Tcp(host, port) = self.client.get_connection_info().addr()
+        else {
+            return err;
+        };
+        match parting_words(host, *port) {
+            Some(words) => (
+                redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+                "the server refused the connection",
+                words,
+            )
+                .into(),
+            None => err,
+        }
+    }
+
     /// A new connection's `CLIENT ID`: `None` when the server refuses it
     /// (an ACL without it; warned about once per pool); a transport error
     /// fails the connect.
@@ -156,6 +188,25 @@ impl Manager {
             Err(err) => Err(err),
         }
     }
+}
+
+/// What a server says on a new connection before any command, if it
+/// speaks first (an error line, as at `maxclients`). Short timeouts: this
+/// only runs after a failed connect.
+fn parting_words(host: &str, port: u16) -> Option<String> {
+    use std::io::Read;
+    use std::net::{TcpStream, ToSocketAddrs};
+
+    const PROBE: Duration = Duration::from_millis(200);
+    let addr = (host, port).to_socket_addrs().ok()?.next()?;
+    let mut stream = TcpStream::connect_timeout(&addr, PROBE).ok()?;
+    stream.set_read_timeout(Some(PROBE)).ok()?;
+    let mut buf = [0u8; 256];
+    let read = stream.read(&mut buf).ok()?;
+    let line = std::str::from_utf8(&buf[..read]).ok()?;
+    let words = line.strip_prefix('-')?.trim_end();
+    let words = words.strip_prefix("ERR ").unwrap_or(words);
+    Some(words.to_owned())
 }
 
 /// One bounded pool of connections to one server. Cheap to clone: clones
@@ -181,6 +232,7 @@ impl Pool {
         io_timeout: Duration,
         name: &str,
         identify: bool,
+        workers: &Arc<ScheduledThreadPool>,
     ) -> Pool {
         let addr: Arc<str> = client.get_connection_info().addr().to_string().into();
         let failures = ConnectFailures::default();
@@ -200,6 +252,12 @@ impl Pool {
             // lock call; broken connections are caught by `Conn::run` instead.
             .test_on_check_out(false)
             .connection_timeout(io_timeout)
+            // No reaper: its job, scheduled every 30 s, kept the worker
+            // threads alive that long after the client was dropped. Stale
+            // idle connections are caught when used (see `Conn::run`).
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .thread_pool(Arc::clone(workers))
             .error_handler(Box::new(failures.clone()))
             .build_unchecked(manager);
         log::debug!("redbaton: {name} pool of {max_size} connections to {addr}");
@@ -234,32 +292,60 @@ impl Pool {
         }
     }
 
+    /// Waits for a connection in short slices, so that a connect Redis
+    /// answered with a refusal (a wrong password, `maxclients`, a database
+    /// it does not have) is reported at once: no later try will go better.
     fn checkout(&self, wait: Duration) -> Result<PooledConn, Error> {
-        self.pool.get_timeout(wait).map_err(|_| {
-            // With room in the pool, the wait was for a new connection that
-            // could not be opened in time: Redis is the problem, not the pool.
-            if self.pool.state().connections >= self.pool.max_size() {
-                return Error::PoolTimeout { waited: wait };
+        let deadline = Instant::now() + wait;
+        loop {
+            let slice = deadline
+                .saturating_duration_since(Instant::now())
+                .min(CHECKOUT_SLICE);
+            if let Ok(conn) = self.pool.get_timeout(slice) {
+                return Ok(conn);
             }
-            match self.failures.last.lock().as_ref() {
-                Some(err) if is_auth_failure(err) => Error::AuthenticationFailed {
-                    addr: self.addr.to_string(),
-                    detail: describe_io(err),
-                    source: Some(err.clone()),
-                },
-                Some(err) => Error::Unreachable {
-                    addr: self.addr.to_string(),
-                    detail: describe_io(err),
-                    timed_out: err.is_timeout(),
-                    source: Some(err.clone()),
-                },
-                None => Error::Unreachable {
-                    addr: self.addr.to_string(),
-                    detail: format!("no connection could be opened within {wait:?}"),
-                    timed_out: true,
-                    source: None,
-                },
+            // With room in the pool, the wait is for a new connection that
+            // could not be opened: Redis is the problem, not the pool.
+            let full = self.pool.state().connections >= self.pool.max_size();
+            if full && Instant::now() >= deadline {
+                return Err(Error::PoolTimeout { waited: wait });
             }
-        })
+            if full {
+                continue;
+            }
+            let last = self.failures.last.lock().clone();
+            match last {
+                Some(err) if is_auth_failure(&err) => {
+                    return Err(Error::AuthenticationFailed {
+                        addr: self.addr.to_string(),
+                        detail: describe_io(&err),
+                        source: Some(err),
+                    })
+                }
+                Some(err) if !breaks_connection(&err) => {
+                    return Err(Error::Refused {
+                        addr: self.addr.to_string(),
+                        detail: err.detail().map_or_else(|| err.to_string(), str::to_owned),
+                    })
+                }
+                _ if Instant::now() < deadline => {}
+                Some(err) => {
+                    return Err(Error::Unreachable {
+                        addr: self.addr.to_string(),
+                        detail: describe_io(&err),
+                        timed_out: err.is_timeout(),
+                        source: Some(err),
+                    })
+                }
+                None => {
+                    return Err(Error::Unreachable {
+                        addr: self.addr.to_string(),
+                        detail: format!("no connection could be opened within {wait:?}"),
+                        timed_out: true,
+                        source: None,
+                    })
+                }
+            }
+        }
     }
 }

@@ -3,9 +3,11 @@
 //! releasing holder needs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::{ConnectionLike, RedisResult};
+use scheduled_thread_pool::{OnPoolDropBehavior, ScheduledThreadPool};
 
 use super::classify::{self, breaks_connection, describe_io, ScriptTracer};
 use super::pool::{Pool, PooledConn};
@@ -32,12 +34,25 @@ pub(super) struct Single {
 
 impl Single {
     pub(super) fn new(client: redis::Client, config: &Config, trace: ScriptTracer) -> Self {
+        // Both pools open connections on these threads; they end when the
+        // pools do. Two, so that a slow connect of one pool does not hold
+        // up the other's.
+        let workers = Arc::new(
+            ScheduledThreadPool::builder()
+                .num_threads(2)
+                .thread_name_pattern("redbaton-connect-{}")
+                // A connection being opened when the client goes is no
+                // longer wanted.
+                .on_drop_behavior(OnPoolDropBehavior::DiscardPendingScheduled)
+                .build(),
+        );
         let commands = Pool::new(
             client.clone(),
             config.pool_size,
             config.io_timeout,
             "command",
             false,
+            &workers,
         );
         Single {
             unblocker: Unblocker::new(commands.clone(), config.io_timeout),
@@ -50,6 +65,7 @@ impl Single {
                 config.io_timeout,
                 "parking",
                 true,
+                &workers,
             ),
             io_timeout: config.io_timeout,
             trace,

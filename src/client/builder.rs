@@ -124,7 +124,7 @@ impl ClientBuilder {
 
     /// How many connections carry lock commands (acquire, release, ...).
     /// Each is held for one round trip only, so a few serve many threads.
-    /// Defaults to 8.
+    /// Between 1 and 1024. Defaults to 8.
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size;
         self
@@ -133,7 +133,7 @@ impl ClientBuilder {
     /// How many connections may be parked in `BLPOP` at once. A process parks
     /// at most one per lock name it is waiting for, however many of its
     /// threads wait; waiters beyond this limit look again every maximum park
-    /// time instead. Defaults to 16.
+    /// time instead. Between 1 and 1024. Defaults to 16.
     pub fn parking_connections(mut self, count: u32) -> Self {
         self.parking_connections = count;
         self
@@ -204,8 +204,8 @@ impl ClientBuilder {
     /// How many times in a row a releasing thread may hand the lock straight
     /// to a waiting thread of the same client (no baton, no round trip for
     /// the waiter) before it must release it in Redis, where waiters of
-    /// other processes get their turn. 0 turns local hand-off off.
-    /// Defaults to 8.
+    /// other processes get their turn. 0 turns local hand-off off; at most
+    /// 1,000,000. Defaults to 8.
     pub fn max_local_handoffs(mut self, count: u32) -> Self {
         self.max_local_handoffs = count;
         self
