@@ -335,6 +335,9 @@ fn waiting_cost(peer: Peer, url: &str, raw: &mut redis::Connection) -> (f64, Dur
     let mut waiters = child(&["wait", peer.name(), url, &name]);
     let ready = lines(&mut waiters).next();
     assert_eq!(ready.as_deref(), Some("WAITING"));
+    // Past the start-up (each thread's identity INCR and first attempt):
+    // what waiting costs while the lock stays held.
+    thread::sleep(Duration::from_millis(500));
     let before = commands(raw);
     thread::sleep(HOLD);
     let after = commands(raw);
