@@ -8,7 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redbaton::{Client, Error};
-use support::{baton_key, lock_key};
+use support::{baton_key, lock_key, JoinWithin};
 use testkit::RedisServer;
 
 #[test]
@@ -119,6 +119,11 @@ fn a_string_under_the_baton_key_fails_the_release_without_freeing_the_lock() {
         .arg("junk")
         .query::<()>(&mut raw)
         .unwrap();
+    // Someone asks for the lock, so the release must wake them.
+    let other = support::client(&server);
+    let asker = other.lock("batonless").unwrap();
+    let refused = thread::spawn(move || asker.try_lock().unwrap().is_none()).joined();
+    assert!(refused);
     let err = guard.unlock().unwrap_err();
     assert!(matches!(err, Error::WrongType { .. }), "{err}");
     assert!(

@@ -269,6 +269,7 @@ fn keys_of_one_lock_share_a_cluster_slot_for_any_name() {
     // lock really wrote on the plain one.
     let cluster = RedisServer::start_with(&["--cluster-enabled", "yes"]);
     let client = client(&server);
+    let other = support::client(&server);
     let mut raw = server.connection();
     let mut cluster_raw = cluster.connection();
     let names = [
@@ -287,6 +288,9 @@ fn keys_of_one_lock_share_a_cluster_slot_for_any_name() {
         redis::cmd("FLUSHALL").query::<()>(&mut raw).unwrap();
         let lock = client.lock(name).unwrap();
         let guard = lock.lock().unwrap();
+        // Asked for while held, so that the release leaves a baton too.
+        let asker = other.lock(name).unwrap();
+        assert!(thread::spawn(move || asker.try_lock().unwrap().is_none()).joined());
         let mut keys: Vec<String> = redis::cmd("KEYS")
             .arg("redbaton:{*")
             .query(&mut raw)
@@ -408,15 +412,28 @@ fn an_unclaimed_baton_is_single_and_expires() {
         .build()
         .unwrap();
     let lock = client.lock("unclaimed").unwrap();
-    for _ in 0..3 {
-        lock.lock().unwrap().unlock().unwrap();
-    }
     let mut raw = server.connection();
-    let len: i64 = redis::cmd("LLEN")
-        .arg(baton_key("unclaimed"))
-        .query(&mut raw)
-        .unwrap();
-    assert_eq!(len, 1, "one token wakes one waiter");
+    let batons = |raw: &mut redis::Connection| -> i64 {
+        redis::cmd("LLEN")
+            .arg(baton_key("unclaimed"))
+            .query(raw)
+            .unwrap()
+    };
+    // Nobody asked for the lock meanwhile: a release wakes nobody.
+    lock.lock().unwrap().unlock().unwrap();
+    assert_eq!(batons(&mut raw), 0, "a baton for nobody");
+
+    // Another client asks while it is held (and would then wait), three
+    // times: each release leaves a baton, and still there is one.
+    let other = support::client(&server);
+    for _ in 0..3 {
+        let guard = lock.lock().unwrap();
+        let asker = other.lock("unclaimed").unwrap();
+        let refused = thread::spawn(move || asker.try_lock().unwrap().is_none()).joined();
+        assert!(refused);
+        guard.unlock().unwrap();
+    }
+    assert_eq!(batons(&mut raw), 1, "one token wakes one waiter");
     let ttl: i64 = redis::cmd("PTTL")
         .arg(baton_key("unclaimed"))
         .query(&mut raw)

@@ -21,6 +21,8 @@ pub(crate) struct AcquireArgs<'a> {
     pub(crate) fence_ttl: Duration,
     /// The request's number, for undoing it if its reply is lost.
     pub(crate) request: u64,
+    /// Whether the caller has been waiting (others may wait behind it).
+    pub(crate) waited: bool,
 }
 
 pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
@@ -33,6 +35,7 @@ pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
         .arg(args.depth)
         .arg(millis(args.fence_ttl))
         .arg(args.request)
+        .arg(if args.waited { "1" } else { "0" })
 }
 
 /// What [`handoff`] asks for.

@@ -13,10 +13,19 @@
 -- ARGV[5]  TTL of the fence counter in milliseconds
 -- ARGV[6]  this request's number, unique within the caller's client: lets a
 --          request whose reply was lost be undone (release_request.lua)
+-- ARGV[7]  "1" when the caller has been waiting for the lock (others may
+--          wait behind it), else "0"
 --
 -- Returns {1, fence, depth}  acquired: fresh (depth 1) or re-entered
 --         {0, pttl}          held by another identity; pttl is the lock key's
 --                            remaining lease in ms (-1 when it has none)
+--
+-- `waited` marks an ownership whose release must push a baton: an attempt
+-- that finds the lock held sets it (the caller may park next), and so does
+-- a caller that acquires after waiting (others may still be parked). A
+-- release of an ownership nobody asked for in the meantime pushes nothing:
+-- the uncontended cycle does not pay for waking nobody. The mark is never
+-- cleared while the key lives.
 --
 -- The depth is set from ARGV, not incremented, so the stored count always
 -- mirrors the caller's live guards. Re-entry never shortens the lease
@@ -41,9 +50,15 @@ if held[1] == false or held[1] == ARGV[1] then
   if err then
     return err
   end
-  redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', 1, 'fence', string.format('%.0f', fence), 'req', ARGV[6])
+  local token = string.format('%.0f', fence)
+  if ARGV[7] == '1' then
+    redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', 1, 'fence', token, 'req', ARGV[6], 'waited', 1)
+  else
+    redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', 1, 'fence', token, 'req', ARGV[6])
+  end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, fence, 1}
 end
 
+redis.call('HSET', KEYS[1], 'waited', 1)
 return {0, redis.call('PTTL', KEYS[1])}

@@ -23,6 +23,7 @@ local fence, err = next_fence(KEYS[2], ARGV[5])
 if err then
   return err
 end
-redis.call('HSET', KEYS[1], 'flag', ARGV[3], 'count', 1, 'fence', string.format('%.0f', fence), 'req', ARGV[6])
+-- The waiter waited, and others may wait behind it: its release wakes one.
+redis.call('HSET', KEYS[1], 'flag', ARGV[3], 'count', 1, 'fence', string.format('%.0f', fence), 'req', ARGV[6], 'waited', 1)
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return fence

@@ -16,12 +16,13 @@
 --                lock again must not release the new ownership with a guard
 --                of the old one.
 --         depth  > 0: an inner guard was released, the lock is still held
---         0      the lock was freed and the baton pushed
+--         0      the lock was freed (and the baton pushed if anyone asked
+--                for the lock meanwhile: the `waited` mark, see acquire.lua)
 --
 -- The depth is set from ARGV, not decremented, so sending the same release
 -- twice leaves the same state: a release never takes off two levels.
 -- extend_lease, baton_error and push_baton come from lib/.
-local held = redis.call('HMGET', KEYS[1], 'flag', 'fence')
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'waited')
 if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
   return -1
 end
@@ -33,6 +34,10 @@ if depth > 0 then
   return depth
 end
 
+if not held[3] then
+  redis.call('DEL', KEYS[1])
+  return 0
+end
 local err = baton_error(KEYS[2])
 if err then
   return err

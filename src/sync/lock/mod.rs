@@ -146,7 +146,7 @@ impl Lock {
     /// As [`lock`](Lock::lock).
     pub fn try_lock(&self) -> Result<Option<LockGuard>, Error> {
         let identity = self.context.identity()?;
-        match self.attempt(&identity)? {
+        match self.attempt(&identity, false)? {
             Attempt::Acquired(guard) => Ok(Some(guard)),
             Attempt::Held { .. } => Ok(None),
         }
@@ -251,7 +251,7 @@ impl Lock {
             .held(&self.keys, &identity)
             .is_some();
         if holds || !context.lock_room.has_waiters(&self.keys.baton) {
-            match self.attempt(&identity) {
+            match self.attempt(&identity, false) {
                 Ok(Attempt::Acquired(guard)) => return Ok(Some(guard)),
                 Ok(Attempt::Held { .. }) => {}
                 // The wait loop rides out a failing Redis within the
@@ -271,7 +271,7 @@ impl Lock {
             &self.keys.baton,
             claim,
             deadline,
-            || self.attempt(&identity),
+            || self.attempt(&identity, true),
         )?;
         Ok(match waited {
             Waited::Acquired(guard) => Some(guard),
@@ -315,8 +315,9 @@ impl Lock {
         )
     }
 
-    /// One run of the acquire script.
-    fn attempt(&self, identity: &Arc<str>) -> Result<Attempt<LockGuard>, Error> {
+    /// One run of the acquire script; `waited` when the caller comes from
+    /// the wait loop (its release must then wake whoever waits behind it).
+    fn attempt(&self, identity: &Arc<str>, waited: bool) -> Result<Attempt<LockGuard>, Error> {
         // Re-entry is granted only to the ownership this thread's live guards
         // belong to; the stored depth is set to theirs + 1, and the lease is
         // the ownership's, whatever this handle's is.
@@ -333,6 +334,7 @@ impl Lock {
             depth: guards + 1,
             fence_ttl: self.context.config.fence_ttl,
             request,
+            waited,
         };
         let sent = Instant::now();
         match self.raw.attempt(&self.keys, args) {
