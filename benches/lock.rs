@@ -495,7 +495,35 @@ fn main() {
             .expect("free");
         redlock.unlock(&l);
     });
-    println!("uncontended lock + unlock: redbaton {:.1} µs = {:.2} x RTT (target <= 3.5); redlock {:.1} µs = {:.2} x RTT", cycle.as_secs_f64() * 1e6, x(cycle), peer_cycle.as_secs_f64() * 1e6, x(peer_cycle));
+    // The floor of any Redis lock: SET NX PX, then a compare-and-delete
+    // script, on one connection.
+    let bare_cycle = median(5_000, || {
+        let taken: Option<String> = redis::cmd("SET")
+            .arg("bench:bare")
+            .arg("me")
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query(&mut raw)
+            .expect("SET");
+        assert!(taken.is_some());
+        let _: i64 = redis::Script::new(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+        )
+        .key("bench:bare")
+        .arg("me")
+        .invoke(&mut raw)
+        .expect("CAD");
+    });
+    println!(
+        "uncontended lock + unlock: redbaton {:.1} µs = {:.2} x RTT (target <= 2.2); bare SET NX + compare-and-delete {:.1} µs = {:.2} x RTT; redlock {:.1} µs = {:.2} x RTT",
+        cycle.as_secs_f64() * 1e6,
+        x(cycle),
+        bare_cycle.as_secs_f64() * 1e6,
+        x(bare_cycle),
+        peer_cycle.as_secs_f64() * 1e6,
+        x(peer_cycle)
+    );
 
     for (label, across) in [
         ("1 process x 16 threads", false),
