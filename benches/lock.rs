@@ -304,17 +304,7 @@ fn commands(raw: &mut redis::Connection) -> BTreeMap<String, u64> {
         .arg("commandstats")
         .query(raw)
         .expect("INFO");
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .split(',')
-                .find_map(|f| f.strip_prefix("calls="))?
-                .parse()
-                .ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .collect()
+    testkit::parse_commandstats(&info)
 }
 
 /// Commands per waiter per second and CPU of 20 waiters during a 5 s hold.

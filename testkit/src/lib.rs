@@ -16,11 +16,14 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod child;
+mod commandstats;
 mod demo;
+mod launch;
 mod process;
 mod server;
 
 pub use child::ChildProcess;
+pub use commandstats::{diff_calls, parse_commandstats};
 pub use demo::DemoRedis;
 pub use process::pid_exists;
 pub use server::RedisServer;
