@@ -6,6 +6,53 @@ use std::time::{Duration, Instant};
 use redbaton::Client;
 use testkit::RedisServer;
 
+/// The Redis deployments a test can run against. One server today; Redis
+/// Cluster, Sentinel and several independent masters join as variants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topology {
+    /// One `redis-server`.
+    Single,
+}
+
+/// Servers of one topology, started for a test and killed when dropped.
+#[derive(Debug)]
+pub struct Deployment {
+    topology: Topology,
+    servers: Vec<RedisServer>,
+}
+
+impl Deployment {
+    /// Starts `topology` on free loopback ports.
+    pub fn start(topology: Topology) -> Deployment {
+        let servers = match topology {
+            Topology::Single => vec![RedisServer::start()],
+        };
+        Deployment { topology, servers }
+    }
+
+    /// Which topology this is.
+    pub fn topology(&self) -> Topology {
+        self.topology
+    }
+
+    /// A client builder for this deployment with the test defaults (a
+    /// short I/O timeout); add settings, then `build()`.
+    pub fn builder(&self) -> redbaton::ClientBuilder {
+        Client::builder(self.servers[0].url()).io_timeout(Duration::from_secs(2))
+    }
+
+    /// A client with the test defaults.
+    pub fn client(&self) -> Client {
+        self.builder().build().expect("client settings are valid")
+    }
+
+    /// The server, for fault injection and direct commands. For topologies
+    /// of several servers: the one that holds the test's keys.
+    pub fn server(&self) -> &RedisServer {
+        &self.servers[0]
+    }
+}
+
 /// A client on `server` with settings suited to tests: short I/O timeout.
 pub fn client(server: &RedisServer) -> Client {
     Client::builder(server.url())
@@ -49,6 +96,22 @@ pub fn spawn_child(role: &str, server: &RedisServer) -> testkit::ChildProcess {
         "child_entry",
         &[(CHILD_ROLE, role.to_owned()), (CHILD_URL, server.url())],
     )
+}
+
+/// A file's child-process roles: runs `role` against `url` and returns
+/// true, or returns false when the role is another file's.
+pub type ChildRoles = fn(&str, &str) -> bool;
+
+/// The body of a binary's `child_entry` test: hands this child's role to
+/// the first of `roles` that knows it. Does nothing in a normal test run.
+pub fn run_child_role(roles: &[ChildRoles]) {
+    let Some((role, url)) = child_role() else {
+        return;
+    };
+    assert!(
+        roles.iter().any(|run| run(&role, &url)),
+        "unknown child role {role}"
+    );
 }
 
 /// In a child process: its role and Redis URL. `None` in a normal test run.

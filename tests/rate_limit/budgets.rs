@@ -3,8 +3,6 @@
 //! polling, configuration that every process agrees on, key expiry and
 //! layout. Bad input is in `rate_limit_errors.rs`.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -13,9 +11,9 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::support::JoinWithin;
+use crate::support::{client, eventually, overall_limiter, spawn_child};
 use redbaton::{Client, Error, RateLimiter, RateMode};
-use support::JoinWithin;
-use support::{child_role, client, eventually, overall_limiter, spawn_child};
 use testkit::RedisServer;
 
 /// The 3-process test: processes, threads each, permits per second, seconds.
@@ -24,17 +22,13 @@ const THREADS: usize = 4;
 const RATE: u64 = 50;
 const WINDOW: Duration = Duration::from_secs(4);
 
-/// Entry point of the child processes; does nothing in a normal test run.
-#[test]
-#[ignore = "child-process entry point, started by the other tests of this file"]
-fn child_entry() {
-    let Some((role, url)) = child_role() else {
-        return;
-    };
-    match role.as_str() {
-        "overall" => overall_worker(&url),
+/// This file's child-process roles (run by the binary's `child_entry`);
+/// false for a role of another file.
+pub(crate) fn run_child(role: &str, url: &str) -> bool {
+    match role {
+        "overall" => overall_worker(url),
         "blocked" => {
-            let client = Client::open(&url).unwrap();
+            let client = Client::open(url).unwrap();
             let limiter = client.rate_limiter("slow").unwrap();
             limiter.acquire(1).unwrap(); // the bucket's only permit
             println!("BLOCKING");
@@ -42,8 +36,9 @@ fn child_entry() {
             limiter.acquire(1).unwrap();
             println!("GRANTED {}", started.elapsed().as_millis());
         }
-        other => panic!("unknown child role {other}"),
+        _ => return false,
     }
+    true
 }
 
 /// Waits for "go", then takes permits from `partner-api` on THREADS threads

@@ -2,38 +2,37 @@
 //! thread of its own process, in order, without starving other processes,
 //! and never to a thread that has given up.
 
-mod support;
+use crate::support::{Deployment, Topology};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::support::JoinWithin;
+use crate::support::{eventually, spawn_child};
 use redbaton::Client;
-use support::JoinWithin;
-use support::{child_role, eventually, spawn_child};
 use testkit::RedisServer;
 
-/// Entry point of the child processes; does nothing in a normal test run.
-#[test]
-#[ignore = "child-process entry point, started by the other tests of this file"]
-fn child_entry() {
-    let Some((role, url)) = child_role() else {
-        return;
-    };
-    assert_eq!(role, "remote-waiter");
-    let client = Client::open(&url).unwrap();
+/// This file's child-process roles (run by the binary's `child_entry`);
+/// false for a role of another file.
+pub(crate) fn run_child(role: &str, url: &str) -> bool {
+    if role != "remote-waiter" {
+        return false;
+    }
+    let client = Client::open(url).unwrap();
     let lock = client.lock("busy").unwrap();
     println!("READY");
     let start = Instant::now();
     let guard = lock.try_lock_for(Duration::from_secs(10)).unwrap();
     println!("WAITED {} {}", guard.is_some(), start.elapsed().as_millis());
+    true
 }
 
 #[test]
 fn local_waiters_get_the_lock_handed_over_in_arrival_order_without_baton_or_round_trip() {
-    let server = RedisServer::start();
-    let client = support::client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let (server, client) = (deployment.server(), deployment.client());
     let lock = client.lock("queue").unwrap();
     let held = lock.lock().unwrap();
     let (tx, rx) = mpsc::channel();
@@ -79,8 +78,8 @@ fn local_waiters_get_the_lock_handed_over_in_arrival_order_without_baton_or_roun
 
 #[test]
 fn a_waiter_in_another_process_gets_the_lock_while_local_threads_keep_contending() {
-    let server = RedisServer::start();
-    let client = support::client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let (server, client) = (deployment.server(), deployment.client());
     let lock = client.lock("busy").unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let rounds = Arc::new(AtomicU64::new(0));
@@ -100,7 +99,7 @@ fn a_waiter_in_another_process_gets_the_lock_while_local_threads_keep_contending
     eventually(Duration::from_secs(5), "local contention", || {
         rounds.load(Ordering::Relaxed) > 100
     });
-    let mut remote = spawn_child("remote-waiter", &server);
+    let mut remote = spawn_child("remote-waiter", server);
     remote.wait_for_line("READY", Duration::from_secs(30));
     let waited = remote.wait_for_line("WAITED", Duration::from_secs(15));
     stop.store(true, Ordering::Relaxed);
@@ -116,8 +115,8 @@ fn a_waiter_in_another_process_gets_the_lock_while_local_threads_keep_contending
 
 #[test]
 fn waiters_that_give_up_are_never_handed_the_lock() {
-    let server = RedisServer::start();
-    let client = support::client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let client = deployment.client();
     let lock = client.lock("impatient").unwrap();
     for round in 0..30u64 {
         let held = lock.lock().unwrap();

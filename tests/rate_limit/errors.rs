@@ -1,12 +1,10 @@
 //! Bad input to the rate limiter is an error, promptly, never a hang; a
 //! damaged configuration is reported, not guessed at.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::{client, overall_limiter};
 use redbaton::{Client, Error, RateMode};
-use support::{client, overall_limiter};
 use testkit::RedisServer;
 
 #[test]

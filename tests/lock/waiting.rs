@@ -1,16 +1,16 @@
 //! What waiting costs: commands sent while parked, connections held, and
 //! releases that must not queue behind waiters.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::support::eventually;
+use crate::support::JoinWithin;
 use redbaton::Client;
-use support::eventually;
-use support::JoinWithin;
 use testkit::RedisServer;
 
 #[test]

@@ -1,21 +1,22 @@
 //! Single-process behaviour of one lock: re-entry, ownership, fencing,
 //! deadlines, administration, and the scripts themselves.
 
-mod support;
+use crate::support;
+use crate::support::{Deployment, Topology};
 
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::support::JoinWithin;
+use crate::support::{baton_key, client, eventually, lock_key};
 use redbaton::{Client, Error};
-use support::JoinWithin;
-use support::{baton_key, client, eventually, lock_key};
 use testkit::RedisServer;
 
 #[test]
 fn reentered_lock_is_free_only_after_the_last_unlock() {
-    let server = RedisServer::start();
-    let client = client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let (server, client) = (deployment.server(), deployment.client());
     let lock = client.lock("reentry").unwrap();
 
     let first = lock.lock().unwrap();
@@ -58,8 +59,8 @@ fn reentered_lock_is_free_only_after_the_last_unlock() {
 
 #[test]
 fn fencing_tokens_increase_per_acquisition_and_stay_on_reentry() {
-    let server = RedisServer::start();
-    let client = client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let client = deployment.client();
     let lock = client.lock("fenced").unwrap();
 
     let mut last = 0;
@@ -127,8 +128,8 @@ fn release_by_a_thread_that_no_longer_owns_the_lock_is_refused_and_changes_nothi
 
 #[test]
 fn try_lock_for_returns_none_after_its_deadline() {
-    let server = RedisServer::start();
-    let client = client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let client = deployment.client();
     let lock = client.lock("busy").unwrap();
     let _held = lock.lock().unwrap();
 
@@ -152,8 +153,8 @@ fn try_lock_for_returns_none_after_its_deadline() {
 
 #[test]
 fn zero_wait_is_one_attempt_and_huge_wait_is_no_deadline() {
-    let server = RedisServer::start();
-    let client = client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let client = deployment.client();
     let lock = client.lock("edges").unwrap();
     let held = lock.lock().unwrap();
 
@@ -203,8 +204,8 @@ fn waiter_wakes_when_holder_releases() {
 
 #[test]
 fn with_lock_returns_the_value_and_releases() {
-    let server = RedisServer::start();
-    let client = client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let client = deployment.client();
     let lock = client.lock("scoped").unwrap();
     let value = lock.with_lock(|| {
         assert!(lock.is_locked().unwrap());
@@ -247,8 +248,8 @@ fn force_unlock_removes_any_holder_and_wakes_a_waiter() {
 
 #[test]
 fn scripts_are_reloaded_after_script_flush() {
-    let server = RedisServer::start();
-    let client = client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let (server, client) = (deployment.server(), deployment.client());
     let lock = client.lock("flushed").unwrap();
     lock.lock().unwrap().unlock().unwrap();
     let mut raw = server.connection();
@@ -333,8 +334,8 @@ fn keys_of_one_lock_share_a_cluster_slot_for_any_name() {
 
 #[test]
 fn locks_under_odd_names_work_end_to_end() {
-    let server = RedisServer::start();
-    let client = client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let client = deployment.client();
     for name in ["{braced}", "a}b{c", "emoji 🔒", "nul\0byte", "%"] {
         let lock = client.lock(name).unwrap();
         let guard = lock.lock().unwrap();
@@ -348,8 +349,8 @@ fn locks_under_odd_names_work_end_to_end() {
 
 #[test]
 fn a_thread_pays_one_incr_for_its_identity_and_none_after() {
-    let server = RedisServer::start();
-    let client = client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let (server, client) = (deployment.server(), deployment.client());
     let lock = client.lock("identity").unwrap();
     // Load the scripts first, from a thread of its own.
     let warm = lock.clone();
@@ -377,8 +378,8 @@ fn clients_and_locks_are_send_and_sync() {
 
 #[test]
 fn reentry_and_inner_release_renew_the_lease() {
-    let server = RedisServer::start();
-    let client = client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let (server, client) = (deployment.server(), deployment.client());
     // A fixed lease: no watchdog renewal can hide a missing refresh.
     let lock = client
         .lock("renew")

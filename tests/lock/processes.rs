@@ -1,29 +1,26 @@
 //! Mutual exclusion and crash recovery between real processes: these tests
 //! re-run this test binary as child processes (see `child_entry`).
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::support::spawn_child;
+use crate::support::JoinWithin;
 use redbaton::Client;
-use support::spawn_child;
-use support::JoinWithin;
 use testkit::RedisServer;
 
-/// Entry point of the child processes; does nothing in a normal test run.
-#[test]
-#[ignore = "child-process entry point, started by the other tests of this file"]
-fn child_entry() {
-    let Some((role, url)) = support::child_role() else {
-        return;
-    };
-    match role.as_str() {
-        "increment" => increment_worker(&url),
-        "hold" => hold_worker(&url),
-        other => panic!("unknown child role {other}"),
+/// This file's child-process roles (run by the binary's `child_entry`);
+/// false for a role of another file.
+pub(crate) fn run_child(role: &str, url: &str) -> bool {
+    match role {
+        "increment" => increment_worker(url),
+        "hold" => hold_worker(url),
+        _ => return false,
     }
+    true
 }
 
 const THREADS_PER_CHILD: usize = 8;

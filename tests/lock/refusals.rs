@@ -2,7 +2,7 @@
 //! error says what Redis said, at once, not "unreachable" after the whole
 //! I/O timeout.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -2,13 +2,14 @@
 //! L1–L3): after a stale connection, a lost reply or a busy spell, the lock
 //! is free again as soon as Redis answers, and a live holder keeps it.
 
-mod support;
+use crate::support;
+use crate::support::{Deployment, Topology};
 
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::support::{eventually, JoinWithin};
 use redbaton::{Client, Error};
-use support::{eventually, JoinWithin};
 use testkit::RedisServer;
 
 /// L1: the server closes idle connections after 1 s (`timeout 1`, as
@@ -37,8 +38,8 @@ fn unlock_after_the_server_closed_idle_connections_releases_the_lock() {
 /// L1: the same after `CLIENT KILL` of every idle connection.
 #[test]
 fn unlock_after_client_kill_of_idle_connections_releases_the_lock() {
-    let server = RedisServer::start();
-    let client = support::client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let (server, client) = (deployment.server(), deployment.client());
     let lock = client.lock("killed").unwrap();
     let guard = lock.lock().unwrap();
     let killed: i64 = redis::cmd("CLIENT")

@@ -3,7 +3,7 @@
 //! fencing counter for `fence_counter_ttl`), and one identity counter per
 //! prefix.
 
-mod support;
+use crate::support::{Deployment, Topology};
 
 use std::thread;
 use std::time::Duration;
@@ -72,8 +72,8 @@ fn tokens_keep_growing_after_the_fence_counter_expired() {
 
 #[test]
 fn a_damaged_fence_counter_is_a_wrong_type_error_naming_the_key() {
-    let server = RedisServer::start();
-    let client = support::client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let (server, client) = (deployment.server(), deployment.client());
     let lock = client.lock("damaged").unwrap();
     redis::cmd("SET")
         .arg("redbaton:{damaged}:fence")

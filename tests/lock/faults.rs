@@ -1,15 +1,16 @@
 //! Faults injected into a real redis-server: restarts with data loss,
 //! pauses, killed connections, and replies lost after a script ran.
 
-mod support;
+use crate::support;
+use crate::support::{Deployment, Topology};
 
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::support::eventually;
+use crate::support::JoinWithin;
 use redbaton::Client;
-use support::eventually;
-use support::JoinWithin;
 use testkit::RedisServer;
 
 #[test]
@@ -250,8 +251,8 @@ fn after_a_release_with_an_unknown_outcome_the_thread_takes_the_lock_afresh() {
 
 #[test]
 fn the_release_script_sent_twice_takes_off_one_level_only() {
-    let server = RedisServer::start();
-    let client = support::client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let (server, client) = (deployment.server(), deployment.client());
     let lock = client.lock("twice").unwrap();
     let guards = [
         lock.lock().unwrap(),
@@ -265,9 +266,9 @@ fn the_release_script_sent_twice_takes_off_one_level_only() {
     for _ in 0..2 {
         let left: i64 = redis::cmd("EVAL")
             .arg(concat!(
-                include_str!("../src/scripts/lib/lease.lua"),
-                include_str!("../src/scripts/lib/baton.lua"),
-                include_str!("../src/scripts/lock/release.lua")
+                include_str!("../../src/scripts/lib/lease.lua"),
+                include_str!("../../src/scripts/lib/baton.lua"),
+                include_str!("../../src/scripts/lock/release.lua")
             ))
             .arg(2)
             .arg(support::lock_key("twice"))

@@ -1,14 +1,15 @@
 //! Every bad input and Redis failure gets its own error, promptly.
 
-mod support;
+use crate::support;
+use crate::support::{Deployment, Topology};
 
 use std::net::TcpListener;
 use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::support::{baton_key, lock_key, JoinWithin};
 use redbaton::{Client, Error};
-use support::{baton_key, lock_key, JoinWithin};
 use testkit::RedisServer;
 
 #[test]
@@ -84,8 +85,8 @@ fn malformed_url_is_invalid_and_passwords_stay_out_of_debug() {
 
 #[test]
 fn a_string_under_the_lock_key_is_a_wrong_type_error_and_is_left_alone() {
-    let server = RedisServer::start();
-    let client = support::client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let (server, client) = (deployment.server(), deployment.client());
     let mut raw = server.connection();
     redis::cmd("SET")
         .arg(lock_key("typed"))
@@ -109,8 +110,8 @@ fn a_string_under_the_lock_key_is_a_wrong_type_error_and_is_left_alone() {
 
 #[test]
 fn a_string_under_the_baton_key_fails_the_release_without_freeing_the_lock() {
-    let server = RedisServer::start();
-    let client = support::client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let (server, client) = (deployment.server(), deployment.client());
     let lock = client.lock("batonless").unwrap();
     let guard = lock.lock().unwrap();
     let mut raw = server.connection();
@@ -120,7 +121,7 @@ fn a_string_under_the_baton_key_fails_the_release_without_freeing_the_lock() {
         .query::<()>(&mut raw)
         .unwrap();
     // Someone asks for the lock, so the release must wake them.
-    let other = support::client(&server);
+    let other = support::client(server);
     let asker = other.lock("batonless").unwrap();
     let refused = thread::spawn(move || asker.try_lock().unwrap().is_none()).joined();
     assert!(refused);

@@ -4,14 +4,14 @@
 //! few milliseconds. The bounds here are generous; `cargo bench --bench
 //! lock` measures the figures.
 
-mod support;
+use crate::support;
 
 use std::mem;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::support::JoinWithin;
 use redbaton::Client;
-use support::JoinWithin;
 use testkit::RedisServer;
 
 /// A holder with a 1 s fixed lease dies (its guard is forgotten: no

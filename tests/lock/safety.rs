@@ -2,14 +2,14 @@
 //! each test makes the situation and asserts that no other client can take
 //! the lock while its first holder still believes it holds it.
 
-mod support;
+use crate::support::{Deployment, Topology};
 
 use std::sync::{Mutex, OnceLock};
 use std::thread;
 use std::time::Duration;
 
+use crate::support::{eventually, lock_key};
 use redbaton::Client;
-use support::{eventually, lock_key};
 use testkit::RedisServer;
 
 /// A client whose renewed locks live 3 s between renewals (every 1 s).
@@ -123,8 +123,8 @@ fn a_fixed_ownership_re_entered_through_a_renewed_handle_still_ends_on_time() {
 /// issued before it.
 #[test]
 fn fencing_tokens_keep_growing_after_a_restart_from_an_older_snapshot() {
-    let server = RedisServer::start();
-    let client = support::client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let (server, client) = (deployment.server(), deployment.client());
     let lock = client.lock("fenced").unwrap();
     let take = || {
         let guard = lock.lock().unwrap();

@@ -1,25 +1,22 @@
 //! Leases: the watchdog keeps live holders' locks, fixed leases end on time,
 //! paused holders lose their lock, and lost guards say so.
 
-mod support;
+use crate::support;
+use crate::support::{Deployment, Topology};
 
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::support::{client, eventually, spawn_child};
 use redbaton::{Client, Error};
-use support::{child_role, client, eventually, spawn_child};
 use testkit::RedisServer;
 
-/// Entry point of the child processes; does nothing in a normal test run.
-#[test]
-#[ignore = "child-process entry point, started by the other tests of this file"]
-fn child_entry() {
-    let Some((role, url)) = child_role() else {
-        return;
-    };
-    match role.as_str() {
+/// This file's child-process roles (run by the binary's `child_entry`);
+/// false for a role of another file.
+pub(crate) fn run_child(role: &str, url: &str) -> bool {
+    match role {
         "try-for-two-seconds" => {
-            let client = Client::open(&url).unwrap();
+            let client = Client::open(url).unwrap();
             let got = client
                 .lock("renewed")
                 .unwrap()
@@ -28,7 +25,7 @@ fn child_entry() {
             println!("GOT {}", got.is_some());
         }
         "wait-then-hold" => {
-            let client = Client::open(&url).unwrap();
+            let client = Client::open(url).unwrap();
             let lock = client.lock("fixed").unwrap();
             println!("WAITING");
             let guard = lock
@@ -47,7 +44,7 @@ fn child_entry() {
             println!("RELEASED");
         }
         "hold-and-watch" => {
-            let client = Client::builder(&url)
+            let client = Client::builder(url)
                 .default_lease(Duration::from_secs(1))
                 .build()
                 .unwrap();
@@ -61,8 +58,9 @@ fn child_entry() {
             let refused = guard.unlock().unwrap_err();
             println!("UNLOCK {}", refused.is_lost());
         }
-        other => panic!("unknown child role {other}"),
+        _ => return false,
     }
+    true
 }
 
 fn client_with_lease(server: &RedisServer, lease: Duration) -> Client {
@@ -93,8 +91,8 @@ fn a_renewed_guard_outlives_three_leases_and_keeps_another_process_out() {
 
 #[test]
 fn with_a_fixed_lease_another_process_takes_the_lock_and_the_old_guard_reports_lost() {
-    let server = RedisServer::start();
-    let client = client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let (server, client) = (deployment.server(), deployment.client());
     let lock = client
         .lock("fixed")
         .unwrap()
@@ -104,7 +102,7 @@ fn with_a_fixed_lease_another_process_takes_the_lock_and_the_old_guard_reports_l
     let acquired = Instant::now();
     let old_token = guard.fencing_token();
 
-    let mut other = spawn_child("wait-then-hold", &server);
+    let mut other = spawn_child("wait-then-hold", server);
     other.wait_for_line("WAITING", Duration::from_secs(30));
     let new_token: u64 = other
         .wait_for_line("ACQUIRED", Duration::from_secs(10))
@@ -176,8 +174,8 @@ fn a_holder_paused_past_its_lease_loses_the_lock_and_learns_it_on_resume() {
 
 #[test]
 fn extend_by_the_owner_pushes_a_fixed_lease_out() {
-    let server = RedisServer::start();
-    let client = client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let client = deployment.client();
     let lock = client
         .lock("extended")
         .unwrap()
@@ -197,8 +195,8 @@ fn extend_by_the_owner_pushes_a_fixed_lease_out() {
 
 #[test]
 fn extend_by_a_guard_that_lost_its_lock_is_refused_and_changes_nothing() {
-    let server = RedisServer::start();
-    let client = client(&server);
+    let deployment = Deployment::start(Topology::Single);
+    let (server, client) = (deployment.server(), deployment.client());
     let lock = client
         .lock("lapsed")
         .unwrap()
@@ -208,7 +206,7 @@ fn extend_by_a_guard_that_lost_its_lock_is_refused_and_changes_nothing() {
     eventually(Duration::from_secs(3), "the lease to end", || {
         !lock.is_locked().unwrap()
     });
-    let other_client = support::client(&server);
+    let other_client = support::client(server);
     let successor = other_client
         .lock("lapsed")
         .unwrap()

@@ -1,0 +1,26 @@
+//! The lock's tests: one binary, one module per area. Child processes
+//! re-run this binary on `child_entry`, which hands the role to the module
+//! that owns it.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod errors;
+mod faults;
+mod handoff;
+mod leaks;
+mod leases;
+mod liveness;
+mod locking;
+mod precise_wakeups;
+mod processes;
+mod refusals;
+mod safety;
+mod waiting;
+
+/// Entry point of the child processes; does nothing in a normal test run.
+#[test]
+#[ignore = "child-process entry point, started by the tests of this binary"]
+fn child_entry() {
+    support::run_child_role(&[handoff::run_child, leases::run_child, processes::run_child]);
+}
