@@ -23,6 +23,9 @@ pub(crate) const REAP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Redis installed immediately knows what to do.
 pub(crate) const NOT_FOUND: &str = "redis-server not found on PATH: install it (Debian/Ubuntu: apt-get install redis-server) to run redbaton's tests";
 
+/// The configuration file of a server started with one (a sentinel).
+const CONFIG_FILE: &str = "redis.conf";
+
 /// How long a freshly spawned server gets to answer PING.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -89,8 +92,15 @@ pub(crate) fn reset_dir(dir: &Path) -> io::Result<()> {
 }
 
 /// The full `redis-server` command line for a server in `dir` on `port`.
-pub(crate) fn server_args(port: u16, dir: &Path, extra_args: &[String]) -> Vec<OsString> {
-    let mut args: Vec<OsString> = vec![
+pub(crate) fn server_args(
+    port: u16,
+    dir: &Path,
+    extra_args: &[String],
+    config_file: Option<&Path>,
+) -> Vec<OsString> {
+    // A configuration file comes first, or redis-server does not read it.
+    let mut args: Vec<OsString> = config_file.map(OsString::from).into_iter().collect();
+    args.extend::<Vec<OsString>>(vec![
         "--port".into(),
         port.to_string().into(),
         "--bind".into(),
@@ -103,7 +113,7 @@ pub(crate) fn server_args(port: u16, dir: &Path, extra_args: &[String]) -> Vec<O
         dir.into(),
         "--daemonize".into(),
         "no".into(),
-    ];
+    ]);
     args.extend(extra_args.iter().map(OsString::from));
     if cluster_enabled(extra_args) && !extra_args.iter().any(|a| a == "--cluster-config-file") {
         args.push("--cluster-config-file".into());
@@ -120,8 +130,24 @@ pub(crate) fn cluster_enabled(extra_args: &[String]) -> bool {
 }
 
 /// Spawns one server and waits until it is ready, killing it on failure.
-pub(crate) fn launch(port: u16, dir: &Path, extra_args: &[String]) -> Result<Child, LaunchError> {
+pub(crate) fn launch(
+    port: u16,
+    dir: &Path,
+    extra_args: &[String],
+    config: Option<&str>,
+) -> Result<Child, LaunchError> {
     let log_path = dir.join(LOG_FILE);
+    let config_file = match config {
+        Some(text) => {
+            // Written afresh on every launch: a sentinel rewrites its own.
+            let path = dir.join(CONFIG_FILE);
+            fs::write(&path, text).map_err(|err| {
+                LaunchError::Failed(format!("cannot write {}: {err}", path.display()))
+            })?;
+            Some(path)
+        }
+        None => None,
+    };
     let open_log = || -> io::Result<(File, File)> {
         let log = File::create(&log_path)?;
         let log_err = log.try_clone()?;
@@ -132,7 +158,7 @@ pub(crate) fn launch(port: u16, dir: &Path, extra_args: &[String]) -> Result<Chi
     })?;
 
     let mut child = Command::new("redis-server")
-        .args(server_args(port, dir, extra_args))
+        .args(server_args(port, dir, extra_args, config_file.as_deref()))
         .stdin(Stdio::null())
         // Into the log file rather than inherited: parallel servers would
         // otherwise interleave their banners with the test output.
@@ -253,10 +279,10 @@ mod tests {
     #[test]
     fn cluster_mode_gets_a_private_config_file() {
         let dir = Path::new("/tmp/x");
-        let args = server_args(1, dir, &["--cluster-enabled".into(), "yes".into()]);
+        let args = server_args(1, dir, &["--cluster-enabled".into(), "yes".into()], None);
         assert!(args.ends_with(&["--cluster-config-file".into(), "/tmp/x/nodes.conf".into()]));
 
-        let args = server_args(1, dir, &["--maxmemory".into(), "1mb".into()]);
+        let args = server_args(1, dir, &["--maxmemory".into(), "1mb".into()], None);
         assert!(!args.contains(&"--cluster-config-file".into()));
     }
 }

@@ -1,7 +1,9 @@
 //! Test support for redbaton's integration tests, examples and benches.
 //!
 //! Everything here talks to real processes: [`RedisServer`] owns a throwaway
-//! `redis-server` child bound to a free loopback port, and [`ChildProcess`]
+//! `redis-server` child bound to a free loopback port, [`RedisCluster`] a
+//! small Redis Cluster of them, [`RedisSentinels`] a master with replicas
+//! and sentinels, and [`ChildProcess`]
 //! runs a second real process (usually the current test binary re-executed
 //! on one `#[ignore]`d test) whose stdout is read line by line.
 //!
@@ -16,14 +18,18 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod child;
+mod cluster;
 mod commandstats;
 mod demo;
 mod launch;
 mod process;
+mod sentinel;
 mod server;
 
 pub use child::ChildProcess;
+pub use cluster::{RedisCluster, SLOTS};
 pub use commandstats::{diff_calls, parse_commandstats};
 pub use demo::DemoRedis;
 pub use process::pid_exists;
+pub use sentinel::RedisSentinels;
 pub use server::RedisServer;

@@ -36,6 +36,8 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     extra_args: Vec<String>,
+    /// The text of a configuration file given on every launch, if any.
+    config: Option<String>,
     state: Mutex<State>,
 }
 
@@ -86,18 +88,38 @@ impl RedisServer {
 
     /// Non-panicking [`RedisServer::start_with`].
     pub fn try_start_with(extra_args: &[&str]) -> Result<RedisServer, String> {
+        Self::try_start_configured(None, extra_args)
+    }
+
+    /// Starts a server that reads `config` (the text of a configuration
+    /// file, written into its directory) before the usual arguments and
+    /// `extra_args`: a sentinel is `start_configured("sentinel monitor …",
+    /// &["--sentinel"])`.
+    ///
+    /// # Panics
+    ///
+    /// Same as [`RedisServer::start`].
+    pub fn start_configured(config: &str, extra_args: &[&str]) -> RedisServer {
+        Self::try_start_configured(Some(config), extra_args).unwrap_or_else(|err| panic!("{err}"))
+    }
+
+    fn try_start_configured(
+        config: Option<&str>,
+        extra_args: &[&str],
+    ) -> Result<RedisServer, String> {
         let extra_args: Vec<String> = extra_args.iter().map(|arg| arg.to_string()).collect();
         let mut failures = Vec::new();
         for attempt in 1..=START_ATTEMPTS {
             let port = free_port().map_err(|err| format!("cannot find a free port: {err}"))?;
             let dir = fresh_dir(port)
                 .map_err(|err| format!("cannot create a temp dir for redis-server: {err}"))?;
-            match launch(port, &dir, &extra_args) {
+            match launch(port, &dir, &extra_args, config) {
                 Ok(child) => {
                     return Ok(RedisServer {
                         port,
                         dir,
                         extra_args,
+                        config: config.map(str::to_owned),
                         state: Mutex::new(State {
                             pid: child.id(),
                             child: Some(child),
@@ -251,7 +273,12 @@ impl RedisServer {
         // growing pause give such a squatter time to go away.
         let mut failures = Vec::new();
         for attempt in 1..=START_ATTEMPTS {
-            match launch(self.port, &self.dir, &self.extra_args) {
+            match launch(
+                self.port,
+                &self.dir,
+                &self.extra_args,
+                self.config.as_deref(),
+            ) {
                 Ok(child) => {
                     state.pid = child.id();
                     state.child = Some(child);

@@ -1,0 +1,181 @@
+//! A throwaway Redis Cluster: masters (each with its replicas) of
+//! `redis-server --cluster-enabled yes` on free loopback ports, joined with
+//! `CLUSTER MEET`, given slots with `CLUSTER ADDSLOTSRANGE` and replicas
+//! with `CLUSTER REPLICATE`. Every server is killed when the value drops.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::server::RedisServer;
+
+/// Slots of a Redis Cluster.
+pub const SLOTS: u16 = 16_384;
+
+/// How long a cluster gets to agree on its configuration.
+const FORM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A node's failure-detection timeout: short, so that tests of a failover
+/// see it within seconds.
+const NODE_TIMEOUT_MS: &str = "1000";
+
+/// A small Redis Cluster on 127.0.0.1.
+#[derive(Debug)]
+pub struct RedisCluster {
+    masters: Vec<RedisServer>,
+    /// `replicas[m]` replicate `masters[m]`.
+    replicas: Vec<Vec<RedisServer>>,
+}
+
+impl RedisCluster {
+    /// Starts `masters` masters that share the slots evenly, each with
+    /// `replicas_per_master` replicas, and waits until every node reports
+    /// `cluster_state:ok` and every replica is in sync.
+    ///
+    /// # Panics
+    ///
+    /// When a server does not start or the cluster does not form within
+    /// 30 s (with what is missing).
+    pub fn start(masters: usize, replicas_per_master: usize) -> RedisCluster {
+        assert!(masters >= 1, "a cluster needs a master");
+        let node = || {
+            RedisServer::start_with(&[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-node-timeout",
+                NODE_TIMEOUT_MS,
+            ])
+        };
+        let masters: Vec<RedisServer> = (0..masters).map(|_| node()).collect();
+        let replicas: Vec<Vec<RedisServer>> = (0..masters.len())
+            .map(|_| (0..replicas_per_master).map(|_| node()).collect())
+            .collect();
+        let cluster = RedisCluster { masters, replicas };
+        cluster.assign_slots();
+        cluster.meet_all();
+        cluster.wait_until("every node knows every other", |c| c.all_nodes_known());
+        cluster.attach_replicas();
+        cluster.wait_until("cluster_state:ok on every node", |c| c.all_ok());
+        cluster.wait_until("every replica in sync", |c| c.replicas_in_sync());
+        cluster
+    }
+
+    /// The masters, in slot order: master `i` serves an even share of the
+    /// slots, starting at `i * 16384 / n`.
+    pub fn masters(&self) -> &[RedisServer] {
+        &self.masters
+    }
+
+    /// The replicas of master `i`.
+    pub fn replicas_of(&self, master: usize) -> &[RedisServer] {
+        &self.replicas[master]
+    }
+
+    /// Every node: masters, then replicas.
+    pub fn nodes(&self) -> impl Iterator<Item = &RedisServer> {
+        self.masters.iter().chain(self.replicas.iter().flatten())
+    }
+
+    /// `redis://127.0.0.1:PORT/` of every master, to seed a client.
+    pub fn seed_urls(&self) -> Vec<String> {
+        self.masters.iter().map(RedisServer::url).collect()
+    }
+
+    /// The slot `key` hashes to, as the cluster computes it.
+    pub fn slot_of(&self, key: &str) -> u16 {
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut self.masters[0].connection())
+            .expect("CLUSTER KEYSLOT")
+    }
+
+    /// The master that was given `slot` when the cluster was formed.
+    pub fn master_of_slot(&self, slot: u16) -> &RedisServer {
+        let index = usize::from(slot) * self.masters.len() / usize::from(SLOTS);
+        &self.masters[index]
+    }
+
+    fn assign_slots(&self) {
+        let n = self.masters.len();
+        for (i, master) in self.masters.iter().enumerate() {
+            let first = i * usize::from(SLOTS) / n;
+            let last = (i + 1) * usize::from(SLOTS) / n - 1;
+            redis::cmd("CLUSTER")
+                .arg("ADDSLOTSRANGE")
+                .arg(first)
+                .arg(last)
+                .query::<()>(&mut master.connection())
+                .expect("CLUSTER ADDSLOTSRANGE");
+        }
+    }
+
+    fn meet_all(&self) {
+        let first = self.masters[0].port();
+        for node in self.nodes().skip(1) {
+            redis::cmd("CLUSTER")
+                .arg("MEET")
+                .arg("127.0.0.1")
+                .arg(first)
+                .query::<()>(&mut node.connection())
+                .expect("CLUSTER MEET");
+        }
+    }
+
+    fn attach_replicas(&self) {
+        for (master, replicas) in self.masters.iter().zip(&self.replicas) {
+            let id: String = redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query(&mut master.connection())
+                .expect("CLUSTER MYID");
+            for replica in replicas {
+                redis::cmd("CLUSTER")
+                    .arg("REPLICATE")
+                    .arg(&id)
+                    .query::<()>(&mut replica.connection())
+                    .expect("CLUSTER REPLICATE");
+            }
+        }
+    }
+
+    fn all_nodes_known(&self) -> bool {
+        let total = self.nodes().count();
+        self.nodes().all(|node| {
+            let nodes: String = redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query(&mut node.connection())
+                .unwrap_or_default();
+            nodes.lines().filter(|l| !l.contains("handshake")).count() == total
+        })
+    }
+
+    fn all_ok(&self) -> bool {
+        self.nodes().all(|node| {
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query(&mut node.connection())
+                .unwrap_or_default();
+            info.contains("cluster_state:ok")
+        })
+    }
+
+    fn replicas_in_sync(&self) -> bool {
+        self.replicas.iter().flatten().all(|replica| {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut replica.connection())
+                .unwrap_or_default();
+            info.contains("master_link_status:up")
+        })
+    }
+
+    fn wait_until(&self, what: &str, done: impl Fn(&RedisCluster) -> bool) {
+        let deadline = Instant::now() + FORM_TIMEOUT;
+        while !done(self) {
+            assert!(
+                Instant::now() < deadline,
+                "the test cluster did not form within {FORM_TIMEOUT:?}: no {what}"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
