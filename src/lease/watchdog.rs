@@ -19,7 +19,6 @@
 //! client, and no lock of the client while it talks to Redis.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -58,9 +57,9 @@ pub(crate) struct Watchdog {
     /// message). Written by the thread and read by `wake` under this lock,
     /// so that a new ownership due no earlier needs no message.
     scheduled: Mutex<Option<Instant>>,
-    rounds: AtomicU64,
-    renewals: AtomicU64,
-    losses: AtomicU64,
+    /// Updated once per round, so that a reader never sees a round counted
+    /// without its renewals.
+    stats: Mutex<WatchdogStats>,
 }
 
 /// A release that must still reach Redis: its first send failed with the
@@ -120,9 +119,7 @@ impl Watchdog {
             receiver: Mutex::new(Some(receiver)),
             cleanups: Mutex::new(Vec::new()),
             scheduled: Mutex::new(None),
-            rounds: AtomicU64::new(0),
-            renewals: AtomicU64::new(0),
-            losses: AtomicU64::new(0),
+            stats: Mutex::new(WatchdogStats::default()),
         }
     }
 
@@ -168,15 +165,7 @@ impl Watchdog {
     }
 
     pub(crate) fn stats(&self) -> WatchdogStats {
-        WatchdogStats {
-            rounds: self.rounds.load(Ordering::Relaxed),
-            renewals: self.renewals.load(Ordering::Relaxed),
-            losses: self.losses.load(Ordering::Relaxed),
-        }
-    }
-
-    pub(crate) fn count_loss(&self) {
-        self.losses.fetch_add(1, Ordering::Relaxed);
+        *self.stats.lock()
     }
 
     fn next_cleanup(&self) -> Option<Instant> {
@@ -269,12 +258,18 @@ fn renew_due(runtime: &LeaseRuntime) {
         .collect();
     let sent = Instant::now();
     let outcomes = runtime.renewer.renew_round(&requests);
-    runtime.watchdog.rounds.fetch_add(1, Ordering::Relaxed);
+    let mut round = WatchdogStats {
+        rounds: 1,
+        ..WatchdogStats::default()
+    };
     for (index, renewal) in due.iter().enumerate() {
         // A missing outcome is a round that did not come back.
         let outcome = outcomes.get(index).copied().unwrap_or(RenewOutcome::Retry);
-        apply(runtime, renewal, outcome, sent, now);
+        apply(runtime, renewal, outcome, sent, now, &mut round);
     }
+    let mut stats = runtime.watchdog.stats.lock();
+    stats.rounds += round.rounds;
+    stats.renewals += round.renewals;
 }
 
 fn apply(
@@ -283,12 +278,13 @@ fn apply(
     outcome: RenewOutcome,
     sent: Instant,
     now: Instant,
+    round: &mut WatchdogStats,
 ) {
     runtime
         .registry
         .update_renewal(due, |renewal| match outcome {
             RenewOutcome::Renewed => {
-                runtime.watchdog.renewals.fetch_add(1, Ordering::Relaxed);
+                round.renewals += 1;
                 renewal.renewed(sent);
             }
             RenewOutcome::Retry if now < renewal.lease_ends => {
@@ -306,8 +302,13 @@ fn apply(
 }
 
 fn lose(runtime: &LeaseRuntime, due: &DueRenewal, why: &str) {
+    // Counted under the stats lock, taken before the guard can see the
+    // loss: whoever sees `is_lost()` and then asks for the stats sees it
+    // counted.
+    let mut stats = runtime.watchdog.stats.lock();
     if due.status.mark_lost() {
-        runtime.watchdog.count_loss();
+        stats.losses += 1;
+        drop(stats);
         log::warn!("redbaton: lock {:?} was lost: {why}", due.keys.name);
     }
 }
