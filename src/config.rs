@@ -39,7 +39,21 @@ pub(crate) struct Config {
     pub(crate) fence_ttl: Duration,
     /// Local hand-offs in a row before a release in Redis.
     pub(crate) max_local_handoffs: u32,
+    /// Replicas that must confirm each ownership write, if any.
+    pub(crate) replica_acks: Option<ReplicaAcks>,
 }
+
+/// `replica_acks(replicas, timeout)`: after each write that makes or
+/// extends an ownership, the master waits (`WAIT`) until `replicas`
+/// replicas have it, at most `timeout`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReplicaAcks {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
+}
+
+/// How many replica acknowledgements may be asked for.
+const REPLICAS: std::ops::RangeInclusive<u32> = 1..=1024;
 
 impl Config {
     /// Checks every setting against its documented range.
@@ -68,6 +82,25 @@ impl Config {
             if value < Duration::from_millis(1) || value > MAX_LEASE {
                 return Err(Error::InvalidConfig(format!(
                     "{what} is {value:?}; it must be between 1 ms and a year"
+                )));
+            }
+        }
+        if let Some(acks) = self.replica_acks {
+            if !REPLICAS.contains(&acks.replicas) {
+                return Err(Error::InvalidConfig(format!(
+                    "replica_acks asks for {} replicas; it must be between {} and {}",
+                    acks.replicas,
+                    REPLICAS.start(),
+                    REPLICAS.end()
+                )));
+            }
+            // The master answers WAIT only after its timeout: the reply
+            // must come before the connection's own I/O timeout.
+            if acks.timeout < Duration::from_millis(1) || acks.timeout >= self.io_timeout {
+                return Err(Error::InvalidConfig(format!(
+                    "replica_acks timeout is {:?}; it must be at least 1 ms and shorter than \
+                     io_timeout ({:?})",
+                    acks.timeout, self.io_timeout
                 )));
             }
         }

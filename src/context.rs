@@ -54,7 +54,7 @@ impl Context {
         self.backend.check_process()?;
         self.identities.current(|counter| {
             self.backend
-                .run("", |c| redis::cmd("INCR").arg(counter).query(c))
+                .run(counter, "", |c| redis::cmd("INCR").arg(counter).query(c))
                 .map_err(|err| damaged_counter(err, counter))
         })
     }

@@ -81,6 +81,34 @@ pub enum Error {
         detail: String,
     },
 
+    /// The Redis deployment is not of the kind the client was built for, or
+    /// not whole: a cluster node given as one server (or the reverse), a
+    /// cluster slot no master serves, sentinels that do not know the
+    /// service. The message says what to change.
+    #[error("Redis at {addr} {detail}")]
+    WrongTopology {
+        /// The server (or servers) that showed it.
+        addr: String,
+        /// What is wrong, and what to do.
+        detail: String,
+    },
+
+    /// Fewer replicas than [`replica_acks`](crate::ClientBuilder::replica_acks)
+    /// asks for confirmed a write in time. The acquisition (or renewal,
+    /// extend, hand-off) counts as not done: a fresh acquisition was undone
+    /// at once. Transient: waiters try again within their deadline.
+    #[error("only {acknowledged} of the {wanted} replica acknowledgements asked for came from Redis at {addr} within {timeout:?}; the write was treated as not done (check the replicas' links, or lower replica_acks)")]
+    NotReplicated {
+        /// The lock's master.
+        addr: String,
+        /// The acknowledgements asked for.
+        wanted: u32,
+        /// The acknowledgements that came.
+        acknowledged: u32,
+        /// How long the master waited for them.
+        timeout: Duration,
+    },
+
     /// Every pooled connection stayed busy for the whole wait.
     #[error("no pooled Redis connection became free within {waited:?}; raise pool_size or shorten what runs under the pool")]
     PoolTimeout {
@@ -218,9 +246,13 @@ impl Error {
 
     /// True when the failure may pass by itself, so that the same call may
     /// succeed later: Redis could not be reached, or answered that it
-    /// cannot serve commands for now ([`Error::Unavailable`]).
+    /// cannot serve commands for now ([`Error::Unavailable`]), or its
+    /// replicas did not confirm a write in time ([`Error::NotReplicated`]).
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Unreachable { .. } | Error::Unavailable { .. })
+        matches!(
+            self,
+            Error::Unreachable { .. } | Error::Unavailable { .. } | Error::NotReplicated { .. }
+        )
     }
 
     /// True when the lock was lost: this thread no longer owns it.

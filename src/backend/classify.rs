@@ -1,7 +1,7 @@
 //! Turning redis-rs errors into [`Error`]s: which ones break a connection,
 //! which ones say "not now", and a password-free description of each.
 
-use redis::{ErrorKind, RedisError};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use crate::error::Error;
 
@@ -37,6 +37,25 @@ pub(crate) fn from_redis(err: RedisError, name: &str, addr: &str, trace: ScriptT
             addr: addr.to_owned(),
             detail: describe_io(&err),
             source: Some(err),
+        };
+    }
+    // Reaches here only from a flavor that does not follow redirections.
+    if matches!(
+        err.kind(),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+    ) {
+        return Error::WrongTopology {
+            addr: addr.to_owned(),
+            detail: "is a Redis Cluster node (it redirected a command to another node): build \
+                     the client with Topology::cluster (the `cluster` feature)"
+                .to_owned(),
+        };
+    }
+    // A replica, or a master demoted by a failover: not now, here.
+    if err.code() == Some("READONLY") {
+        return Error::Unavailable {
+            addr: addr.to_owned(),
+            detail: format!("READONLY {detail}"),
         };
     }
     if is_transient_reply(err.code()) {

@@ -5,18 +5,26 @@
 //! Connection pooling, the classification of transport errors and the
 //! rules for parked connections live here, once. The flavors:
 //!
-//! - `single`: one Redis server (a command pool and a parking pool).
+//! - `single`: one Redis server (a command pool and a parking pool);
+//! - `cluster` (feature `cluster`): a `single` per master of a Redis
+//!   Cluster, chosen by the slot of the key an exchange names (`slot`);
+//! - `sentinel` (feature `sentinel`): a `single` for the master the
+//!   sentinels name, made anew after each failover.
 //!
 //! `unblock` ends parks on time (`CLIENT UNBLOCK`) rather than on the
-//! server's timer tick; every flavor uses it.
-//!
-//! Redis Cluster and Sentinel come as further flavors of the private
-//! `Flavor` enum, each a file of this folder, with one-line dispatch in
+//! server's timer tick; every flavor uses it, on the node it parks on.
+//! Each flavor is a file of this folder, with one-line dispatch in
 //! [`Backend`]'s methods.
 
 mod classify;
+#[cfg(feature = "cluster")]
+mod cluster;
 mod pool;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 mod single;
+#[cfg(feature = "cluster")]
+mod slot;
 mod unblock;
 
 use std::fmt;
@@ -39,6 +47,10 @@ pub(crate) struct Backend {
 
 enum Flavor {
     Single(single::Single),
+    #[cfg(feature = "cluster")]
+    Cluster(cluster::Cluster),
+    #[cfg(feature = "sentinel")]
+    Sentinel(sentinel::Sentinel),
 }
 
 /// A successful exchange.
@@ -71,8 +83,42 @@ pub(crate) enum Parked {
 impl Backend {
     /// One server at `client`'s address. Does not connect.
     pub(crate) fn single(client: redis::Client, config: &Config, trace: ScriptTracer) -> Backend {
+        let workers = single::connect_workers();
+        Backend::with(Flavor::Single(single::Single::new(
+            client, config, trace, &workers,
+        )))
+    }
+
+    /// A Redis Cluster first reached through `seeds`. Does not connect.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn cluster(
+        seeds: Vec<redis::Client>,
+        config: &Config,
+        trace: ScriptTracer,
+    ) -> Backend {
+        let workers = single::connect_workers();
+        Backend::with(Flavor::Cluster(cluster::Cluster::new(
+            seeds, config, trace, workers,
+        )))
+    }
+
+    /// The master of `service` as `sentinels` know it. Does not connect.
+    #[cfg(feature = "sentinel")]
+    pub(crate) fn sentinel(
+        service: String,
+        sentinels: Vec<redis::Client>,
+        config: &Config,
+        trace: ScriptTracer,
+    ) -> Backend {
+        let workers = single::connect_workers();
+        Backend::with(Flavor::Sentinel(sentinel::Sentinel::new(
+            service, sentinels, config, trace, workers,
+        )))
+    }
+
+    fn with(flavor: Flavor) -> Backend {
         Backend {
-            flavor: Flavor::Single(single::Single::new(client, config, trace)),
+            flavor,
             pid: std::process::id(),
         }
     }
@@ -89,19 +135,29 @@ impl Backend {
         })
     }
 
-    /// `host:port` of the server, for messages (never a password).
+    /// `host:port` of the server (or the seeds, or the sentinels), for
+    /// messages (never a password).
     pub(crate) fn addr(&self) -> &str {
         match &self.flavor {
             Flavor::Single(single) => single.addr(),
+            #[cfg(feature = "cluster")]
+            Flavor::Cluster(cluster) => cluster.addr(),
+            #[cfg(feature = "sentinel")]
+            Flavor::Sentinel(sentinel) => sentinel.addr(),
         }
     }
 
-    /// Runs one exchange for the object `name` (for error messages) on a
-    /// command connection. A connection found dropped is replaced and the
-    /// exchange sent once more (every exchange of this crate is safe to
-    /// send twice; [`Sent::resent`] tells the caller); a timeout is not.
+    /// Runs one exchange that works on `key` (every key it names shares
+    /// that key's cluster slot) for the object `name` (for error
+    /// messages), on a command connection of the server that holds `key`.
+    /// A connection found dropped is replaced and the exchange sent once
+    /// more (every exchange of this crate is safe to send twice;
+    /// [`Sent::resent`] tells the caller); a timeout is not. A cluster
+    /// redirection is followed (the command did not run).
+    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
     pub(crate) fn exchange<T>(
         &self,
+        key: &str,
         name: &str,
         exchange: impl FnMut(&mut dyn ConnectionLike) -> RedisResult<T>,
     ) -> Result<Sent<T>, Failed> {
@@ -111,18 +167,43 @@ impl Backend {
         })?;
         match &self.flavor {
             Flavor::Single(single) => single.exchange(name, exchange),
+            #[cfg(feature = "cluster")]
+            Flavor::Cluster(cluster) => cluster.exchange(key, name, exchange),
+            #[cfg(feature = "sentinel")]
+            Flavor::Sentinel(sentinel) => sentinel.exchange(name, exchange),
         }
     }
 
     /// [`Backend::exchange`] for callers that only need the value.
     pub(crate) fn run<T>(
         &self,
+        key: &str,
         name: &str,
         exchange: impl FnMut(&mut dyn ConnectionLike) -> RedisResult<T>,
     ) -> Result<T, Error> {
-        self.exchange(name, exchange)
+        self.exchange(key, name, exchange)
             .map(|sent| sent.value)
             .map_err(|failed| failed.error)
+    }
+
+    /// Groups `keys` (by index) so that each group's keys live on one
+    /// server, for pipelines that span many objects. One group, except on
+    /// a cluster.
+    pub(crate) fn shards(&self, keys: &[&str]) -> Vec<Vec<usize>> {
+        match &self.flavor {
+            #[cfg(feature = "cluster")]
+            Flavor::Cluster(cluster) => cluster.shards(keys),
+            _ => vec![(0..keys.len()).collect()],
+        }
+    }
+
+    /// Tells a cluster that a command was redirected where the exchange
+    /// could not see it (inside a pipeline): its slot map is stale.
+    pub(crate) fn redirected(&self) {
+        #[cfg(feature = "cluster")]
+        if let Flavor::Cluster(cluster) = &self.flavor {
+            cluster.redirected();
+        }
     }
 
     /// Parks in `BLPOP` on `list` for at most `park`, on a parking
@@ -140,6 +221,10 @@ impl Backend {
         self.check_process()?;
         match &self.flavor {
             Flavor::Single(single) => single.park(name, list, park, precise),
+            #[cfg(feature = "cluster")]
+            Flavor::Cluster(cluster) => cluster.park(name, list, park, precise),
+            #[cfg(feature = "sentinel")]
+            Flavor::Sentinel(sentinel) => sentinel.park(name, list, park, precise),
         }
     }
 }
@@ -148,6 +233,10 @@ impl fmt::Debug for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let flavor = match &self.flavor {
             Flavor::Single(_) => "Single",
+            #[cfg(feature = "cluster")]
+            Flavor::Cluster(_) => "Cluster",
+            #[cfg(feature = "sentinel")]
+            Flavor::Sentinel(_) => "Sentinel",
         };
         f.debug_tuple(flavor).field(&self.addr()).finish()
     }

@@ -32,27 +32,46 @@ pub(super) struct Single {
     memory_policy_checked: AtomicBool,
 }
 
+/// A failed send, before it is classified: a flavor that routes (Cluster,
+/// Sentinel) acts on some replies (a redirection, `READONLY`) first.
+pub(super) enum SendError {
+    /// No connection could be had: nothing was sent.
+    NoConnection(Error),
+    /// What Redis or the transport answered.
+    Reply(redis::RedisError),
+}
+
+/// The threads that open connections for every pool of one client; they
+/// end when the pools do. Two, so that a slow connect of one pool does not
+/// hold up another's.
+pub(super) fn connect_workers() -> Arc<ScheduledThreadPool> {
+    Arc::new(
+        ScheduledThreadPool::builder()
+            .num_threads(2)
+            .thread_name_pattern("redbaton-connect-{}")
+            // A connection being opened when the client goes is no longer
+            // wanted.
+            .on_drop_behavior(OnPoolDropBehavior::DiscardPendingScheduled)
+            .build(),
+    )
+}
+
 impl Single {
-    pub(super) fn new(client: redis::Client, config: &Config, trace: ScriptTracer) -> Self {
-        // Both pools open connections on these threads; they end when the
-        // pools do. Two, so that a slow connect of one pool does not hold
-        // up the other's.
-        let workers = Arc::new(
-            ScheduledThreadPool::builder()
-                .num_threads(2)
-                .thread_name_pattern("redbaton-connect-{}")
-                // A connection being opened when the client goes is no
-                // longer wanted.
-                .on_drop_behavior(OnPoolDropBehavior::DiscardPendingScheduled)
-                .build(),
-        );
+    /// Pools for the server `client` points at, opening connections on
+    /// `workers`.
+    pub(super) fn new(
+        client: redis::Client,
+        config: &Config,
+        trace: ScriptTracer,
+        workers: &Arc<ScheduledThreadPool>,
+    ) -> Self {
         let commands = Pool::new(
             client.clone(),
             config.pool_size,
             config.io_timeout,
             "command",
             false,
-            &workers,
+            workers,
         );
         Single {
             unblocker: Unblocker::new(commands.clone(), config.io_timeout),
@@ -65,7 +84,7 @@ impl Single {
                 config.io_timeout,
                 "parking",
                 true,
-                &workers,
+                workers,
             ),
             io_timeout: config.io_timeout,
             trace,
@@ -77,22 +96,47 @@ impl Single {
         self.commands.addr()
     }
 
-    fn classify(&self, err: redis::RedisError, name: &str) -> Error {
+    /// The crate's error for `err`, met while working on object `name`.
+    pub(super) fn classify(&self, err: redis::RedisError, name: &str) -> Error {
         classify::from_redis(err, name, self.addr(), self.trace)
     }
 
+    /// Runs one exchange on a command connection; see
+    /// [`Backend::exchange`](super::Backend::exchange).
     pub(super) fn exchange<T>(
         &self,
         name: &str,
-        mut exchange: impl FnMut(&mut dyn ConnectionLike) -> RedisResult<T>,
+        exchange: impl FnMut(&mut dyn ConnectionLike) -> RedisResult<T>,
     ) -> Result<Sent<T>, Failed> {
-        let not_sent = |error| Failed {
-            error,
-            outcome_unknown: false,
-        };
+        self.send(exchange)
+            .map_err(|failed| self.failed(failed, name))
+    }
+
+    /// The caller's view of a failed send.
+    pub(super) fn failed(&self, failed: SendError, name: &str) -> Failed {
+        match failed {
+            SendError::NoConnection(error) => Failed {
+                error,
+                outcome_unknown: false,
+            },
+            SendError::Reply(err) => Failed {
+                outcome_unknown: breaks_connection(&err),
+                error: self.classify(err, name),
+            },
+        }
+    }
+
+    /// [`Single::exchange`] without classifying the failure.
+    pub(super) fn send<T>(
+        &self,
+        mut exchange: impl FnMut(&mut dyn ConnectionLike) -> RedisResult<T>,
+    ) -> Result<Sent<T>, SendError> {
         let mut resent = false;
         loop {
-            let mut conn = self.commands.get(self.io_timeout).map_err(not_sent)?;
+            let mut conn = self
+                .commands
+                .get(self.io_timeout)
+                .map_err(SendError::NoConnection)?;
             self.check_memory_policy_once(&mut conn);
             match conn.run(|c| exchange(c)) {
                 Ok(value) => return Ok(Sent { value, resent }),
@@ -106,12 +150,7 @@ impl Single {
                     );
                     resent = true;
                 }
-                Err(err) => {
-                    return Err(Failed {
-                        outcome_unknown: breaks_connection(&err),
-                        error: self.classify(err, name),
-                    })
-                }
+                Err(err) => return Err(SendError::Reply(err)),
             }
         }
     }

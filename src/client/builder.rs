@@ -8,31 +8,129 @@ use redis::RedisResult;
 
 use super::Client;
 use crate::backend::Backend;
-use crate::config::Config;
+use crate::config::{Config, ReplicaAcks};
 use crate::context::Context;
 use crate::error::Error;
 use crate::lease::RenewLeases;
 use crate::scripts;
-use crate::sync::lock::SingleServer;
+use crate::sync::lock::DeploymentLock;
 
-/// Where a client's Redis is: one server today (a URL); Redis Cluster,
-/// Sentinel and several independent masters are to come as further forms.
+/// Where a client's Redis is: one server, a Redis Cluster (feature
+/// `cluster`), or a master watched by Redis Sentinel (feature `sentinel`).
 ///
-/// A `&str` or `String` is a URL: `redis://[user:password@]host[:port][/db]`
-/// (or `rediss://` with the `tls` feature, or `redis+unix:///path`).
+/// A `&str` or `String` is the URL of one server:
+/// `redis://[user:password@]host[:port][/db]` (or `rediss://` with the `tls`
+/// feature, or `redis+unix:///path`).
+///
+/// # Examples
+///
+/// ```
+/// use redbaton::Topology;
+///
+/// let one = Topology::server("redis://127.0.0.1:6379/");
+/// # #[cfg(feature = "cluster")]
+/// let cluster = Topology::cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
+/// # #[cfg(feature = "sentinel")]
+/// let sentinel = Topology::sentinel("locks", ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"]);
+/// ```
 pub struct Topology {
-    /// Parsed at once, reported by `build`; the URL text itself is not kept,
-    /// so no password can end up in `Debug` output.
-    server: RedisResult<redis::Client>,
+    /// The URLs are parsed at once, errors reported by `build`; the URL
+    /// text itself is not kept, so no password can end up in `Debug`
+    /// output.
+    form: Form,
+}
+
+enum Form {
+    Server(RedisResult<redis::Client>),
+    #[cfg(feature = "cluster")]
+    Cluster(RedisResult<Vec<redis::Client>>),
+    #[cfg(feature = "sentinel")]
+    Sentinel {
+        service: String,
+        sentinels: RedisResult<Vec<redis::Client>>,
+    },
 }
 
 impl Topology {
     /// One Redis server at `url`.
     pub fn server(url: &str) -> Topology {
         Topology {
-            server: redis::Client::open(url),
+            form: Form::Server(redis::Client::open(url)),
         }
     }
+
+    /// A Redis Cluster, first reached through the nodes at `seeds` (one is
+    /// enough; more survive one being down). The slot map is read from
+    /// whichever answers, and every other node is reached with the first
+    /// seed's user, password and TLS settings. Each lock lives on the
+    /// master serving its slot.
+    #[cfg(feature = "cluster")]
+    pub fn cluster<I, S>(seeds: I) -> Topology
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Topology {
+            form: Form::Cluster(open_all(seeds)),
+        }
+    }
+
+    /// The master of `service` as the sentinels at `sentinels` know it,
+    /// followed across failovers. The master is reached with the first
+    /// sentinel URL's user, password, database and TLS settings.
+    #[cfg(feature = "sentinel")]
+    pub fn sentinel<I, S>(service: &str, sentinels: I) -> Topology
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Topology {
+            form: Form::Sentinel {
+                service: service.to_owned(),
+                sentinels: open_all(sentinels),
+            },
+        }
+    }
+
+    /// Applies `f` to every parsed URL.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    fn map_clients(self, f: impl Fn(redis::Client) -> RedisResult<redis::Client>) -> Topology {
+        #[cfg(any(feature = "cluster", feature = "sentinel"))]
+        let all = |clients: RedisResult<Vec<redis::Client>>| {
+            clients.and_then(|clients| clients.into_iter().map(&f).collect::<RedisResult<Vec<_>>>())
+        };
+        let form = match self.form {
+            Form::Server(client) => Form::Server(client.and_then(&f)),
+            #[cfg(feature = "cluster")]
+            Form::Cluster(seeds) => Form::Cluster(all(seeds)),
+            #[cfg(feature = "sentinel")]
+            Form::Sentinel { service, sentinels } => Form::Sentinel {
+                service,
+                sentinels: all(sentinels),
+            },
+        };
+        Topology { form }
+    }
+}
+
+/// Parses every URL of a list; an empty list is refused.
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
+fn open_all<I, S>(urls: I) -> RedisResult<Vec<redis::Client>>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let clients = urls
+        .into_iter()
+        .map(|url| redis::Client::open(url.as_ref()))
+        .collect::<RedisResult<Vec<_>>>()?;
+    if clients.is_empty() {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "no URL given",
+        )));
+    }
+    Ok(clients)
 }
 
 impl From<&str> for Topology {
@@ -55,12 +153,23 @@ impl From<&String> for Topology {
 
 impl fmt::Debug for Topology {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.server {
-            Ok(client) => f
-                .debug_tuple("Server")
-                .field(&client.get_connection_info().addr().to_string())
+        let addr = |client: &redis::Client| client.get_connection_info().addr().to_string();
+        #[cfg(any(feature = "cluster", feature = "sentinel"))]
+        let addrs = |clients: &RedisResult<Vec<redis::Client>>| match clients {
+            Ok(clients) => clients.iter().map(addr).collect::<Vec<_>>(),
+            Err(_) => vec!["<invalid URL>".to_owned()],
+        };
+        match &self.form {
+            Form::Server(Ok(client)) => f.debug_tuple("Server").field(&addr(client)).finish(),
+            Form::Server(Err(_)) => f.write_str("Server(<invalid URL>)"),
+            #[cfg(feature = "cluster")]
+            Form::Cluster(seeds) => f.debug_tuple("Cluster").field(&addrs(seeds)).finish(),
+            #[cfg(feature = "sentinel")]
+            Form::Sentinel { service, sentinels } => f
+                .debug_struct("Sentinel")
+                .field("service", service)
+                .field("sentinels", &addrs(sentinels))
                 .finish(),
-            Err(_) => f.write_str("Server(<invalid URL>)"),
         }
     }
 }
@@ -94,6 +203,7 @@ pub struct ClientBuilder {
     baton_ttl: Duration,
     fence_counter_ttl: Duration,
     max_local_handoffs: u32,
+    replica_acks: Option<ReplicaAcks>,
 }
 
 impl ClientBuilder {
@@ -111,6 +221,7 @@ impl ClientBuilder {
             baton_ttl: Duration::from_secs(5),
             fence_counter_ttl: Duration::from_secs(24 * 3600),
             max_local_handoffs: 8,
+            replica_acks: None,
         }
     }
 
@@ -189,7 +300,7 @@ impl ClientBuilder {
     /// Without it, the system's root certificates are used.
     #[cfg(feature = "tls")]
     pub fn tls_root_certificate(mut self, pem: &[u8]) -> Self {
-        self.topology.server = self.topology.server.and_then(|client| {
+        self.topology = self.topology.map_clients(|client| {
             redis::Client::build_with_tls(
                 client.get_connection_info().clone(),
                 redis::TlsCertificates {
@@ -211,6 +322,22 @@ impl ClientBuilder {
         self
     }
 
+    /// Asks `replicas` replicas to confirm every write that makes or
+    /// extends an ownership (acquisition, renewal, `extend`, hand-off):
+    /// the lock's master answers `WAIT replicas timeout` first. With fewer
+    /// confirmations, the write counts as not done: a fresh acquisition is
+    /// undone and the waiter tries again within its deadline (the error,
+    /// when it runs out, is [`Error::NotReplicated`]); a renewal is tried
+    /// again next round. A lock confirmed this way survives the failover of
+    /// its master to any of those replicas, which asynchronous replication
+    /// alone does not promise. `timeout` must be shorter than `io_timeout`.
+    /// Off by default; each acquisition then costs one round trip to a
+    /// replica more.
+    pub fn replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replica_acks = Some(ReplicaAcks { replicas, timeout });
+        self
+    }
+
     /// Checks the settings and makes the client. Does not connect.
     ///
     /// # Errors
@@ -218,10 +345,7 @@ impl ClientBuilder {
     /// [`Error::InvalidLease`] for a default lease under 1 ms or over a year,
     /// [`Error::InvalidConfig`] for any other setting out of range.
     pub fn build(self) -> Result<Client, Error> {
-        let server = self
-            .topology
-            .server
-            .map_err(|source| Error::InvalidUrl { source })?;
+        let invalid = |source| Error::InvalidUrl { source };
         let config = Config {
             prefix: self.prefix,
             pool_size: self.pool_size,
@@ -232,11 +356,20 @@ impl ClientBuilder {
             baton_ttl: self.baton_ttl,
             fence_ttl: self.fence_counter_ttl,
             max_local_handoffs: self.max_local_handoffs,
+            replica_acks: self.replica_acks,
         };
         config.validate()?;
-        let backend = Arc::new(Backend::single(server, &config, scripts::command_in_error));
-        let lock_raw: Arc<SingleServer> =
-            Arc::new(SingleServer::new(Arc::clone(&backend), config.baton_ttl));
+        let trace = scripts::command_in_error;
+        let backend = Arc::new(match self.topology.form {
+            Form::Server(server) => Backend::single(server.map_err(invalid)?, &config, trace),
+            #[cfg(feature = "cluster")]
+            Form::Cluster(seeds) => Backend::cluster(seeds.map_err(invalid)?, &config, trace),
+            #[cfg(feature = "sentinel")]
+            Form::Sentinel { service, sentinels } => {
+                Backend::sentinel(service, sentinels.map_err(invalid)?, &config, trace)
+            }
+        });
+        let lock_raw = Arc::new(DeploymentLock::new(Arc::clone(&backend), &config));
         let context = Context::new(
             config,
             backend,
@@ -259,6 +392,7 @@ impl fmt::Debug for ClientBuilder {
             .field("baton_ttl", &self.baton_ttl)
             .field("fence_counter_ttl", &self.fence_counter_ttl)
             .field("max_local_handoffs", &self.max_local_handoffs)
+            .field("replica_acks", &self.replica_acks)
             .finish()
     }
 }

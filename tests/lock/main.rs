@@ -16,6 +16,7 @@ mod precise_wakeups;
 mod processes;
 mod refusals;
 mod safety;
+mod topologies;
 mod waiting;
 
 /// Entry point of the child processes; does nothing in a normal test run.

@@ -6,39 +6,78 @@ use std::time::{Duration, Instant};
 use redbaton::Client;
 use testkit::RedisServer;
 
-/// The Redis deployments a test can run against. One server today; Redis
-/// Cluster, Sentinel and several independent masters join as variants.
+/// The Redis deployments a test can run against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Topology {
     /// One `redis-server`.
     Single,
+    /// A Redis Cluster of three masters without replicas.
+    #[cfg(feature = "cluster")]
+    Cluster,
+    /// A master, one replica and three sentinels.
+    #[cfg(feature = "sentinel")]
+    Sentinel,
 }
 
 /// Servers of one topology, started for a test and killed when dropped.
 #[derive(Debug)]
 pub struct Deployment {
-    topology: Topology,
-    servers: Vec<RedisServer>,
+    servers: Servers,
 }
+
+#[derive(Debug)]
+enum Servers {
+    Single(RedisServer),
+    #[cfg(feature = "cluster")]
+    Cluster(testkit::RedisCluster),
+    #[cfg(feature = "sentinel")]
+    Sentinel(testkit::RedisSentinels),
+}
+
+/// The service name of the sentinel topology.
+pub const SERVICE: &str = "locks";
 
 impl Deployment {
     /// Starts `topology` on free loopback ports.
     pub fn start(topology: Topology) -> Deployment {
         let servers = match topology {
-            Topology::Single => vec![RedisServer::start()],
+            Topology::Single => Servers::Single(RedisServer::start()),
+            #[cfg(feature = "cluster")]
+            Topology::Cluster => Servers::Cluster(testkit::RedisCluster::start(3, 0)),
+            #[cfg(feature = "sentinel")]
+            Topology::Sentinel => Servers::Sentinel(testkit::RedisSentinels::start(SERVICE, 1, 3)),
         };
-        Deployment { topology, servers }
+        Deployment { servers }
     }
 
     /// Which topology this is.
     pub fn topology(&self) -> Topology {
-        self.topology
+        match &self.servers {
+            Servers::Single(_) => Topology::Single,
+            #[cfg(feature = "cluster")]
+            Servers::Cluster(_) => Topology::Cluster,
+            #[cfg(feature = "sentinel")]
+            Servers::Sentinel(_) => Topology::Sentinel,
+        }
+    }
+
+    /// What a client of this deployment is built from.
+    pub fn redbaton_topology(&self) -> redbaton::Topology {
+        match &self.servers {
+            Servers::Single(server) => redbaton::Topology::server(&server.url()),
+            #[cfg(feature = "cluster")]
+            Servers::Cluster(cluster) => redbaton::Topology::cluster(cluster.seed_urls()),
+            #[cfg(feature = "sentinel")]
+            Servers::Sentinel(sentinels) => {
+                redbaton::Topology::sentinel(SERVICE, sentinels.sentinel_urls())
+            }
+        }
     }
 
     /// A client builder for this deployment with the test defaults (a
     /// short I/O timeout); add settings, then `build()`.
     pub fn builder(&self) -> redbaton::ClientBuilder {
-        Client::builder(self.servers[0].url()).io_timeout(Duration::from_secs(2))
+        Client::builder(self.redbaton_topology()).io_timeout(Duration::from_secs(2))
     }
 
     /// A client with the test defaults.
@@ -46,11 +85,80 @@ impl Deployment {
         self.builder().build().expect("client settings are valid")
     }
 
-    /// The server, for fault injection and direct commands. For topologies
-    /// of several servers: the one that holds the test's keys.
+    /// The one server. Panics on topologies of several servers, whose
+    /// tests use [`Deployment::server_for`].
     pub fn server(&self) -> &RedisServer {
-        &self.servers[0]
+        match &self.servers {
+            Servers::Single(server) => server,
+            #[allow(unreachable_patterns)]
+            _ => panic!("a test of several servers asks for the one that holds a key"),
+        }
     }
+
+    /// The server holding `key` (the master serving its slot, or the
+    /// sentinels' master at the start).
+    pub fn server_for(&self, key: &str) -> &RedisServer {
+        let _ = key;
+        match &self.servers {
+            Servers::Single(server) => server,
+            #[cfg(feature = "cluster")]
+            Servers::Cluster(cluster) => cluster.master_of_slot(cluster.slot_of(key)),
+            #[cfg(feature = "sentinel")]
+            Servers::Sentinel(sentinels) => sentinels.master(),
+        }
+    }
+
+    /// The cluster, for cluster-only tests.
+    #[cfg(feature = "cluster")]
+    pub fn cluster(&self) -> &testkit::RedisCluster {
+        match &self.servers {
+            Servers::Cluster(cluster) => cluster,
+            _ => panic!("not a cluster"),
+        }
+    }
+
+    /// The sentinel deployment, for sentinel-only tests.
+    #[cfg(feature = "sentinel")]
+    pub fn sentinels(&self) -> &testkit::RedisSentinels {
+        match &self.servers {
+            Servers::Sentinel(sentinels) => sentinels,
+            _ => panic!("not a sentinel deployment"),
+        }
+    }
+}
+
+/// Runs one test body against every topology the enabled features offer:
+/// `across_topologies! { fn name(deployment) { ... } }` makes a module
+/// `name` with one test per topology (`single`, `cluster`, `sentinel`),
+/// each starting its deployment and passing it as `&Deployment`.
+#[macro_export]
+macro_rules! across_topologies {
+    ($(#[$meta:meta])* fn $name:ident($deployment:ident) $body:block) => {
+        $(#[$meta])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            fn body($deployment: &$crate::support::Deployment) $body
+
+            #[test]
+            fn single() {
+                body(&$crate::support::Deployment::start($crate::support::Topology::Single));
+            }
+
+            #[cfg(feature = "cluster")]
+            #[test]
+            fn cluster() {
+                body(&$crate::support::Deployment::start($crate::support::Topology::Cluster));
+            }
+
+            #[cfg(feature = "sentinel")]
+            #[test]
+            fn sentinel() {
+                body(&$crate::support::Deployment::start($crate::support::Topology::Sentinel));
+            }
+        }
+    };
 }
 
 /// A client on `server` with settings suited to tests: short I/O timeout.

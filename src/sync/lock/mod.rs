@@ -20,8 +20,8 @@ use crate::scripts::lock::AcquireArgs;
 use crate::scripts::reply::AcquireReply;
 
 pub use guard::LockGuard;
+pub(crate) use raw::{DeploymentLock, RawLock};
 pub use raw::{Holder, Owner};
-pub(crate) use raw::{RawLock, SingleServer};
 
 use guard::Ownership;
 

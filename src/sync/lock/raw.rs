@@ -5,7 +5,7 @@
 //! trait, so that another implementation (a quorum over several masters)
 //! drops in without touching them.
 //!
-//! [`SingleServer`] speaks it to one [`Backend`] through the scripts of
+//! [`DeploymentLock`] speaks it to one [`Backend`] through the scripts of
 //! `scripts/lock/`.
 
 use std::fmt;
@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use redis::{ServerErrorKind, Value};
 
 use crate::backend::{is_transient_reply, Backend, Failed, Sent};
+use crate::config::{Config, ReplicaAcks};
 use crate::error::Error;
 use crate::keys::LockKeys;
 use crate::lease::{Cleanup, RenewLeases, RenewOutcome, RenewRequest};
@@ -137,22 +138,26 @@ pub(crate) fn undo_later(
     })
 }
 
-/// The lock protocol on one server (today's only backend flavor; Cluster
-/// and Sentinel route the same exchanges).
+/// The lock protocol on one Redis deployment: one server, a cluster (each
+/// lock on its slot's master) or a master watched by sentinels; the
+/// [`Backend`] routes, the exchanges are the same.
 #[derive(Debug)]
-pub(crate) struct SingleServer {
+pub(crate) struct DeploymentLock {
     backend: Arc<Backend>,
     baton_ttl: Duration,
+    /// `replica_acks`: the replicas that must confirm each ownership write.
+    acks: Option<ReplicaAcks>,
     /// Whether the renewal script is known to be loaded: the first round
     /// loads it up front instead of failing once per lock.
     renew_loaded: AtomicBool,
 }
 
-impl SingleServer {
-    pub(crate) fn new(backend: Arc<Backend>, baton_ttl: Duration) -> Self {
-        SingleServer {
+impl DeploymentLock {
+    pub(crate) fn new(backend: Arc<Backend>, config: &Config) -> Self {
+        DeploymentLock {
             backend,
-            baton_ttl,
+            baton_ttl: config.baton_ttl,
+            acks: config.replica_acks,
             renew_loaded: AtomicBool::new(false),
         }
     }
@@ -162,14 +167,72 @@ impl SingleServer {
         keys: &LockKeys,
         call: &Call,
     ) -> Result<Sent<T>, Failed> {
-        self.backend.exchange(&keys.name, |c| call.invoke(c))
+        self.backend
+            .exchange(&keys.lock, &keys.name, |c| call.invoke(c))
+    }
+
+    /// Sends `call`, then, when `confirm` says its reply wrote an
+    /// ownership and `replica_acks` is set, `WAIT`s on the same connection
+    /// (WAIT counts the replicas that have every write of that
+    /// connection). Returns the reply and, when too few replicas
+    /// confirmed, how many did.
+    fn call_confirmed<T: redis::FromRedisValue>(
+        &self,
+        keys: &LockKeys,
+        call: &Call,
+        confirm: impl Fn(&T) -> bool,
+        mut undo: impl FnMut(&mut dyn redis::ConnectionLike) -> redis::RedisResult<()>,
+    ) -> Result<Sent<(T, Option<u32>)>, Failed> {
+        let Some(acks) = self.acks else {
+            return self.call(keys, call).map(|sent| Sent {
+                value: (sent.value, None),
+                resent: sent.resent,
+            });
+        };
+        self.backend.exchange(&keys.lock, &keys.name, |c| {
+            let reply: T = call.invoke(c)?;
+            if !confirm(&reply) {
+                return Ok((reply, None));
+            }
+            let acknowledged: u32 = wait_command(acks).query(c)?;
+            if acknowledged >= acks.replicas {
+                return Ok((reply, None));
+            }
+            undo(c)?;
+            Ok((reply, Some(acknowledged)))
+        })
+    }
+
+    fn not_replicated(&self, acknowledged: u32) -> Error {
+        let acks = self.acks.unwrap_or(ReplicaAcks {
+            replicas: 0,
+            timeout: Duration::ZERO,
+        });
+        Error::NotReplicated {
+            addr: self.backend.addr().to_owned(),
+            wanted: acks.replicas,
+            acknowledged,
+            timeout: acks.timeout,
+        }
     }
 }
 
-impl RawLock for SingleServer {
+impl RawLock for DeploymentLock {
     fn attempt(&self, keys: &LockKeys, args: AcquireArgs<'_>) -> Result<AcquireReply, Failed> {
-        self.call(keys, &calls::acquire(keys, args))
-            .map(|sent| sent.value)
+        // Only a fresh ownership is confirmed: a re-entry adds nothing a
+        // promoted replica would need (the ownership itself was confirmed).
+        let fresh = |reply: &AcquireReply| matches!(reply, AcquireReply::Acquired { depth: 1, .. });
+        let undo = calls::release_request(keys, args.identity, args.request, self.baton_ttl);
+        let sent = self.call_confirmed(keys, &calls::acquire(keys, args), fresh, |c| {
+            undo.invoke::<Done>(c).map(drop)
+        })?;
+        match sent.value {
+            (reply, None) => Ok(reply),
+            (_, Some(acknowledged)) => Err(Failed {
+                error: self.not_replicated(acknowledged),
+                outcome_unknown: false,
+            }),
+        }
     }
 
     fn release(
@@ -189,7 +252,20 @@ impl RawLock for SingleServer {
         keys: &LockKeys,
         args: HandoffArgs<'_>,
     ) -> Result<Sent<HandoffReply>, Failed> {
-        self.call(keys, &calls::handoff(keys, args))
+        let handed = |reply: &HandoffReply| reply.0.is_some();
+        let sent = self.call_confirmed(keys, &calls::handoff(keys, args), handed, |_| Ok(()))?;
+        match sent.value {
+            (reply, None) => Ok(Sent {
+                value: reply,
+                resent: sent.resent,
+            }),
+            // Reported as a hand-off of unknown outcome: the caller frees
+            // the lock from both identities.
+            (_, Some(acknowledged)) => Err(Failed {
+                error: self.not_replicated(acknowledged),
+                outcome_unknown: true,
+            }),
+        }
     }
 
     fn renew(
@@ -200,19 +276,30 @@ impl RawLock for SingleServer {
         lease: Duration,
     ) -> Result<bool, Error> {
         let call = calls::renew(keys, identity, fence, lease);
-        let Done(renewed) = self.backend.run(&keys.name, |c| call.invoke(c))?;
-        Ok(renewed)
+        let renewed = |reply: &Done| reply.0;
+        let sent = self
+            .call_confirmed(keys, &call, renewed, |_| Ok(()))
+            .map_err(|failed| failed.error)?;
+        match sent.value {
+            (Done(renewed), None) => Ok(renewed),
+            // The master has the longer lease; a promoted replica may not.
+            (_, Some(acknowledged)) => Err(self.not_replicated(acknowledged)),
+        }
     }
 
     fn undo_request(&self, keys: &LockKeys, identity: &str, request: u64) -> Result<(), Error> {
         let call = calls::release_request(keys, identity, request, self.baton_ttl);
-        let Done(_) = self.backend.run(&keys.name, |c| call.invoke(c))?;
+        let Done(_) = self
+            .backend
+            .run(&keys.lock, &keys.name, |c| call.invoke(c))?;
         Ok(())
     }
 
     fn holder(&self, keys: &LockKeys) -> Result<Option<Holder>, Error> {
         let call = calls::holder(keys);
-        let HolderReply(row) = self.backend.run(&keys.name, |c| call.invoke(c))?;
+        let HolderReply(row) = self
+            .backend
+            .run(&keys.lock, &keys.name, |c| call.invoke(c))?;
         Ok(row.map(|row| Holder {
             owner: Owner(row.owner),
             depth: row.depth,
@@ -222,23 +309,42 @@ impl RawLock for SingleServer {
     }
 
     fn is_locked(&self, keys: &LockKeys) -> Result<bool, Error> {
-        self.backend.run(&keys.name, |c| {
+        self.backend.run(&keys.lock, &keys.name, |c| {
             redis::cmd("EXISTS").arg(&keys.lock).query(c)
         })
     }
 
     fn force_unlock(&self, keys: &LockKeys) -> Result<bool, Error> {
         let call = calls::force_unlock(keys, self.baton_ttl);
-        let Done(removed) = self.backend.run(&keys.name, |c| call.invoke(c))?;
+        let Done(removed) = self
+            .backend
+            .run(&keys.lock, &keys.name, |c| call.invoke(c))?;
         Ok(removed)
     }
 }
 
-impl RenewLeases for SingleServer {
-    /// One pipeline for the whole round. Renewal is idempotent, so sending
-    /// it again (after `NOSCRIPT`, or on a fresh connection after a dropped
-    /// one) is safe.
+impl RenewLeases for DeploymentLock {
+    /// One pipeline per server for the whole round (one in all, except on
+    /// a cluster). Renewal is idempotent, so sending it again (after
+    /// `NOSCRIPT`, on a fresh connection after a dropped one, or to the
+    /// slot's new master after a redirection) is safe.
     fn renew_round(&self, requests: &[RenewRequest<'_>]) -> Vec<RenewOutcome> {
+        let keys: Vec<&str> = requests.iter().map(|r| r.keys.lock.as_str()).collect();
+        let mut outcomes = vec![RenewOutcome::Retry; requests.len()];
+        for shard in self.backend.shards(&keys) {
+            let batch: Vec<&RenewRequest<'_>> = shard.iter().map(|&i| &requests[i]).collect();
+            for (i, outcome) in shard.iter().zip(self.renew_shard(&batch)) {
+                outcomes[*i] = outcome;
+            }
+        }
+        outcomes
+    }
+}
+
+impl DeploymentLock {
+    /// Renews `requests`, whose keys live on one server, in one pipeline
+    /// (followed by `WAIT` under `replica_acks`).
+    fn renew_shard(&self, requests: &[&RenewRequest<'_>]) -> Vec<RenewOutcome> {
         let calls: Vec<Call> = requests
             .iter()
             .map(|r| calls::renew(r.keys, r.identity, r.fence, r.lease))
@@ -251,12 +357,16 @@ impl RenewLeases for SingleServer {
         for call in &calls {
             call.add_to(&mut pipe);
         }
+        if let Some(acks) = self.acks {
+            pipe.add_command(wait_command(acks));
+        }
         let forgot = |values: &[Value]| {
             values.iter().any(|value| {
                 matches!(value, Value::ServerError(err) if err.kind() == Some(ServerErrorKind::NoScript))
             })
         };
-        let replies = self.backend.run("(watchdog renewal)", |c| {
+        let key = &requests[0].keys.lock;
+        let replies = self.backend.run(key, "(watchdog renewal)", |c| {
             if !self.renew_loaded.load(Ordering::Relaxed) {
                 first.load(c)?;
                 self.renew_loaded.store(true, Ordering::Relaxed);
@@ -268,14 +378,56 @@ impl RenewLeases for SingleServer {
             first.load(c)?;
             pipe.query(c)
         });
-        match replies {
-            Ok(values) => values.iter().map(renew_outcome).collect(),
+        let mut values = match replies {
+            Ok(values) => values,
             Err(err) => {
                 log::warn!("redbaton: watchdog renewal failed: {err}");
-                vec![RenewOutcome::Retry; requests.len()]
+                return vec![RenewOutcome::Retry; requests.len()];
+            }
+        };
+        let confirmed = match self.acks {
+            Some(acks) => {
+                let acknowledged = values
+                    .pop()
+                    .and_then(|v| redis::from_redis_value::<u32>(v).ok());
+                acknowledged.is_some_and(|n| n >= acks.replicas)
+            }
+            None => true,
+        };
+        let mut outcomes: Vec<RenewOutcome> = values.iter().map(renew_outcome).collect();
+        for (i, value) in values.iter().enumerate() {
+            if is_redirection(value) {
+                // The slot moved: renew this one alone, which follows the
+                // redirection (and refreshes the map).
+                let r = requests[i];
+                outcomes[i] = match self.renew(r.keys, r.identity, r.fence, r.lease) {
+                    Ok(true) => RenewOutcome::Renewed,
+                    Ok(false) => RenewOutcome::Lost,
+                    Err(_) => RenewOutcome::Retry,
+                };
+                self.backend.redirected();
+            } else if !confirmed && outcomes[i] == RenewOutcome::Renewed {
+                // The master has the longer lease, a promoted replica may
+                // not: try again next round (lost if it never is).
+                outcomes[i] = RenewOutcome::Retry;
             }
         }
+        outcomes
     }
+}
+
+/// `WAIT replicas timeout`: how many replicas have every write this
+/// connection made, once that many do or the timeout passes.
+fn wait_command(acks: ReplicaAcks) -> redis::Cmd {
+    let mut wait = redis::cmd("WAIT");
+    wait.arg(acks.replicas)
+        .arg(crate::scripts::millis(acks.timeout));
+    wait
+}
+
+/// A cluster's `MOVED` or `ASK` inside a pipeline.
+fn is_redirection(value: &Value) -> bool {
+    matches!(value, Value::ServerError(err) if matches!(err.kind(), Some(ServerErrorKind::Moved | ServerErrorKind::Ask)))
 }
 
 fn renew_outcome(value: &Value) -> RenewOutcome {

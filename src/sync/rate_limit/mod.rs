@@ -115,12 +115,15 @@ impl RateLimiter {
     /// Redis failures; [`Error::WrongType`] when the configuration is
     /// damaged (something else wrote there).
     pub fn rate(&self) -> Result<Option<Rate>, Error> {
-        let stored: [Option<String>; 3] = self.context.backend.run(&self.keys.name, |c| {
-            redis::cmd("HMGET")
-                .arg(&self.keys.config)
-                .arg(&["mode", "permits", "per_us"])
-                .query(c)
-        })?;
+        let stored: [Option<String>; 3] =
+            self.context
+                .backend
+                .run(&self.keys.config, &self.keys.name, |c| {
+                    redis::cmd("HMGET")
+                        .arg(&self.keys.config)
+                        .arg(&["mode", "permits", "per_us"])
+                        .query(c)
+                })?;
         let [mode, permits, per_us] = stored;
         if mode.is_none() && permits.is_none() && per_us.is_none() {
             return Ok(None);
@@ -217,13 +220,16 @@ impl RateLimiter {
     /// # Errors
     /// Redis failures.
     pub fn delete(&self) -> Result<bool, Error> {
-        let (config, _buckets): (u32, u32) = self.context.backend.run(&self.keys.name, |c| {
-            redis::pipe()
-                .atomic()
-                .del(&self.keys.config)
-                .del(&[&self.keys.overall, &self.keys.per_client])
-                .query(c)
-        })?;
+        let (config, _buckets): (u32, u32) =
+            self.context
+                .backend
+                .run(&self.keys.config, &self.keys.name, |c| {
+                    redis::pipe()
+                        .atomic()
+                        .del(&self.keys.config)
+                        .del(&[&self.keys.overall, &self.keys.per_client])
+                        .query(c)
+                })?;
         Ok(config > 0)
     }
 
@@ -235,15 +241,18 @@ impl RateLimiter {
         replace: bool,
     ) -> Result<bool, Error> {
         let per_us = check_rate(permits, per)?;
-        let written: i64 = self.context.backend.run(&self.keys.name, |c| {
-            scripts::RATE_CONFIG
-                .key(&self.keys.config)
-                .arg(mode.as_str())
-                .arg(permits)
-                .arg(per_us)
-                .arg(if replace { "1" } else { "0" })
-                .invoke(c)
-        })?;
+        let written: i64 = self
+            .context
+            .backend
+            .run(&self.keys.config, &self.keys.name, |c| {
+                scripts::RATE_CONFIG
+                    .key(&self.keys.config)
+                    .arg(mode.as_str())
+                    .arg(permits)
+                    .arg(per_us)
+                    .arg(if replace { "1" } else { "0" })
+                    .invoke(c)
+            })?;
         Ok(written == 1)
     }
 
@@ -270,14 +279,17 @@ impl RateLimiter {
 
     /// One run of the acquire script; `permits == 0` only reads.
     fn attempt(&self, permits: u64) -> Result<Take, Error> {
-        let reply: TakeReply = self.context.backend.run(&self.keys.name, |c| {
-            scripts::RATE_ACQUIRE
-                .key(&self.keys.config)
-                .key(&self.keys.overall)
-                .key(&self.keys.per_client)
-                .arg(permits)
-                .invoke(c)
-        })?;
+        let reply: TakeReply =
+            self.context
+                .backend
+                .run(&self.keys.config, &self.keys.name, |c| {
+                    scripts::RATE_ACQUIRE
+                        .key(&self.keys.config)
+                        .key(&self.keys.overall)
+                        .key(&self.keys.per_client)
+                        .arg(permits)
+                        .invoke(c)
+                })?;
         let name = || self.keys.name.clone();
         match reply {
             TakeReply::Granted { left } => Ok(Take::Granted { left }),

@@ -1,0 +1,439 @@
+//! Redis Cluster: every exchange goes to the master that serves its key's
+//! slot, over that master's own pools (a [`Single`] per master).
+//!
+//! redis-rs's cluster connection is not used: it sends a command again
+//! after a read timeout (a script that may have run would run twice), opens
+//! a socket to every node for each connection (a parked waiter must cost
+//! one), and fans `SCRIPT LOAD` and `WAIT` out to every node. Routing here
+//! is explicit instead: the slot map comes from `CLUSTER SLOTS`, asked
+//! again after `MOVED`, a connection failure, `TRYAGAIN` or `CLUSTERDOWN`;
+//! `MOVED` and `ASK` are followed at once (the command did not run), and
+//! nothing that may have run is sent again.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use redis::{ConnectionLike, ErrorKind, RedisResult, ServerErrorKind, Value};
+use scheduled_thread_pool::ScheduledThreadPool;
+
+use super::classify::{describe_io, ScriptTracer};
+use super::single::{SendError, Single};
+use super::{slot, Failed, Parked, Sent};
+use crate::config::Config;
+use crate::error::Error;
+
+/// Redirections followed for one exchange before giving up for now (a
+/// slot that keeps moving: resharding in progress).
+const MAX_REDIRECTS: usize = 5;
+
+/// No master serves the slot in the map.
+const UNCOVERED: u16 = u16::MAX;
+
+pub(super) struct Cluster {
+    /// Where the map is first asked for (and again when no known master
+    /// answers); their user, password and TLS settings serve every node.
+    seeds: Vec<redis::Client>,
+    config: Config,
+    trace: ScriptTracer,
+    workers: Arc<ScheduledThreadPool>,
+    routes: RwLock<Arc<Routes>>,
+    /// One refresh at a time; the others wait and use its map.
+    refreshing: Mutex<()>,
+    /// For messages: the seeds' addresses.
+    seed_addrs: String,
+}
+
+/// One slot map, with the pools of its masters.
+struct Routes {
+    /// Counts refreshes, so that a caller that saw an old map asks for a
+    /// new one only if nobody did since.
+    generation: u64,
+    /// Index into `masters` for each slot, or [`UNCOVERED`].
+    slots: Vec<u16>,
+    masters: Vec<Arc<Single>>,
+}
+
+impl Cluster {
+    /// A cluster reached first through `seeds`. Does not connect.
+    pub(super) fn new(
+        seeds: Vec<redis::Client>,
+        config: &Config,
+        trace: ScriptTracer,
+        workers: Arc<ScheduledThreadPool>,
+    ) -> Self {
+        let seed_addrs = seeds
+            .iter()
+            .map(|seed| seed.get_connection_info().addr().to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        Cluster {
+            seeds,
+            config: config.clone(),
+            trace,
+            workers,
+            routes: RwLock::new(Arc::new(Routes {
+                generation: 0,
+                slots: Vec::new(),
+                masters: Vec::new(),
+            })),
+            refreshing: Mutex::new(()),
+            seed_addrs,
+        }
+    }
+
+    /// The seeds, for messages.
+    pub(super) fn addr(&self) -> &str {
+        &self.seed_addrs
+    }
+
+    /// The master serving `key`, and the map it was found in.
+    fn master_of(&self, key: &str, name: &str) -> Result<(Arc<Single>, u64), Error> {
+        let slot = slot::of(key);
+        let mut routes = Arc::clone(&self.routes.read());
+        if routes.generation == 0 {
+            self.refresh(0)?;
+            routes = Arc::clone(&self.routes.read());
+        }
+        match routes.slots[usize::from(slot)] {
+            UNCOVERED => Err(Error::WrongTopology {
+                addr: self.seed_addrs.clone(),
+                detail: format!(
+                    "is a Redis Cluster in which no master serves slot {slot} (of {name:?}): \
+                     assign every slot (redis-cli --cluster fix)"
+                ),
+            }),
+            index => Ok((
+                Arc::clone(&routes.masters[usize::from(index)]),
+                routes.generation,
+            )),
+        }
+    }
+
+    /// The pools of the master at `addr` (`host:port`) in the current map,
+    /// if it is one.
+    fn master_at(&self, addr: &str) -> Option<Arc<Single>> {
+        let routes = self.routes.read();
+        routes
+            .masters
+            .iter()
+            .find(|master| master.addr() == addr)
+            .cloned()
+    }
+
+    /// Groups `keys` (by index) by the master that serves them; keys whose
+    /// slot is not served come last, alone in their group.
+    pub(super) fn shards(&self, keys: &[&str]) -> Vec<Vec<usize>> {
+        let routes = Arc::clone(&self.routes.read());
+        let mut groups: HashMap<u16, Vec<usize>> = HashMap::new();
+        let mut alone = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            match routes.slots.get(usize::from(slot::of(key))) {
+                Some(&index) if index != UNCOVERED => groups.entry(index).or_default().push(i),
+                _ => alone.push(vec![i]),
+            }
+        }
+        groups.into_values().chain(alone).collect()
+    }
+
+    /// Runs one exchange for `key` on its master, following redirections.
+    pub(super) fn exchange<T>(
+        &self,
+        key: &str,
+        name: &str,
+        mut exchange: impl FnMut(&mut dyn ConnectionLike) -> RedisResult<T>,
+    ) -> Result<Sent<T>, Failed> {
+        let not_sent = |error| Failed {
+            error,
+            outcome_unknown: false,
+        };
+        // `ASK`: this one exchange goes to the importing node, after
+        // `ASKING` on the same connection.
+        let mut asking: Option<Arc<Single>> = None;
+        for _ in 0..MAX_REDIRECTS {
+            let ask = asking.is_some();
+            let (node, generation) = match asking.take() {
+                // The map that sent us there is the current one, or older.
+                Some(node) => (node, self.routes.read().generation),
+                None => self.master_of(key, name).map_err(not_sent)?,
+            };
+            let sent = node.send(|c| {
+                if ask {
+                    redis::cmd("ASKING").exec(c)?;
+                }
+                exchange(c)
+            });
+            let err = match sent {
+                Ok(sent) => return Ok(sent),
+                Err(SendError::NoConnection(error)) => {
+                    if error.is_unreachable() {
+                        self.refresh_quietly(generation);
+                    }
+                    return Err(not_sent(error));
+                }
+                Err(SendError::Reply(err)) => err,
+            };
+            match err.kind() {
+                ErrorKind::Server(ServerErrorKind::Moved) => {
+                    self.refresh(generation).map_err(not_sent)?;
+                }
+                ErrorKind::Server(ServerErrorKind::Ask) => {
+                    let target = err.redirect_node().map(|(addr, _)| addr.to_owned());
+                    asking = target.as_deref().and_then(|addr| self.master_at(addr));
+                    if asking.is_none() {
+                        // A node the map does not know yet.
+                        self.refresh(generation).map_err(not_sent)?;
+                        asking = target.as_deref().and_then(|addr| self.master_at(addr));
+                    }
+                }
+                kind => {
+                    let moved_on = matches!(
+                        kind,
+                        ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown)
+                    );
+                    let failed = node.failed(SendError::Reply(err), name);
+                    if moved_on || failed.error.is_unreachable() {
+                        self.refresh_quietly(generation);
+                    }
+                    return Err(failed);
+                }
+            }
+        }
+        Err(not_sent(Error::Unavailable {
+            addr: self.seed_addrs.clone(),
+            detail: format!("the slot of {name:?} kept moving ({MAX_REDIRECTS} redirections)"),
+        }))
+    }
+
+    /// Parks on the master serving `list`: one socket on one node.
+    pub(super) fn park(
+        &self,
+        name: &str,
+        list: &str,
+        park: Duration,
+        precise: bool,
+    ) -> Result<Parked, Error> {
+        let (node, generation) = self.master_of(list, name)?;
+        let parked = node.park(name, list, park, precise)?;
+        if let Parked::ConnectionFailed(_) = &parked {
+            // Killed, failed over, or `UNBLOCKED` by a slot migration.
+            self.refresh_quietly(generation);
+        }
+        Ok(parked)
+    }
+
+    /// Asks for the map again after a redirection seen elsewhere (a
+    /// renewal pipeline's `MOVED`).
+    pub(super) fn redirected(&self) {
+        let generation = self.routes.read().generation;
+        self.refresh_quietly(generation);
+    }
+
+    fn refresh_quietly(&self, seen: u64) {
+        if let Err(err) = self.refresh(seen) {
+            log::debug!("redbaton: cluster slot map not refreshed: {err}");
+        }
+    }
+
+    /// Loads the slot map, unless someone did since the caller saw map
+    /// `seen`.
+    fn refresh(&self, seen: u64) -> Result<(), Error> {
+        let _one = self.refreshing.lock();
+        let current = Arc::clone(&self.routes.read());
+        if current.generation > seen && current.generation != 0 {
+            return Ok(());
+        }
+        // Known masters first (a seed may be long gone), then the seeds.
+        let known = current.masters.iter().map(|master| {
+            let addr = master.addr().to_owned();
+            self.node_client(&addr)
+        });
+        let seeds = self.seeds.iter().cloned().map(Ok);
+        let mut last_error = None;
+        for client in known.chain(seeds) {
+            let client = match client {
+                Ok(client) => client,
+                Err(err) => {
+                    last_error = Some(err);
+                    continue;
+                }
+            };
+            match self.ask_slots(&client) {
+                Ok(map) => {
+                    let routes = self.build_routes(&current, map)?;
+                    *self.routes.write() = Arc::new(routes);
+                    return Ok(());
+                }
+                // Not a cluster at all: no other seed will say otherwise.
+                Err(err @ Error::WrongTopology { .. }) => return Err(err),
+                Err(err) => last_error = Some(err),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| Error::Unreachable {
+            addr: self.seed_addrs.clone(),
+            detail: "no cluster node known".to_owned(),
+            timed_out: false,
+            source: None,
+        }))
+    }
+
+    /// `CLUSTER SLOTS` of one node: `(first, last, host, port)` per range.
+    fn ask_slots(&self, client: &redis::Client) -> Result<Vec<(u16, u16, String, u16)>, Error> {
+        let addr = client.get_connection_info().addr().to_string();
+        let unreachable = |err: redis::RedisError| Error::Unreachable {
+            addr: addr.clone(),
+            detail: describe_io(&err),
+            timed_out: err.is_timeout(),
+            source: Some(err),
+        };
+        let mut conn = client
+            .get_connection_with_timeout(self.config.io_timeout)
+            .map_err(unreachable)?;
+        conn.set_read_timeout(Some(self.config.io_timeout))
+            .map_err(unreachable)?;
+        let reply: Value = match redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn) {
+            Ok(reply) => reply,
+            Err(err)
+                if err
+                    .detail()
+                    .is_some_and(|d| d.contains("cluster support disabled")) =>
+            {
+                return Err(Error::WrongTopology {
+                    addr,
+                    detail: "is not a Redis Cluster node (cluster support disabled): build the \
+                             client with Topology::server"
+                        .to_owned(),
+                })
+            }
+            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::ResponseError) => {
+                return Err(Error::Redis { source: err })
+            }
+            Err(err) => return Err(unreachable(err)),
+        };
+        let host = match client.get_connection_info().addr() {
+            redis::ConnectionAddr::Tcp(host, _) => host.clone(),
+            #[cfg(feature = "tls")]
+            redis::ConnectionAddr::TcpTls { host, .. } => host.clone(),
+            _ => String::new(),
+        };
+        parse_slots(reply, &host).ok_or_else(|| Error::WrongTopology {
+            addr,
+            detail: "answered CLUSTER SLOTS with a reply redbaton cannot read".to_owned(),
+        })
+    }
+
+    /// A map from `CLUSTER SLOTS` ranges, reusing the pools of masters
+    /// already known.
+    fn build_routes(
+        &self,
+        current: &Routes,
+        ranges: Vec<(u16, u16, String, u16)>,
+    ) -> Result<Routes, Error> {
+        let mut slots = vec![UNCOVERED; slot::SLOTS];
+        let mut masters: Vec<Arc<Single>> = Vec::new();
+        for (first, last, host, port) in ranges {
+            let addr = format!("{host}:{port}");
+            let index = match masters.iter().position(|m| m.addr() == addr) {
+                Some(index) => index,
+                None => {
+                    let known = current.masters.iter().find(|m| m.addr() == addr);
+                    let master = match known {
+                        Some(master) => Arc::clone(master),
+                        None => Arc::new(Single::new(
+                            self.node_client(&addr)?,
+                            &self.config,
+                            self.trace,
+                            &self.workers,
+                        )),
+                    };
+                    masters.push(master);
+                    masters.len() - 1
+                }
+            };
+            let index = u16::try_from(index).unwrap_or(UNCOVERED);
+            for slot in first..=last.min(slot::SLOTS as u16 - 1) {
+                slots[usize::from(slot)] = index;
+            }
+        }
+        log::debug!(
+            "redbaton: cluster slot map {} with {} masters",
+            current.generation + 1,
+            masters.len()
+        );
+        Ok(Routes {
+            generation: current.generation + 1,
+            slots,
+            masters,
+        })
+    }
+
+    /// A client for the node at `addr` (`host:port`), with the first
+    /// seed's user, password, database and TLS settings.
+    fn node_client(&self, addr: &str) -> Result<redis::Client, Error> {
+        let (host, port) = addr
+            .rsplit_once(':')
+            .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
+            .ok_or_else(|| Error::WrongTopology {
+                addr: addr.to_owned(),
+                detail: "is a node address redbaton cannot read".to_owned(),
+            })?;
+        let seed = self.seeds[0].get_connection_info();
+        let node = match seed.addr() {
+            #[cfg(feature = "tls")]
+            redis::ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => redis::ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => redis::ConnectionAddr::Tcp(host.to_owned(), port),
+        };
+        redis::Client::open(seed.clone().set_addr(node))
+            .map_err(|source| Error::InvalidUrl { source })
+    }
+}
+
+/// Reads a `CLUSTER SLOTS` reply; a master announced without a host (an
+/// empty string or `?`) is at `asked_host`.
+fn parse_slots(reply: Value, asked_host: &str) -> Option<Vec<(u16, u16, String, u16)>> {
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    let int = |value: &Value| match value {
+        Value::Int(n) => u16::try_from(*n).ok(),
+        _ => None,
+    };
+    let text = |value: &Value| match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(text) => Some(text.clone()),
+        _ => None,
+    };
+    ranges
+        .iter()
+        .map(|range| {
+            let Value::Array(fields) = range else {
+                return None;
+            };
+            let Value::Array(master) = fields.get(2)? else {
+                return None;
+            };
+            let host = text(master.first()?)?;
+            let host = if host.is_empty() || host == "?" {
+                asked_host.to_owned()
+            } else {
+                host
+            };
+            Some((
+                int(fields.first()?)?,
+                int(fields.get(1)?)?,
+                host,
+                int(master.get(1)?)?,
+            ))
+        })
+        .collect()
+}

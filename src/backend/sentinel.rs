@@ -1,0 +1,368 @@
+//! A master watched by Redis Sentinel: the sentinels say which server is
+//! the master of the service, `ROLE` confirms it, and every exchange goes
+//! to it over pools made for that master alone (a [`Single`] per
+//! resolution). The master is looked up again after `READONLY` (a demoted
+//! master or a replica), a failed or timed-out connection, or a
+//! `+switch-master` event, which one thread per client follows on one
+//! sentinel connection. Pools from before a failover are never reused:
+//! each lookup makes new ones.
+//!
+//! redis-rs's sentinel client is not used: it does not follow failovers
+//! by itself, and its connections are not pooled the way parking needs.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use redis::{ConnectionLike, RedisResult, Value};
+use scheduled_thread_pool::ScheduledThreadPool;
+
+use super::classify::{describe_io, ScriptTracer};
+use super::single::{SendError, Single};
+use super::{Failed, Parked, Sent};
+use crate::config::Config;
+use crate::error::Error;
+
+/// Name of the thread that follows `+switch-master`.
+const THREAD_NAME: &str = "redbaton-sentinel";
+
+/// How often the event thread looks whether its client is gone, and waits
+/// before it tries the next sentinel after a failure.
+const WATCH_TICK: Duration = Duration::from_millis(500);
+
+pub(super) struct Sentinel {
+    shared: Arc<Shared>,
+    /// One lookup at a time; the others wait and use its master.
+    resolving: Mutex<()>,
+    /// Whether the event thread was started (with the first lookup).
+    watching: Mutex<bool>,
+    config: Config,
+    trace: ScriptTracer,
+    workers: Arc<ScheduledThreadPool>,
+}
+
+/// What the event thread shares with the client.
+struct Shared {
+    service: String,
+    sentinels: Vec<redis::Client>,
+    /// For messages: the sentinels' addresses.
+    sentinel_addrs: String,
+    current: RwLock<Option<Arc<Master>>>,
+    generations: AtomicU64,
+}
+
+/// One lookup's master and its pools.
+struct Master {
+    generation: u64,
+    server: Single,
+}
+
+impl Shared {
+    /// Forgets master `generation` (or whatever master, for `None`), so
+    /// that the next exchange looks the master up again.
+    fn forget(&self, generation: Option<u64>) {
+        let mut current = self.current.write();
+        if generation.is_none() || current.as_ref().map(|m| m.generation) == generation {
+            *current = None;
+        }
+    }
+}
+
+impl Sentinel {
+    /// The master of `service` as `sentinels` know it. Does not connect.
+    pub(super) fn new(
+        service: String,
+        sentinels: Vec<redis::Client>,
+        config: &Config,
+        trace: ScriptTracer,
+        workers: Arc<ScheduledThreadPool>,
+    ) -> Self {
+        let sentinel_addrs = sentinels
+            .iter()
+            .map(|s| s.get_connection_info().addr().to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        Sentinel {
+            shared: Arc::new(Shared {
+                service,
+                sentinels,
+                sentinel_addrs,
+                current: RwLock::new(None),
+                generations: AtomicU64::new(0),
+            }),
+            resolving: Mutex::new(()),
+            watching: Mutex::new(false),
+            config: config.clone(),
+            trace,
+            workers,
+        }
+    }
+
+    /// The sentinels, for messages.
+    pub(super) fn addr(&self) -> &str {
+        &self.shared.sentinel_addrs
+    }
+
+    /// Runs one exchange on the master. `READONLY` (the server is no
+    /// master any more; the script wrote nothing) sends it once more to
+    /// the master looked up afresh.
+    pub(super) fn exchange<T>(
+        &self,
+        name: &str,
+        mut exchange: impl FnMut(&mut dyn ConnectionLike) -> RedisResult<T>,
+    ) -> Result<Sent<T>, Failed> {
+        let not_sent = |error| Failed {
+            error,
+            outcome_unknown: false,
+        };
+        let mut again = true;
+        loop {
+            let master = self.master().map_err(not_sent)?;
+            let err = match master.server.send(&mut exchange) {
+                Ok(sent) => return Ok(sent),
+                Err(SendError::NoConnection(error)) => {
+                    if error.is_unreachable() {
+                        self.shared.forget(Some(master.generation));
+                    }
+                    return Err(not_sent(error));
+                }
+                Err(SendError::Reply(err)) => err,
+            };
+            let readonly = err.code() == Some("READONLY");
+            let failed = master.server.failed(SendError::Reply(err), name);
+            if readonly || failed.error.is_unreachable() {
+                self.shared.forget(Some(master.generation));
+            }
+            if !(readonly && again) {
+                return Err(failed);
+            }
+            again = false;
+        }
+    }
+
+    /// Parks on the master.
+    pub(super) fn park(
+        &self,
+        name: &str,
+        list: &str,
+        park: Duration,
+        precise: bool,
+    ) -> Result<Parked, Error> {
+        let master = self.master()?;
+        let parked = master.server.park(name, list, park, precise)?;
+        if let Parked::ConnectionFailed(_) = &parked {
+            // Killed, or `UNBLOCKED` when it was demoted.
+            self.shared.forget(Some(master.generation));
+        }
+        Ok(parked)
+    }
+
+    /// The current master, looked up if there is none.
+    fn master(&self) -> Result<Arc<Master>, Error> {
+        if let Some(master) = self.shared.current.read().as_ref() {
+            return Ok(Arc::clone(master));
+        }
+        let _one = self.resolving.lock();
+        if let Some(master) = self.shared.current.read().as_ref() {
+            return Ok(Arc::clone(master));
+        }
+        let client = self.resolve()?;
+        let master = Arc::new(Master {
+            generation: self.shared.generations.fetch_add(1, Ordering::Relaxed) + 1,
+            server: Single::new(client, &self.config, self.trace, &self.workers),
+        });
+        log::debug!(
+            "redbaton: master of {:?} is {} (lookup {})",
+            self.shared.service,
+            master.server.addr(),
+            master.generation
+        );
+        *self.shared.current.write() = Some(Arc::clone(&master));
+        self.watch();
+        Ok(master)
+    }
+
+    /// Asks each sentinel in turn for the master, and the master for its
+    /// role.
+    fn resolve(&self) -> Result<redis::Client, Error> {
+        let shared = &self.shared;
+        let mut unknown_to = Vec::new();
+        let mut last_error = None;
+        for sentinel in &shared.sentinels {
+            let addr = sentinel.get_connection_info().addr().to_string();
+            let found: RedisResult<Option<(String, u16)>> = self.ask(sentinel, |c| {
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(&shared.service)
+                    .query(c)
+            });
+            let (host, port) = match found {
+                Ok(Some(found)) => found,
+                Ok(None) => {
+                    unknown_to.push(addr);
+                    continue;
+                }
+                Err(err) => {
+                    last_error = Some(self.sentinel_error(err, &addr));
+                    continue;
+                }
+            };
+            let master = self.master_client(&host, port)?;
+            let role: RedisResult<Value> = self.ask(&master, |c| redis::cmd("ROLE").query(c));
+            match role {
+                Ok(Value::Array(fields)) if matches!(fields.first(), Some(Value::BulkString(role)) if role == b"master") => {
+                    return Ok(master)
+                }
+                Ok(_) => {
+                    last_error = Some(Error::Unavailable {
+                        addr: format!("{host}:{port}"),
+                        detail: format!(
+                            "sentinel {addr} names it master of {:?}, but it is not (a failover \
+                             is under way)",
+                            shared.service
+                        ),
+                    })
+                }
+                Err(err) => last_error = Some(self.sentinel_error(err, &format!("{host}:{port}"))),
+            }
+        }
+        match last_error {
+            Some(err) => Err(err),
+            None => Err(Error::WrongTopology {
+                addr: unknown_to.join(", "),
+                detail: format!(
+                    "(sentinels) do not know the service {:?}: check its name (SENTINEL MASTERS \
+                     lists the ones they monitor)",
+                    shared.service
+                ),
+            }),
+        }
+    }
+
+    /// One command on a short-lived connection to `client`.
+    fn ask<T>(
+        &self,
+        client: &redis::Client,
+        command: impl FnOnce(&mut redis::Connection) -> RedisResult<T>,
+    ) -> RedisResult<T> {
+        let mut conn = client.get_connection_with_timeout(self.config.io_timeout)?;
+        conn.set_read_timeout(Some(self.config.io_timeout))?;
+        command(&mut conn)
+    }
+
+    fn sentinel_error(&self, err: redis::RedisError, addr: &str) -> Error {
+        if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+            && err.code() != Some("READONLY")
+        {
+            return Error::Redis { source: err };
+        }
+        Error::Unreachable {
+            addr: addr.to_owned(),
+            detail: describe_io(&err),
+            timed_out: err.is_timeout(),
+            source: Some(err),
+        }
+    }
+
+    /// A client for the master at `host:port`, with the first sentinel
+    /// URL's user, password, database and TLS settings.
+    fn master_client(&self, host: &str, port: u16) -> Result<redis::Client, Error> {
+        let first = self.shared.sentinels[0].get_connection_info();
+        let addr = match first.addr() {
+            #[cfg(feature = "tls")]
+            redis::ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => redis::ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => redis::ConnectionAddr::Tcp(host.to_owned(), port),
+        };
+        redis::Client::open(first.clone().set_addr(addr))
+            .map_err(|source| Error::InvalidUrl { source })
+    }
+
+    /// Starts the thread that follows `+switch-master`, once.
+    fn watch(&self) {
+        let mut watching = self.watching.lock();
+        if *watching {
+            return;
+        }
+        let shared = Arc::downgrade(&self.shared);
+        let io_timeout = self.config.io_timeout;
+        let started = thread::Builder::new()
+            .name(THREAD_NAME.to_owned())
+            .spawn(move || follow_switches(&shared, io_timeout));
+        match started {
+            Ok(_) => *watching = true,
+            // Failovers are still noticed, one failed exchange later.
+            Err(err) => log::warn!("redbaton: cannot start the sentinel event thread: {err}"),
+        }
+    }
+}
+
+/// Subscribes to `+switch-master` on one sentinel after another, and
+/// forgets the master when the service's master switches. Ends when the
+/// client is gone.
+fn follow_switches(shared: &Weak<Shared>, io_timeout: Duration) {
+    let mut next = 0usize;
+    loop {
+        let Some(client) = shared
+            .upgrade()
+            .map(|s| s.sentinels[next % s.sentinels.len()].clone())
+        else {
+            return;
+        };
+        next += 1;
+        if let Err(err) = subscribe(shared, &client, io_timeout) {
+            log::debug!(
+                "redbaton: sentinel events from {} stopped: {}",
+                client.get_connection_info().addr(),
+                describe_io(&err)
+            );
+        }
+        thread::sleep(WATCH_TICK);
+    }
+}
+
+/// Follows `+switch-master` on one sentinel until the connection fails or
+/// the client is gone.
+fn subscribe(
+    shared: &Weak<Shared>,
+    client: &redis::Client,
+    io_timeout: Duration,
+) -> RedisResult<()> {
+    let mut conn = client.get_connection_with_timeout(io_timeout)?;
+    let mut events = conn.as_pubsub();
+    events.subscribe("+switch-master")?;
+    events.set_read_timeout(Some(WATCH_TICK))?;
+    loop {
+        let message = match events.get_message() {
+            Ok(message) => message,
+            Err(err) if err.is_timeout() => {
+                if shared.strong_count() == 0 {
+                    return Ok(());
+                }
+                continue;
+            }
+            Err(err) => return Err(err),
+        };
+        let Some(shared) = shared.upgrade() else {
+            return Ok(());
+        };
+        // "<service> <old host> <old port> <new host> <new port>"
+        let payload: String = message.get_payload().unwrap_or_default();
+        if payload.split(' ').next() == Some(shared.service.as_str()) {
+            log::info!("redbaton: sentinel reports a new master: {payload}");
+            // Any master: a lookup made just before the event may have
+            // found the old one.
+            shared.forget(None);
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! Redis Cluster's key-to-slot rule: CRC16 (XMODEM) of the key's hash tag,
+//! modulo 16384. The tag is the part between the first `{` and the next
+//! `}` when that part is non-empty, else the whole key.
+
+/// How many slots a cluster has.
+pub(super) const SLOTS: usize = 16384;
+
+/// The slot of `key`.
+pub(super) fn of(key: &str) -> u16 {
+    let key = key.as_bytes();
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    // SLOTS is a power of two, so the mask is the modulo.
+    crc16(tagged.unwrap_or(key)) & (SLOTS as u16 - 1)
+}
+
+/// CRC-16/XMODEM: polynomial 0x1021, initial value 0, no reflection.
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in bytes {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_the_cluster_specification() {
+        // The check value of CRC-16/XMODEM, and the example slots of the
+        // Redis Cluster specification.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(of("123456789"), 0x31C3 & 16383);
+        assert_eq!(of("{user1000}.following"), of("user1000"));
+        assert_eq!(of("foo{}{bar}"), of("foo{}{bar}"));
+        assert_ne!(of("foo{}{bar}"), of("bar"));
+        assert_eq!(of("foo{{bar}}zap"), of("{bar"));
+        assert_eq!(of("foo{bar}{zap}"), of("bar"));
+    }
+}

@@ -1,0 +1,86 @@
+//! The lock's behaviour on every topology (one server, a cluster, a
+//! sentinel-watched master): the same test bodies, run once per topology by
+//! `across_topologies!`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::across_topologies;
+use crate::support::{lock_key, JoinWithin};
+
+/// Names whose slots fall on every master of a three-master cluster, and
+/// the awkward ones: braces, `}{`, emoji, NUL.
+const NAMES: &[&str] = &[
+    "orders",
+    "invoices",
+    "a",
+    "b",
+    "c",
+    "d",
+    "e",
+    "{x}",
+    "}{",
+    "🦀 lock",
+    "nul\0name",
+];
+
+across_topologies! {
+    /// Threads of two clients take turns on every name; no two hold one
+    /// name at once, and every acquisition is counted.
+    fn threads_of_two_clients_exclude_each_other_on_every_name(deployment) {
+        let clients = [deployment.client(), deployment.client()];
+        const ROUNDS: usize = 10;
+        for name in NAMES {
+            let inside = Arc::new(AtomicUsize::new(0));
+            let entries = Arc::new(AtomicUsize::new(0));
+            let workers: Vec<_> = (0..4)
+                .map(|i| {
+                    let lock = clients[i % 2].lock(name).unwrap();
+                    let (inside, entries) = (Arc::clone(&inside), Arc::clone(&entries));
+                    thread::spawn(move || {
+                        for _ in 0..ROUNDS {
+                            let guard = lock.try_lock_for(Duration::from_secs(20)).unwrap().unwrap();
+                            assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders of {name:?}");
+                            thread::sleep(Duration::from_millis(1));
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                            entries.fetch_add(1, Ordering::SeqCst);
+                            guard.unlock().unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for worker in workers {
+                worker.joined();
+            }
+            assert_eq!(entries.load(Ordering::SeqCst), 4 * ROUNDS, "acquisitions of {name:?}");
+            // The lock's keys live where the deployment says its slot is.
+            let mut raw = deployment.server_for(&lock_key(name)).connection();
+            let exists: bool = redis::cmd("EXISTS").arg(lock_key(name)).query(&mut raw).unwrap();
+            assert!(!exists, "{name:?} released");
+        }
+    }
+}
+
+across_topologies! {
+    /// A waiter parked behind a holder is woken by the release well before
+    /// its park would end.
+    fn a_release_wakes_a_parked_waiter(deployment) {
+        let (holder, waiter) = (deployment.client(), deployment.builder().max_park(Duration::from_secs(10)).build().unwrap());
+        let guard = holder.lock("baton").unwrap().lock().unwrap();
+        let lock = waiter.lock("baton").unwrap();
+        let started = Instant::now();
+        let handle = thread::spawn(move || {
+            let guard = lock.try_lock_for(Duration::from_secs(20)).unwrap().expect("acquired");
+            let waited = started.elapsed();
+            guard.unlock().unwrap();
+            waited
+        });
+        thread::sleep(Duration::from_millis(300));
+        guard.unlock().unwrap();
+        let waited = handle.joined();
+        assert!(waited < Duration::from_secs(3), "woken by the baton, not the park's end: {waited:?}");
+        assert!(waited >= Duration::from_millis(300), "not before the release: {waited:?}");
+    }
+}
