@@ -242,7 +242,7 @@ impl Single {
             // closed (never pooled again) and counts as a wake-up: the next
             // attempt, on a command connection, tells whether Redis is
             // really gone, and if not, the waiter parks on a fresh one.
-            Err(err) if breaks_connection(&err) => {
+            Err(err) if breaks_connection(&err) || ends_park(&err) => {
                 log::debug!(
                     "redbaton: parked connection for {name:?} failed ({}); looking again",
                     describe_io(&err)
@@ -252,4 +252,20 @@ impl Single {
             Err(err) => Err(self.classify(err, name)),
         }
     }
+}
+
+/// Replies that end a park without a token and call for another look: a
+/// cluster slot that moved away (`MOVED`, `ASK`, `TRYAGAIN`,
+/// `CLUSTERDOWN`), or a master demoted under the waiter (`UNBLOCKED`).
+fn ends_park(err: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    matches!(
+        err.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+        )
+    ) || err.code() == Some("UNBLOCKED")
 }

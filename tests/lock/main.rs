@@ -5,6 +5,8 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+#[cfg(feature = "cluster")]
+mod cluster;
 mod errors;
 mod faults;
 mod handoff;
@@ -23,5 +25,11 @@ mod waiting;
 #[test]
 #[ignore = "child-process entry point, started by the tests of this binary"]
 fn child_entry() {
-    support::run_child_role(&[handoff::run_child, leases::run_child, processes::run_child]);
+    support::run_child_role(&[
+        handoff::run_child,
+        leases::run_child,
+        processes::run_child,
+        #[cfg(feature = "cluster")]
+        cluster::run_child,
+    ]);
 }

@@ -200,9 +200,14 @@ pub const CHILD_URL: &str = "REDBATON_CHILD_URL";
 /// Re-runs this test binary's `child_entry` test as a child process with
 /// `role`, working against `server`.
 pub fn spawn_child(role: &str, server: &RedisServer) -> testkit::ChildProcess {
+    spawn_child_at(role, server.url())
+}
+
+/// [`spawn_child`] with any address text (a list of seed URLs, say).
+pub fn spawn_child_at(role: &str, url: String) -> testkit::ChildProcess {
     testkit::ChildProcess::spawn_test(
         "child_entry",
-        &[(CHILD_ROLE, role.to_owned()), (CHILD_URL, server.url())],
+        &[(CHILD_ROLE, role.to_owned()), (CHILD_URL, url)],
     )
 }
 
