@@ -167,7 +167,7 @@ impl Cluster {
             let err = match sent {
                 Ok(sent) => return Ok(sent),
                 Err(SendError::NoConnection(error)) => {
-                    if error.is_unreachable() {
+                    if error.is_transient() || error.is_timeout() {
                         self.refresh_quietly(generation);
                     }
                     return Err(not_sent(error));
@@ -193,7 +193,7 @@ impl Cluster {
                         ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown)
                     );
                     let failed = node.failed(SendError::Reply(err), name);
-                    if moved_on || failed.error.is_unreachable() {
+                    if moved_on || failed.error.is_transient() {
                         self.refresh_quietly(generation);
                     }
                     return Err(failed);

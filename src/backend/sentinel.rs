@@ -123,7 +123,7 @@ impl Sentinel {
             let err = match master.server.send(&mut exchange) {
                 Ok(sent) => return Ok(sent),
                 Err(SendError::NoConnection(error)) => {
-                    if error.is_unreachable() {
+                    if error.is_transient() || error.is_timeout() {
                         self.shared.forget(Some(master.generation));
                     }
                     return Err(not_sent(error));
@@ -132,7 +132,7 @@ impl Sentinel {
             };
             let readonly = err.code() == Some("READONLY");
             let failed = master.server.failed(SendError::Reply(err), name);
-            if readonly || failed.error.is_unreachable() {
+            if readonly || failed.error.is_transient() {
                 self.shared.forget(Some(master.generation));
             }
             if !(readonly && again) {

@@ -327,10 +327,13 @@ impl ClientBuilder {
     /// the lock's master answers `WAIT replicas timeout` first. With fewer
     /// confirmations, the write counts as not done: a fresh acquisition is
     /// undone and the waiter tries again within its deadline (the error,
-    /// when it runs out, is [`Error::NotReplicated`]); a renewal is tried
-    /// again next round. A lock confirmed this way survives the failover of
-    /// its master to any of those replicas, which asynchronous replication
-    /// alone does not promise. `timeout` must be shorter than `io_timeout`.
+    /// when it runs out, is [`Error::NotReplicated`]); an unconfirmed
+    /// hand-off is undone the same way. An unconfirmed renewal or `extend`
+    /// is logged as a warning but stands: the master has the longer lease,
+    /// and giving it up would strand the lock there. A lock confirmed this
+    /// way survives the failover of its master to any of those replicas,
+    /// which asynchronous replication alone does not promise. `timeout`
+    /// must be shorter than `io_timeout`.
     /// Off by default; each acquisition then costs one round trip to a
     /// replica more.
     pub fn replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {

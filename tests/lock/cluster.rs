@@ -134,11 +134,7 @@ fn two_processes_never_overlap_on_names_spread_over_every_master() {
     }
     for child in &mut children {
         let result = child.wait_for_line("RESULT", Duration::from_secs(120));
-        assert_eq!(
-            result.trim(),
-            "0",
-            "a child saw another holder inside"
-        );
+        assert_eq!(result.trim(), "0", "a child saw another holder inside");
     }
     let mut total = 0;
     for name in SPREAD {

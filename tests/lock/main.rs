@@ -18,6 +18,8 @@ mod precise_wakeups;
 mod processes;
 mod refusals;
 mod safety;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 mod topologies;
 mod waiting;
 

@@ -203,6 +203,19 @@ impl DeploymentLock {
         })
     }
 
+    /// A renewal too few replicas confirmed still counts: the master has
+    /// the longer lease, and failing the renewal would strand the lock
+    /// there for that lease (its guard would give up on it). Until the
+    /// replicas catch up, a failover may end the lease early: said loudly.
+    fn warn_unconfirmed_renewals(&self, count: usize, acknowledged: u32) {
+        let wanted = self.acks.map_or(0, |acks| acks.replicas);
+        log::warn!(
+            "redbaton: {count} lease renewal(s) on {} confirmed by {acknowledged} of the {wanted} \
+             replicas replica_acks asks for; a failover now may end those leases early",
+            self.backend.addr()
+        );
+    }
+
     fn not_replicated(&self, acknowledged: u32) -> Error {
         let acks = self.acks.unwrap_or(ReplicaAcks {
             replicas: 0,
@@ -280,11 +293,11 @@ impl RawLock for DeploymentLock {
         let sent = self
             .call_confirmed(keys, &call, renewed, |_| Ok(()))
             .map_err(|failed| failed.error)?;
-        match sent.value {
-            (Done(renewed), None) => Ok(renewed),
-            // The master has the longer lease; a promoted replica may not.
-            (_, Some(acknowledged)) => Err(self.not_replicated(acknowledged)),
+        let (Done(renewed), shortfall) = sent.value;
+        if let Some(acknowledged) = shortfall {
+            self.warn_unconfirmed_renewals(1, acknowledged);
         }
+        Ok(renewed)
     }
 
     fn undo_request(&self, keys: &LockKeys, identity: &str, request: u64) -> Result<(), Error> {
@@ -385,15 +398,15 @@ impl DeploymentLock {
                 return vec![RenewOutcome::Retry; requests.len()];
             }
         };
-        let confirmed = match self.acks {
-            Some(acks) => {
-                let acknowledged = values
-                    .pop()
-                    .and_then(|v| redis::from_redis_value::<u32>(v).ok());
-                acknowledged.is_some_and(|n| n >= acks.replicas)
+        if let Some(acks) = self.acks {
+            let acknowledged = values
+                .pop()
+                .and_then(|v| redis::from_redis_value::<u32>(v).ok())
+                .unwrap_or(0);
+            if acknowledged < acks.replicas {
+                self.warn_unconfirmed_renewals(requests.len(), acknowledged);
             }
-            None => true,
-        };
+        }
         let mut outcomes: Vec<RenewOutcome> = values.iter().map(renew_outcome).collect();
         for (i, value) in values.iter().enumerate() {
             if is_redirection(value) {
@@ -406,10 +419,6 @@ impl DeploymentLock {
                     Err(_) => RenewOutcome::Retry,
                 };
                 self.backend.redirected();
-            } else if !confirmed && outcomes[i] == RenewOutcome::Renewed {
-                // The master has the longer lease, a promoted replica may
-                // not: try again next round (lost if it never is).
-                outcomes[i] = RenewOutcome::Retry;
             }
         }
         outcomes
