@@ -1,7 +1,7 @@
 //! Every bad input and Redis failure gets its own error, promptly.
 
+use crate::across_topologies;
 use crate::support;
-use crate::support::{Deployment, Topology};
 
 use std::net::TcpListener;
 use std::sync::{mpsc, Arc, Barrier};
@@ -83,54 +83,54 @@ fn malformed_url_is_invalid_and_passwords_stay_out_of_debug() {
     assert!(!format!("{client:?}").contains("s3cret"));
 }
 
-#[test]
-fn a_string_under_the_lock_key_is_a_wrong_type_error_and_is_left_alone() {
-    let deployment = Deployment::start(Topology::Single);
-    let (server, client) = (deployment.server(), deployment.client());
-    let mut raw = server.connection();
-    redis::cmd("SET")
-        .arg(lock_key("typed"))
-        .arg("not a lock")
-        .query::<()>(&mut raw)
-        .unwrap();
-    let lock = client.lock("typed").unwrap();
-    for result in [lock.try_lock().map(|g| g.is_some()), lock.force_unlock()] {
-        let err = result.unwrap_err();
-        assert!(
-            matches!(err, Error::WrongType { ref name, .. } if name == "typed"),
-            "{err}"
-        );
+across_topologies! {
+    fn a_string_under_the_lock_key_is_a_wrong_type_error_and_is_left_alone(deployment) {
+        let (server, client) = (deployment.server_for(&lock_key("typed")), deployment.client());
+        let mut raw = server.connection();
+        redis::cmd("SET")
+            .arg(lock_key("typed"))
+            .arg("not a lock")
+            .query::<()>(&mut raw)
+            .unwrap();
+        let lock = client.lock("typed").unwrap();
+        for result in [lock.try_lock().map(|g| g.is_some()), lock.force_unlock()] {
+            let err = result.unwrap_err();
+            assert!(
+                matches!(err, Error::WrongType { ref name, .. } if name == "typed"),
+                "{err}"
+            );
+        }
+        let value: String = redis::cmd("GET")
+            .arg(lock_key("typed"))
+            .query(&mut raw)
+            .unwrap();
+        assert_eq!(value, "not a lock");
     }
-    let value: String = redis::cmd("GET")
-        .arg(lock_key("typed"))
-        .query(&mut raw)
-        .unwrap();
-    assert_eq!(value, "not a lock");
 }
 
-#[test]
-fn a_string_under_the_baton_key_fails_the_release_without_freeing_the_lock() {
-    let deployment = Deployment::start(Topology::Single);
-    let (server, client) = (deployment.server(), deployment.client());
-    let lock = client.lock("batonless").unwrap();
-    let guard = lock.lock().unwrap();
-    let mut raw = server.connection();
-    redis::cmd("SET")
-        .arg(baton_key("batonless"))
-        .arg("junk")
-        .query::<()>(&mut raw)
-        .unwrap();
-    // Someone asks for the lock, so the release must wake them.
-    let other = support::client(server);
-    let asker = other.lock("batonless").unwrap();
-    let refused = thread::spawn(move || asker.try_lock().unwrap().is_none()).joined();
-    assert!(refused);
-    let err = guard.unlock().unwrap_err();
-    assert!(matches!(err, Error::WrongType { .. }), "{err}");
-    assert!(
-        lock.is_locked().unwrap(),
-        "no lock freed without its wake-up"
-    );
+across_topologies! {
+    fn a_string_under_the_baton_key_fails_the_release_without_freeing_the_lock(deployment) {
+        let (server, client) = (deployment.server_for(&lock_key("batonless")), deployment.client());
+        let lock = client.lock("batonless").unwrap();
+        let guard = lock.lock().unwrap();
+        let mut raw = server.connection();
+        redis::cmd("SET")
+            .arg(baton_key("batonless"))
+            .arg("junk")
+            .query::<()>(&mut raw)
+            .unwrap();
+        // Someone asks for the lock, so the release must wake them.
+        let other = support::client(server);
+        let asker = other.lock("batonless").unwrap();
+        let refused = thread::spawn(move || asker.try_lock().unwrap().is_none()).joined();
+        assert!(refused);
+        let err = guard.unlock().unwrap_err();
+        assert!(matches!(err, Error::WrongType { .. }), "{err}");
+        assert!(
+            lock.is_locked().unwrap(),
+            "no lock freed without its wake-up"
+        );
+    }
 }
 
 #[test]

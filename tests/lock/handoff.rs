@@ -2,6 +2,8 @@
 //! thread of its own process, in order, without starving other processes,
 //! and never to a thread that has given up.
 
+use crate::across_topologies;
+use crate::support::lock_key;
 use crate::support::{Deployment, Topology};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -29,51 +31,51 @@ pub(crate) fn run_child(role: &str, url: &str) -> bool {
     true
 }
 
-#[test]
-fn local_waiters_get_the_lock_handed_over_in_arrival_order_without_baton_or_round_trip() {
-    let deployment = Deployment::start(Topology::Single);
-    let (server, client) = (deployment.server(), deployment.client());
-    let lock = client.lock("queue").unwrap();
-    let held = lock.lock().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let mut waiters = Vec::new();
-    for i in 0..5 {
-        let (lock, tx) = (lock.clone(), tx.clone());
-        waiters.push(thread::spawn(move || {
-            let guard = lock
-                .try_lock_for(Duration::from_secs(10))
-                .unwrap()
-                .expect("handed over");
-            tx.send(i).unwrap();
-            drop(guard);
-        }));
-        // Each waiter queues before the next one starts (creating the
-        // order, not synchronising).
-        thread::sleep(Duration::from_millis(100));
+across_topologies! {
+    fn local_waiters_get_the_lock_handed_over_in_arrival_order_without_baton_or_round_trip(deployment) {
+        let (server, client) = (deployment.server_for(&lock_key("queue")), deployment.client());
+        let lock = client.lock("queue").unwrap();
+        let held = lock.lock().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let mut waiters = Vec::new();
+        for i in 0..5 {
+            let (lock, tx) = (lock.clone(), tx.clone());
+            waiters.push(thread::spawn(move || {
+                let guard = lock
+                    .try_lock_for(Duration::from_secs(10))
+                    .unwrap()
+                    .expect("handed over");
+                tx.send(i).unwrap();
+                drop(guard);
+            }));
+            // Each waiter queues before the next one starts (creating the
+            // order, not synchronising).
+            thread::sleep(Duration::from_millis(100));
+        }
+        let before = server.command_calls();
+        held.unlock().unwrap();
+        let order: Vec<i32> = (0..5)
+            .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
+            .collect();
+        for waiter in waiters {
+            waiter.joined();
+        }
+        let used = server.commands_since(&before);
+        // The first waiter parks in Redis; the others are served locally, oldest
+        // first, and the parker gets the lock last, by the baton.
+        assert_eq!(order, vec![1, 2, 3, 4, 0], "{used:?}");
+        // 4 hand-offs + 1 global release, 1 acquisition by the parker, and its
+        // release: no waiter sent an acquire of its own.
+        // (An EVALSHA answered NOSCRIPT, before a script's first SCRIPT LOAD,
+        // is not one of them.)
+        let loads = used.get("script|load").copied().unwrap_or(0);
+        assert_eq!(
+            used.get("evalsha").copied().unwrap_or(0) - loads,
+            7,
+            "{used:?}"
+        );
+        assert_eq!(used.get("rpush"), Some(&2), "batons: {used:?}");
     }
-    let before = server.command_calls();
-    held.unlock().unwrap();
-    let order: Vec<i32> = (0..5)
-        .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
-        .collect();
-    for waiter in waiters {
-        waiter.joined();
-    }
-    let used = server.commands_since(&before);
-    // The first waiter parks in Redis; the others are served locally, oldest
-    // first, and the parker gets the lock last, by the baton.
-    assert_eq!(order, vec![1, 2, 3, 4, 0], "{used:?}");
-    // 4 hand-offs + 1 global release, 1 acquisition by the parker, and its
-    // release: no waiter sent an acquire of its own.
-    // (An EVALSHA answered NOSCRIPT, before a script's first SCRIPT LOAD,
-    // is not one of them.)
-    let loads = used.get("script|load").copied().unwrap_or(0);
-    assert_eq!(
-        used.get("evalsha").copied().unwrap_or(0) - loads,
-        7,
-        "{used:?}"
-    );
-    assert_eq!(used.get("rpush"), Some(&2), "batons: {used:?}");
 }
 
 #[test]
@@ -113,30 +115,30 @@ fn a_waiter_in_another_process_gets_the_lock_while_local_threads_keep_contending
     assert!(millis < 1_000, "waited {millis} ms");
 }
 
-#[test]
-fn waiters_that_give_up_are_never_handed_the_lock() {
-    let deployment = Deployment::start(Topology::Single);
-    let client = deployment.client();
-    let lock = client.lock("impatient").unwrap();
-    for round in 0..30u64 {
-        let held = lock.lock().unwrap();
-        let deadline = Instant::now() + Duration::from_millis(20);
-        let waiters: Vec<_> = (0..4)
-            .map(|_| {
-                let lock = lock.clone();
-                thread::spawn(move || lock.try_lock_until(deadline).unwrap().map(|g| g.unlock()))
-            })
-            .collect();
-        // Release around the waiters' deadline.
-        thread::sleep(Duration::from_micros(17_000 + 200 * round));
-        held.unlock().unwrap();
-        for waiter in waiters {
-            if let Some(unlocked) = waiter.joined() {
-                unlocked.unwrap();
+across_topologies! {
+    fn waiters_that_give_up_are_never_handed_the_lock(deployment) {
+        let client = deployment.client();
+        let lock = client.lock("impatient").unwrap();
+        for round in 0..30u64 {
+            let held = lock.lock().unwrap();
+            let deadline = Instant::now() + Duration::from_millis(20);
+            let waiters: Vec<_> = (0..4)
+                .map(|_| {
+                    let lock = lock.clone();
+                    thread::spawn(move || lock.try_lock_until(deadline).unwrap().map(|g| g.unlock()))
+                })
+                .collect();
+            // Release around the waiters' deadline.
+            thread::sleep(Duration::from_micros(17_000 + 200 * round));
+            held.unlock().unwrap();
+            for waiter in waiters {
+                if let Some(unlocked) = waiter.joined() {
+                    unlocked.unwrap();
+                }
             }
+            // Nobody holds the lock now: it was not handed to a thread that left.
+            assert_eq!(lock.holder().unwrap(), None, "round {round}");
         }
-        // Nobody holds the lock now: it was not handed to a thread that left.
-        assert_eq!(lock.holder().unwrap(), None, "round {round}");
     }
 }
 

@@ -3,7 +3,8 @@
 //! fencing counter for `fence_counter_ttl`), and one identity counter per
 //! prefix.
 
-use crate::support::{Deployment, Topology};
+use crate::across_topologies;
+use crate::support::lock_key;
 
 use std::thread;
 use std::time::Duration;
@@ -70,21 +71,21 @@ fn tokens_keep_growing_after_the_fence_counter_expired() {
     assert!(after > before, "{after} after {before}");
 }
 
-#[test]
-fn a_damaged_fence_counter_is_a_wrong_type_error_naming_the_key() {
-    let deployment = Deployment::start(Topology::Single);
-    let (server, client) = (deployment.server(), deployment.client());
-    let lock = client.lock("damaged").unwrap();
-    redis::cmd("SET")
-        .arg("redbaton:{damaged}:fence")
-        .arg("not a number")
-        .query::<()>(&mut server.connection())
-        .unwrap();
-    let err = lock.try_lock().unwrap_err();
-    assert!(
-        matches!(err, redbaton::Error::WrongType { .. })
-            && err.to_string().contains("redbaton:{damaged}:fence"),
-        "{err}"
-    );
-    assert!(!lock.is_locked().unwrap(), "nothing was written");
+across_topologies! {
+    fn a_damaged_fence_counter_is_a_wrong_type_error_naming_the_key(deployment) {
+        let (server, client) = (deployment.server_for(&lock_key("damaged")), deployment.client());
+        let lock = client.lock("damaged").unwrap();
+        redis::cmd("SET")
+            .arg("redbaton:{damaged}:fence")
+            .arg("not a number")
+            .query::<()>(&mut server.connection())
+            .unwrap();
+        let err = lock.try_lock().unwrap_err();
+        assert!(
+            matches!(err, redbaton::Error::WrongType { .. })
+                && err.to_string().contains("redbaton:{damaged}:fence"),
+            "{err}"
+        );
+        assert!(!lock.is_locked().unwrap(), "nothing was written");
+    }
 }

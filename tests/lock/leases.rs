@@ -1,6 +1,7 @@
 //! Leases: the watchdog keeps live holders' locks, fixed leases end on time,
 //! paused holders lose their lock, and lost guards say so.
 
+use crate::across_topologies;
 use crate::support;
 use crate::support::{Deployment, Topology};
 
@@ -172,62 +173,62 @@ fn a_holder_paused_past_its_lease_loses_the_lock_and_learns_it_on_resume() {
     guard.unlock().unwrap();
 }
 
-#[test]
-fn extend_by_the_owner_pushes_a_fixed_lease_out() {
-    let deployment = Deployment::start(Topology::Single);
-    let client = deployment.client();
-    let lock = client
-        .lock("extended")
-        .unwrap()
-        .with_fixed_lease(Duration::from_millis(400))
-        .unwrap();
-    let guard = lock.lock().unwrap();
-    guard.extend(Duration::from_secs(10)).unwrap();
-    thread::sleep(Duration::from_millis(600)); // past the original lease
-    assert!(!guard.is_lost());
-    assert!(guard.remaining_lease().unwrap() > Duration::from_secs(5));
-    assert!(lock.is_locked().unwrap());
-    let err = guard.extend(Duration::ZERO).unwrap_err();
-    assert!(matches!(err, Error::InvalidLease { .. }), "{err}");
-    guard.unlock().unwrap();
-    assert!(!lock.is_locked().unwrap());
+across_topologies! {
+    fn extend_by_the_owner_pushes_a_fixed_lease_out(deployment) {
+        let client = deployment.client();
+        let lock = client
+            .lock("extended")
+            .unwrap()
+            .with_fixed_lease(Duration::from_millis(400))
+            .unwrap();
+        let guard = lock.lock().unwrap();
+        guard.extend(Duration::from_secs(10)).unwrap();
+        thread::sleep(Duration::from_millis(600)); // past the original lease
+        assert!(!guard.is_lost());
+        assert!(guard.remaining_lease().unwrap() > Duration::from_secs(5));
+        assert!(lock.is_locked().unwrap());
+        let err = guard.extend(Duration::ZERO).unwrap_err();
+        assert!(matches!(err, Error::InvalidLease { .. }), "{err}");
+        guard.unlock().unwrap();
+        assert!(!lock.is_locked().unwrap());
+    }
 }
 
-#[test]
-fn extend_by_a_guard_that_lost_its_lock_is_refused_and_changes_nothing() {
-    let deployment = Deployment::start(Topology::Single);
-    let (server, client) = (deployment.server(), deployment.client());
-    let lock = client
-        .lock("lapsed")
-        .unwrap()
-        .with_fixed_lease(Duration::from_millis(200))
-        .unwrap();
-    let stale = lock.lock().unwrap();
-    eventually(Duration::from_secs(3), "the lease to end", || {
-        !lock.is_locked().unwrap()
-    });
-    let other_client = support::client(server);
-    let successor = other_client
-        .lock("lapsed")
-        .unwrap()
-        .with_fixed_lease(Duration::from_secs(5))
-        .unwrap()
-        .lock()
-        .unwrap();
+across_topologies! {
+    fn extend_by_a_guard_that_lost_its_lock_is_refused_and_changes_nothing(deployment) {
+        let client = deployment.client();
+        let lock = client
+            .lock("lapsed")
+            .unwrap()
+            .with_fixed_lease(Duration::from_millis(200))
+            .unwrap();
+        let stale = lock.lock().unwrap();
+        eventually(Duration::from_secs(3), "the lease to end", || {
+            !lock.is_locked().unwrap()
+        });
+        let other_client = deployment.client();
+        let successor = other_client
+            .lock("lapsed")
+            .unwrap()
+            .with_fixed_lease(Duration::from_secs(5))
+            .unwrap()
+            .lock()
+            .unwrap();
 
-    let err = stale.extend(Duration::from_secs(60)).unwrap_err();
-    assert!(err.is_lost(), "{err}");
-    assert!(stale.is_lost());
-    assert!(
-        successor.remaining_lease().unwrap() <= Duration::from_secs(5),
-        "not extended by the stale guard"
-    );
-    assert!(stale.remaining_lease().unwrap_err().is_lost());
-    drop(stale);
-    assert_eq!(
-        lock.holder().unwrap().unwrap().fencing_token,
-        successor.fencing_token()
-    );
+        let err = stale.extend(Duration::from_secs(60)).unwrap_err();
+        assert!(err.is_lost(), "{err}");
+        assert!(stale.is_lost());
+        assert!(
+            successor.remaining_lease().unwrap() <= Duration::from_secs(5),
+            "not extended by the stale guard"
+        );
+        assert!(stale.remaining_lease().unwrap_err().is_lost());
+        drop(stale);
+        assert_eq!(
+            lock.holder().unwrap().unwrap().fencing_token,
+            successor.fencing_token()
+        );
+    }
 }
 
 #[test]

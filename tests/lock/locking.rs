@@ -1,6 +1,7 @@
 //! Single-process behaviour of one lock: re-entry, ownership, fencing,
 //! deadlines, administration, and the scripts themselves.
 
+use crate::across_topologies;
 use crate::support;
 use crate::support::{Deployment, Topology};
 
@@ -13,72 +14,72 @@ use crate::support::{baton_key, client, eventually, lock_key};
 use redbaton::{Client, Error};
 use testkit::RedisServer;
 
-#[test]
-fn reentered_lock_is_free_only_after_the_last_unlock() {
-    let deployment = Deployment::start(Topology::Single);
-    let (server, client) = (deployment.server(), deployment.client());
-    let lock = client.lock("reentry").unwrap();
+across_topologies! {
+    fn reentered_lock_is_free_only_after_the_last_unlock(deployment) {
+        let (server, client) = (deployment.server_for(&lock_key("reentry")), deployment.client());
+        let lock = client.lock("reentry").unwrap();
 
-    let first = lock.lock().unwrap();
-    let second = lock.lock().unwrap();
-    let third = lock.try_lock().unwrap().expect("the holder may re-enter");
-    let mut raw = server.connection();
-    let depth: u32 = redis::cmd("HGET")
-        .arg(lock_key("reentry"))
-        .arg("count")
-        .query(&mut raw)
-        .unwrap();
-    assert_eq!(depth, 3);
+        let first = lock.lock().unwrap();
+        let second = lock.lock().unwrap();
+        let third = lock.try_lock().unwrap().expect("the holder may re-enter");
+        let mut raw = server.connection();
+        let depth: u32 = redis::cmd("HGET")
+            .arg(lock_key("reentry"))
+            .arg("count")
+            .query(&mut raw)
+            .unwrap();
+        assert_eq!(depth, 3);
 
-    // Another thread tries after each unlock; it must stay out until the last.
-    let (ask, asked) = mpsc::channel::<()>();
-    let (tell, told) = mpsc::channel::<bool>();
-    let other = {
-        let lock = lock.clone();
-        thread::spawn(move || {
-            while asked.recv().is_ok() {
-                let got = lock.try_lock().unwrap();
-                tell.send(got.is_some()).unwrap();
-            }
-        })
-    };
-    let probe = || {
-        ask.send(()).unwrap();
-        told.recv_timeout(Duration::from_secs(5)).unwrap()
-    };
-    assert!(!probe(), "held at depth 3");
-    third.unlock().unwrap();
-    assert!(!probe(), "held at depth 2");
-    drop(second);
-    assert!(!probe(), "held at depth 1");
-    first.unlock().unwrap();
-    assert!(probe(), "free after the third unlock");
-    drop(ask);
-    other.joined();
+        // Another thread tries after each unlock; it must stay out until the last.
+        let (ask, asked) = mpsc::channel::<()>();
+        let (tell, told) = mpsc::channel::<bool>();
+        let other = {
+            let lock = lock.clone();
+            thread::spawn(move || {
+                while asked.recv().is_ok() {
+                    let got = lock.try_lock().unwrap();
+                    tell.send(got.is_some()).unwrap();
+                }
+            })
+        };
+        let probe = || {
+            ask.send(()).unwrap();
+            told.recv_timeout(Duration::from_secs(5)).unwrap()
+        };
+        assert!(!probe(), "held at depth 3");
+        third.unlock().unwrap();
+        assert!(!probe(), "held at depth 2");
+        drop(second);
+        assert!(!probe(), "held at depth 1");
+        first.unlock().unwrap();
+        assert!(probe(), "free after the third unlock");
+        drop(ask);
+        other.joined();
+    }
 }
 
-#[test]
-fn fencing_tokens_increase_per_acquisition_and_stay_on_reentry() {
-    let deployment = Deployment::start(Topology::Single);
-    let client = deployment.client();
-    let lock = client.lock("fenced").unwrap();
+across_topologies! {
+    fn fencing_tokens_increase_per_acquisition_and_stay_on_reentry(deployment) {
+        let client = deployment.client();
+        let lock = client.lock("fenced").unwrap();
 
-    let mut last = 0;
-    for round in 0..5 {
-        // Alternate threads so that ownership really changes hands.
-        let lock = lock.clone();
-        let (outer, inner) = thread::spawn(move || {
-            let outer = lock.lock().unwrap();
-            let inner = lock.lock().unwrap();
-            let tokens = (outer.fencing_token(), inner.fencing_token());
-            drop(inner);
-            outer.unlock().unwrap();
-            tokens
-        })
-        .joined();
-        assert_eq!(outer, inner, "re-entry keeps the token (round {round})");
-        assert!(outer > last, "token {outer} after {last} (round {round})");
-        last = outer;
+        let mut last = 0;
+        for round in 0..5 {
+            // Alternate threads so that ownership really changes hands.
+            let lock = lock.clone();
+            let (outer, inner) = thread::spawn(move || {
+                let outer = lock.lock().unwrap();
+                let inner = lock.lock().unwrap();
+                let tokens = (outer.fencing_token(), inner.fencing_token());
+                drop(inner);
+                outer.unlock().unwrap();
+                tokens
+            })
+            .joined();
+            assert_eq!(outer, inner, "re-entry keeps the token (round {round})");
+            assert!(outer > last, "token {outer} after {last} (round {round})");
+            last = outer;
+        }
     }
 }
 
@@ -126,51 +127,51 @@ fn release_by_a_thread_that_no_longer_owns_the_lock_is_refused_and_changes_nothi
     assert!(!successor_lock.is_locked().unwrap());
 }
 
-#[test]
-fn try_lock_for_returns_none_after_its_deadline() {
-    let deployment = Deployment::start(Topology::Single);
-    let client = deployment.client();
-    let lock = client.lock("busy").unwrap();
-    let _held = lock.lock().unwrap();
+across_topologies! {
+    fn try_lock_for_returns_none_after_its_deadline(deployment) {
+        let client = deployment.client();
+        let lock = client.lock("busy").unwrap();
+        let _held = lock.lock().unwrap();
 
-    let waiter = lock.clone();
-    let (start, outcome) = thread::spawn(move || {
-        let start = Instant::now();
-        let got = waiter.try_lock_for(Duration::from_millis(500)).unwrap();
-        (start.elapsed(), got.is_some())
-    })
-    .joined();
-    assert!(!outcome, "the lock stayed held");
-    assert!(
-        start >= Duration::from_millis(500),
-        "gave up early: {start:?}"
-    );
-    assert!(
-        start < Duration::from_millis(900),
-        "gave up late: {start:?}"
-    );
+        let waiter = lock.clone();
+        let (start, outcome) = thread::spawn(move || {
+            let start = Instant::now();
+            let got = waiter.try_lock_for(Duration::from_millis(500)).unwrap();
+            (start.elapsed(), got.is_some())
+        })
+        .joined();
+        assert!(!outcome, "the lock stayed held");
+        assert!(
+            start >= Duration::from_millis(500),
+            "gave up early: {start:?}"
+        );
+        assert!(
+            start < Duration::from_millis(900),
+            "gave up late: {start:?}"
+        );
+    }
 }
 
-#[test]
-fn zero_wait_is_one_attempt_and_huge_wait_is_no_deadline() {
-    let deployment = Deployment::start(Topology::Single);
-    let client = deployment.client();
-    let lock = client.lock("edges").unwrap();
-    let held = lock.lock().unwrap();
+across_topologies! {
+    fn zero_wait_is_one_attempt_and_huge_wait_is_no_deadline(deployment) {
+        let client = deployment.client();
+        let lock = client.lock("edges").unwrap();
+        let held = lock.lock().unwrap();
 
-    let other = lock.clone();
-    let zero = thread::spawn(move || other.try_lock_for(Duration::ZERO).unwrap().is_some());
-    assert!(!zero.joined());
+        let other = lock.clone();
+        let zero = thread::spawn(move || other.try_lock_for(Duration::ZERO).unwrap().is_some());
+        assert!(!zero.joined());
 
-    let other = lock.clone();
-    let (done, finished) = mpsc::channel();
-    let forever = thread::spawn(move || {
-        let guard = other.try_lock_for(Duration::MAX).unwrap();
-        done.send(guard.is_some()).unwrap();
-    });
-    held.unlock().unwrap();
-    assert!(finished.recv_timeout(Duration::from_secs(5)).unwrap());
-    forever.joined();
+        let other = lock.clone();
+        let (done, finished) = mpsc::channel();
+        let forever = thread::spawn(move || {
+            let guard = other.try_lock_for(Duration::MAX).unwrap();
+            done.send(guard.is_some()).unwrap();
+        });
+        held.unlock().unwrap();
+        assert!(finished.recv_timeout(Duration::from_secs(5)).unwrap());
+        forever.joined();
+    }
 }
 
 #[test]
@@ -202,17 +203,17 @@ fn waiter_wakes_when_holder_releases() {
     handle.joined();
 }
 
-#[test]
-fn with_lock_returns_the_value_and_releases() {
-    let deployment = Deployment::start(Topology::Single);
-    let client = deployment.client();
-    let lock = client.lock("scoped").unwrap();
-    let value = lock.with_lock(|| {
-        assert!(lock.is_locked().unwrap());
-        42
-    });
-    assert_eq!(value.unwrap(), 42);
-    assert!(!lock.is_locked().unwrap());
+across_topologies! {
+    fn with_lock_returns_the_value_and_releases(deployment) {
+        let client = deployment.client();
+        let lock = client.lock("scoped").unwrap();
+        let value = lock.with_lock(|| {
+            assert!(lock.is_locked().unwrap());
+            42
+        });
+        assert_eq!(value.unwrap(), 42);
+        assert!(!lock.is_locked().unwrap());
+    }
 }
 
 #[test]
@@ -246,21 +247,21 @@ fn force_unlock_removes_any_holder_and_wakes_a_waiter() {
     assert!(!admin.force_unlock().unwrap(), "nothing left to remove");
 }
 
-#[test]
-fn scripts_are_reloaded_after_script_flush() {
-    let deployment = Deployment::start(Topology::Single);
-    let (server, client) = (deployment.server(), deployment.client());
-    let lock = client.lock("flushed").unwrap();
-    lock.lock().unwrap().unlock().unwrap();
-    let mut raw = server.connection();
-    redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query::<()>(&mut raw)
-        .unwrap();
-    let guard = lock.lock().unwrap();
-    assert!(lock.is_locked().unwrap());
-    guard.unlock().unwrap();
-    assert!(!lock.is_locked().unwrap());
+across_topologies! {
+    fn scripts_are_reloaded_after_script_flush(deployment) {
+        let (server, client) = (deployment.server_for(&lock_key("flushed")), deployment.client());
+        let lock = client.lock("flushed").unwrap();
+        lock.lock().unwrap().unlock().unwrap();
+        let mut raw = server.connection();
+        redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query::<()>(&mut raw)
+            .unwrap();
+        let guard = lock.lock().unwrap();
+        assert!(lock.is_locked().unwrap());
+        guard.unlock().unwrap();
+        assert!(!lock.is_locked().unwrap());
+    }
 }
 
 #[test]
@@ -332,18 +333,18 @@ fn keys_of_one_lock_share_a_cluster_slot_for_any_name() {
     assert!(first_slots.len() > 1);
 }
 
-#[test]
-fn locks_under_odd_names_work_end_to_end() {
-    let deployment = Deployment::start(Topology::Single);
-    let client = deployment.client();
-    for name in ["{braced}", "a}b{c", "emoji 🔒", "nul\0byte", "%"] {
-        let lock = client.lock(name).unwrap();
-        let guard = lock.lock().unwrap();
-        assert!(lock.is_locked().unwrap(), "{name:?}");
-        let other = lock.clone();
-        assert!(thread::spawn(move || other.try_lock().unwrap().is_none()).joined());
-        guard.unlock().unwrap();
-        assert!(!lock.is_locked().unwrap(), "{name:?}");
+across_topologies! {
+    fn locks_under_odd_names_work_end_to_end(deployment) {
+        let client = deployment.client();
+        for name in ["{braced}", "a}b{c", "emoji 🔒", "nul\0byte", "%"] {
+            let lock = client.lock(name).unwrap();
+            let guard = lock.lock().unwrap();
+            assert!(lock.is_locked().unwrap(), "{name:?}");
+            let other = lock.clone();
+            assert!(thread::spawn(move || other.try_lock().unwrap().is_none()).joined());
+            guard.unlock().unwrap();
+            assert!(!lock.is_locked().unwrap(), "{name:?}");
+        }
     }
 }
 
@@ -376,33 +377,33 @@ fn clients_and_locks_are_send_and_sync() {
     assert_send_sync::<redbaton::Lock>();
 }
 
-#[test]
-fn reentry_and_inner_release_renew_the_lease() {
-    let deployment = Deployment::start(Topology::Single);
-    let (server, client) = (deployment.server(), deployment.client());
-    // A fixed lease: no watchdog renewal can hide a missing refresh.
-    let lock = client
-        .lock("renew")
-        .unwrap()
-        .with_fixed_lease(Duration::from_millis(1_000))
-        .unwrap();
-    let mut raw = server.connection();
-    let outer = lock.lock().unwrap();
-    thread::sleep(Duration::from_millis(500));
-    let inner = lock.lock().unwrap();
-    let after_reentry = redis::cmd("PTTL")
-        .arg(lock_key("renew"))
-        .query::<i64>(&mut raw)
-        .unwrap();
-    assert!(after_reentry > 800, "re-entry left {after_reentry} ms");
-    thread::sleep(Duration::from_millis(500));
-    inner.unlock().unwrap();
-    let after_inner = redis::cmd("PTTL")
-        .arg(lock_key("renew"))
-        .query::<i64>(&mut raw)
-        .unwrap();
-    assert!(after_inner > 800, "inner release left {after_inner} ms");
-    outer.unlock().unwrap();
+across_topologies! {
+    fn reentry_and_inner_release_renew_the_lease(deployment) {
+        let (server, client) = (deployment.server_for(&lock_key("renew")), deployment.client());
+        // A fixed lease: no watchdog renewal can hide a missing refresh.
+        let lock = client
+            .lock("renew")
+            .unwrap()
+            .with_fixed_lease(Duration::from_millis(1_000))
+            .unwrap();
+        let mut raw = server.connection();
+        let outer = lock.lock().unwrap();
+        thread::sleep(Duration::from_millis(500));
+        let inner = lock.lock().unwrap();
+        let after_reentry = redis::cmd("PTTL")
+            .arg(lock_key("renew"))
+            .query::<i64>(&mut raw)
+            .unwrap();
+        assert!(after_reentry > 800, "re-entry left {after_reentry} ms");
+        thread::sleep(Duration::from_millis(500));
+        inner.unlock().unwrap();
+        let after_inner = redis::cmd("PTTL")
+            .arg(lock_key("renew"))
+            .query::<i64>(&mut raw)
+            .unwrap();
+        assert!(after_inner > 800, "inner release left {after_inner} ms");
+        outer.unlock().unwrap();
+    }
 }
 
 #[test]
