@@ -281,3 +281,44 @@ fn replica_acks_without_replicas_is_a_clear_error_and_takes_nothing() {
     assert!(matches!(err, Error::NotReplicated { .. }), "{err:?}");
     assert!(!lock.is_locked().unwrap());
 }
+
+/// After `SENTINEL FAILOVER` the old master stays up and writable for a
+/// while; the client must not keep using it. The `+switch-master` event
+/// moves it: a lock taken after the switch lives on the new master.
+#[test]
+fn a_client_follows_a_switch_master_event_while_the_old_master_stays_up() {
+    let deployment = Deployment::start(Kind::Sentinel);
+    let sentinels = deployment.sentinels();
+    let client = deployment.client();
+    let before = client.lock("before").unwrap().lock().unwrap();
+    drop(before);
+    let old = sentinels.master().port();
+    wait_for_replica(sentinels.master());
+    redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(SERVICE)
+        .query::<()>(&mut sentinels.sentinels()[0].connection())
+        .unwrap();
+    wait_for_failover(sentinels, old);
+    let new = sentinels.current_master_port().unwrap();
+    let new_master = [sentinels.master()]
+        .into_iter()
+        .chain(sentinels.replicas())
+        .find(|s| s.port() == new)
+        .unwrap();
+    // Give the event a moment to arrive, far less than the ~10 s the old
+    // master may stay writable.
+    thread::sleep(Duration::from_millis(500));
+    let guard = client
+        .lock("after")
+        .unwrap()
+        .try_lock_for(Duration::from_secs(10))
+        .unwrap()
+        .expect("free");
+    let on_new: bool = redis::cmd("EXISTS")
+        .arg(lock_key("after"))
+        .query(&mut new_master.connection())
+        .unwrap();
+    assert!(on_new, "the lock was taken on the new master");
+    guard.unlock().unwrap();
+}
