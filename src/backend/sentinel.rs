@@ -30,7 +30,7 @@ const THREAD_NAME: &str = "redbaton-sentinel";
 
 /// How often the event thread looks whether its client is gone, and waits
 /// before it tries the next sentinel after a failure.
-const WATCH_TICK: Duration = Duration::from_millis(500);
+const WATCH_TICK: Duration = Duration::from_millis(250);
 
 pub(super) struct Sentinel {
     shared: Arc<Shared>,
@@ -320,12 +320,14 @@ fn follow_switches(shared: &Weak<Shared>, io_timeout: Duration) {
             return;
         };
         next += 1;
-        if let Err(err) = subscribe(shared, &client, io_timeout) {
-            log::debug!(
+        match subscribe(shared, &client, io_timeout) {
+            // The client is gone.
+            Ok(()) => return,
+            Err(err) => log::debug!(
                 "redbaton: sentinel events from {} stopped: {}",
                 client.get_connection_info().addr(),
                 describe_io(&err)
-            );
+            ),
         }
         thread::sleep(WATCH_TICK);
     }
