@@ -42,6 +42,15 @@
 //!   releasing in Redis so that other processes get their turn.
 //! - **Fencing tokens** that increase with every fresh acquisition.
 //!
+//! # Deployments
+//!
+//! One server (a URL), a Redis Cluster (`Topology::cluster`, feature
+//! `cluster`: each lock on its slot's master) or a master watched by
+//! Sentinel (`Topology::sentinel`, feature `sentinel`: followed across
+//! failovers), with the same API. Replication is asynchronous; with
+//! [`ClientBuilder::replica_acks`] a lock is granted only once replicas have
+//! it, so that it survives the failover of its master.
+//!
 //! # Rate limiting
 //!
 //! The same client also paces calls across processes: a
