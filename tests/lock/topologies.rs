@@ -55,10 +55,16 @@ across_topologies! {
                 worker.joined();
             }
             assert_eq!(entries.load(Ordering::SeqCst), 4 * ROUNDS, "acquisitions of {name:?}");
-            // The lock's keys live where the deployment says its slot is.
+            // The lock lives where the deployment says its slot is (on a
+            // cluster: the master CLUSTER KEYSLOT names).
             let mut raw = deployment.server_for(&lock_key(name)).connection();
-            let exists: bool = redis::cmd("EXISTS").arg(lock_key(name)).query(&mut raw).unwrap();
-            assert!(!exists, "{name:?} released");
+            let exists = |raw: &mut redis::Connection| -> bool {
+                redis::cmd("EXISTS").arg(lock_key(name)).query(raw).unwrap()
+            };
+            assert!(!exists(&mut raw), "{name:?} released");
+            let guard = clients[0].lock(name).unwrap().lock().unwrap();
+            assert!(exists(&mut raw), "{name:?} held on the node serving its slot");
+            guard.unlock().unwrap();
         }
     }
 }

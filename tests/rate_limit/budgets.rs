@@ -11,6 +11,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::across_topologies;
 use crate::support::JoinWithin;
 use crate::support::{client, eventually, overall_limiter, spawn_child};
 use redbaton::{Client, Error, RateLimiter, RateMode};
@@ -490,10 +491,9 @@ fn force_rate_replaces_the_rate_and_a_process_blocked_on_the_old_one_sees_it() {
     assert_eq!(limiter.available_permits().unwrap(), 5);
 }
 
-#[test]
-fn try_acquire_takes_what_is_there_and_available_permits_counts_it() {
-    let server = RedisServer::start();
-    let client = client(&server);
+across_topologies! {
+fn try_acquire_takes_what_is_there_and_available_permits_counts_it(deployment) {
+    let client = deployment.client();
     let limiter = overall_limiter(&client, "hourly", 10, Duration::from_secs(3600));
     assert_eq!(limiter.available_permits().unwrap(), 10);
     assert!(limiter.try_acquire(4).unwrap());
@@ -510,6 +510,7 @@ fn try_acquire_takes_what_is_there_and_available_permits_counts_it() {
     assert!(!limiter.try_acquire_for(7, Duration::from_secs(2)).unwrap());
     assert!(started.elapsed() < Duration::from_millis(500));
     assert!(limiter.try_acquire_for(6, Duration::from_secs(2)).unwrap());
+}
 }
 
 #[test]

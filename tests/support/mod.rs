@@ -184,12 +184,20 @@ pub fn eventually(timeout: Duration, what: &str, mut condition: impl FnMut() -> 
 /// The lock key of `name` under the default prefix, as the README documents
 /// it (names used in tests contain no `%`, `{` or `}`).
 pub fn lock_key(name: &str) -> String {
-    format!("redbaton:{{{name}}}:lock")
+    format!("redbaton:{{{}}}:lock", hash_tag(name))
+}
+
+/// The hash tag of `name` as the README's key layout gives it: `%`, `{`
+/// and `}` percent-encoded.
+pub fn hash_tag(name: &str) -> String {
+    name.replace('%', "%25")
+        .replace('{', "%7B")
+        .replace('}', "%7D")
 }
 
 /// The baton key of `name` under the default prefix.
 pub fn baton_key(name: &str) -> String {
-    format!("redbaton:{{{name}}}:baton")
+    format!("redbaton:{{{}}}:baton", hash_tag(name))
 }
 
 /// Environment variables that tell a re-executed test binary what to do.
