@@ -4,6 +4,7 @@
 //! few milliseconds. The bounds here are generous; `cargo bench --bench
 //! lock` measures the figures.
 
+use crate::across_topologies;
 use crate::support;
 
 use std::mem;
@@ -14,17 +15,16 @@ use crate::support::JoinWithin;
 use redbaton::Client;
 use testkit::RedisServer;
 
+across_topologies! {
 /// A holder with a 1 s fixed lease dies (its guard is forgotten: no
 /// release, no renewal); a waiter that started at 0 %, 40 % or 80 % of the
 /// lease gets the lock within 50 ms of the lease's end.
-#[test]
-fn a_dead_holders_lock_goes_to_a_waiter_when_the_lease_ends_at_every_phase() {
-    let server = RedisServer::start();
+fn a_dead_holders_lock_goes_to_a_waiter_when_the_lease_ends_at_every_phase(deployment) {
     let lease = Duration::from_secs(1);
     for (round, phase) in [0.0, 0.4, 0.8].into_iter().enumerate() {
         let name = format!("crashed-{round}");
-        let holder = support::client(&server);
-        let waiter = support::client(&server);
+        let holder = deployment.client();
+        let waiter = deployment.client();
         let waiting_lock = waiter.lock(&name).unwrap();
         let taken = Instant::now();
         let guard = holder
@@ -50,14 +50,15 @@ fn a_dead_holders_lock_goes_to_a_waiter_when_the_lease_ends_at_every_phase() {
         );
     }
 }
+}
 
+across_topologies! {
 /// `try_lock_for` on a held lock returns `None` within a few milliseconds
-/// of its deadline, for short and long waits alike.
-#[test]
-fn timed_out_waits_end_at_their_deadline() {
-    let server = RedisServer::start();
-    let holder = support::client(&server);
-    let waiter = support::client(&server);
+/// of its deadline, for short and long waits alike (on a cluster, the
+/// unblock goes to the node the waiter parks on).
+fn timed_out_waits_end_at_their_deadline(deployment) {
+    let holder = deployment.client();
+    let waiter = deployment.client();
     let _held = holder.lock("held").unwrap().lock().unwrap();
     let lock = waiter.lock("held").unwrap();
     let mut worst = Duration::ZERO;
@@ -70,6 +71,7 @@ fn timed_out_waits_end_at_their_deadline() {
     }
     println!("worst overshoot {worst:?}");
     assert!(worst < Duration::from_millis(50), "overshoot {worst:?}");
+}
 }
 
 /// Under an ACL without `CLIENT UNBLOCK`, waits still end (on the server's
