@@ -290,11 +290,19 @@ fn waiters_move_on_and_acquire_after_their_master_fails_over() {
             .lock()
             .unwrap(),
     );
-    // Make sure the replica has the lock before its master dies.
+    // Make sure the replica has the lock before its master dies: a write
+    // of this connection after the lock's, then WAIT for it (WAIT counts
+    // the acknowledgements of this connection's own writes).
+    let mut conn = master.connection();
+    redis::cmd("SET")
+        .arg(format!("redbaton:{{{name}}}:test-sync"))
+        .arg(1)
+        .query::<()>(&mut conn)
+        .unwrap();
     let acked: u32 = redis::cmd("WAIT")
         .arg(1)
         .arg(2000)
-        .query(&mut master.connection())
+        .query(&mut conn)
         .unwrap();
     assert_eq!(acked, 1);
 
@@ -462,4 +470,46 @@ fn a_slot_no_master_serves_is_a_clear_error() {
         .find(|n| cluster.slot_of(&lock_key(n)) != slot)
         .unwrap();
     assert!(client.lock(other).unwrap().try_lock().unwrap().is_some());
+}
+
+#[test]
+fn a_renewed_holder_with_replica_acks_keeps_its_lock_across_the_failover_of_its_master() {
+    let cluster = RedisCluster::start(3, 1);
+    let seeds = cluster.seed_urls();
+    let lease = Duration::from_secs(6);
+    // replica_acks: the lock is granted only once the replica has it (a
+    // WAIT on another connection would not say so: it waits for that
+    // connection's own writes).
+    let holder = Client::builder(Topology::cluster(&seeds))
+        .io_timeout(Duration::from_secs(1))
+        .default_lease(lease)
+        .replica_acks(1, Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let name = "renewed-through-failover";
+    let master = cluster.master_of_slot(cluster.slot_of(&lock_key(name)));
+    let guard = holder.lock(name).unwrap().lock().unwrap();
+    master.kill();
+    // Past the lease: only renewals on the promoted replica kept it.
+    thread::sleep(lease + Duration::from_secs(2));
+    assert!(
+        !guard.is_lost(),
+        "the watchdog followed the slot to its new master"
+    );
+
+    let other = Client::builder(Topology::cluster(&seeds))
+        .io_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let lock = other.lock(name).unwrap();
+    assert_eq!(
+        lock.holder().unwrap().expect("held").fencing_token,
+        guard.fencing_token()
+    );
+    assert!(lock
+        .try_lock_for(Duration::from_millis(500))
+        .unwrap()
+        .is_none());
+    guard.unlock().unwrap();
+    assert!(lock.try_lock().unwrap().is_some());
 }

@@ -20,11 +20,18 @@ const FAILOVER: Duration = Duration::from_secs(20);
 /// from the master's death until the client finds the new one.
 const LEASE: Duration = Duration::from_secs(6);
 
+/// Waits until the replica has every write made so far: WAIT counts the
+/// acknowledgements of its own connection's writes, so it follows one.
 fn wait_for_replica(master: &RedisServer) {
+    let mut conn = master.connection();
+    redis::cmd("INCR")
+        .arg("test-sync")
+        .query::<()>(&mut conn)
+        .unwrap();
     let acked: u32 = redis::cmd("WAIT")
         .arg(1)
         .arg(2000)
-        .query(&mut master.connection())
+        .query(&mut conn)
         .unwrap();
     assert_eq!(acked, 1, "the replica has every write so far");
 }
