@@ -41,6 +41,8 @@ pub(crate) struct Config {
     pub(crate) max_local_handoffs: u32,
     /// Replicas that must confirm each ownership write, if any.
     pub(crate) replica_acks: Option<ReplicaAcks>,
+    /// A quorum's bound on one master's answer.
+    pub(crate) node_timeout: Duration,
 }
 
 /// `replica_acks(replicas, timeout)`: after each write that makes or
@@ -78,6 +80,7 @@ impl Config {
             ("io_timeout", self.io_timeout),
             ("baton_ttl", self.baton_ttl),
             ("fence_counter_ttl", self.fence_ttl),
+            ("node_timeout", self.node_timeout),
         ] {
             if value < Duration::from_millis(1) || value > MAX_LEASE {
                 return Err(Error::InvalidConfig(format!(

@@ -53,6 +53,11 @@ impl Context {
         // calling thread's identity and must not use it.
         self.backend.check_process()?;
         self.identities.current(|counter| {
+            // Independent masters share no counter: the instance's own
+            // count, after its random id, is unique without one.
+            if self.backend.masters().is_some() {
+                return Ok(0);
+            }
             self.backend
                 .run(counter, "", |c| redis::cmd("INCR").arg(counter).query(c))
                 .map_err(|err| damaged_counter(err, counter))

@@ -109,6 +109,22 @@ pub enum Error {
         timeout: Duration,
     },
 
+    /// Too few masters of a Redlock quorum answered (or granted in time) for
+    /// a majority. Transient: waiters try again within their deadline.
+    #[error("only {answered} of {masters} masters ({addr}) answered, and {needed} are needed for a majority: {detail}")]
+    NoQuorum {
+        /// Every master's address.
+        addr: String,
+        /// The masters that answered in time.
+        answered: usize,
+        /// The majority.
+        needed: usize,
+        /// How many masters there are.
+        masters: usize,
+        /// What the others reported.
+        detail: String,
+    },
+
     /// Every pooled connection stayed busy for the whole wait.
     #[error("no pooled Redis connection became free within {waited:?}; raise pool_size or shorten what runs under the pool")]
     PoolTimeout {
@@ -251,7 +267,10 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            Error::Unreachable { .. } | Error::Unavailable { .. } | Error::NotReplicated { .. }
+            Error::Unreachable { .. }
+                | Error::Unavailable { .. }
+                | Error::NotReplicated { .. }
+                | Error::NoQuorum { .. }
         )
     }
 

@@ -9,7 +9,9 @@
 //! - `cluster` (feature `cluster`): a `single` per master of a Redis
 //!   Cluster, chosen by the slot of the key an exchange names (`slot`);
 //! - `sentinel` (feature `sentinel`): a `single` for the master the
-//!   sentinels name, made anew after each failover.
+//!   sentinels name, made anew after each failover;
+//! - `quorum` (feature `redlock`): a `Backend` per independent master, for
+//!   a Redlock quorum that fans out to them; parks on one at a time.
 //!
 //! `unblock` ends parks on time (`CLIENT UNBLOCK`) rather than on the
 //! server's timer tick; every flavor uses it, on the node it parks on.
@@ -20,6 +22,8 @@ mod classify;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod pool;
+#[cfg(feature = "redlock")]
+mod quorum;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod single;
@@ -28,6 +32,7 @@ mod slot;
 mod unblock;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::{ConnectionLike, RedisResult};
@@ -51,6 +56,8 @@ enum Flavor {
     Cluster(cluster::Cluster),
     #[cfg(feature = "sentinel")]
     Sentinel(sentinel::Sentinel),
+    #[cfg(feature = "redlock")]
+    Quorum(quorum::Quorum),
 }
 
 /// A successful exchange.
@@ -116,6 +123,22 @@ impl Backend {
         )))
     }
 
+    /// Independent masters for a Redlock quorum, each already a backend of
+    /// its own. Does not connect.
+    #[cfg(feature = "redlock")]
+    pub(crate) fn quorum(masters: Vec<Arc<Backend>>) -> Backend {
+        Backend::with(Flavor::Quorum(quorum::Quorum::new(masters)))
+    }
+
+    /// The masters of a quorum; `None` for every other flavor.
+    pub(crate) fn masters(&self) -> Option<&[Arc<Backend>]> {
+        match &self.flavor {
+            #[cfg(feature = "redlock")]
+            Flavor::Quorum(quorum) => Some(quorum.masters()),
+            _ => None,
+        }
+    }
+
     fn with(flavor: Flavor) -> Backend {
         Backend {
             flavor,
@@ -144,6 +167,8 @@ impl Backend {
             Flavor::Cluster(cluster) => cluster.addr(),
             #[cfg(feature = "sentinel")]
             Flavor::Sentinel(sentinel) => sentinel.addr(),
+            #[cfg(feature = "redlock")]
+            Flavor::Quorum(quorum) => quorum.addr(),
         }
     }
 
@@ -171,6 +196,18 @@ impl Backend {
             Flavor::Cluster(cluster) => cluster.exchange(key, name, exchange),
             #[cfg(feature = "sentinel")]
             Flavor::Sentinel(sentinel) => sentinel.exchange(name, exchange),
+            // Only objects of one deployment (a rate limiter) get here.
+            #[cfg(feature = "redlock")]
+            Flavor::Quorum(quorum) => Err(Failed {
+                error: Error::WrongTopology {
+                    addr: quorum.addr().to_owned(),
+                    detail: format!(
+                        "(independent masters of a Redlock quorum) hold locks only; {name:?} needs \
+                         one deployment: make another client for it"
+                    ),
+                },
+                outcome_unknown: false,
+            }),
         }
     }
 
@@ -225,6 +262,8 @@ impl Backend {
             Flavor::Cluster(cluster) => cluster.park(name, list, park, precise),
             #[cfg(feature = "sentinel")]
             Flavor::Sentinel(sentinel) => sentinel.park(name, list, park, precise),
+            #[cfg(feature = "redlock")]
+            Flavor::Quorum(quorum) => quorum.park(name, list, park, precise),
         }
     }
 }
@@ -237,6 +276,8 @@ impl fmt::Debug for Backend {
             Flavor::Cluster(_) => "Cluster",
             #[cfg(feature = "sentinel")]
             Flavor::Sentinel(_) => "Sentinel",
+            #[cfg(feature = "redlock")]
+            Flavor::Quorum(_) => "Quorum",
         };
         f.debug_tuple(flavor).field(&self.addr()).finish()
     }

@@ -85,6 +85,8 @@ impl Conn {
 #[derive(Debug, Default, Clone)]
 pub(crate) struct ConnectFailures {
     last: Arc<Mutex<Option<RedisError>>>,
+    /// When the last connect was refused (nothing listening), if it was.
+    refused_at: Arc<Mutex<Option<Instant>>>,
 }
 
 impl r2d2::HandleError<RedisError> for ConnectFailures {
@@ -93,6 +95,9 @@ impl r2d2::HandleError<RedisError> for ConnectFailures {
             "redbaton: opening a Redis connection failed: {}",
             describe_io(&error)
         );
+        if error.is_connection_refusal() {
+            *self.refused_at.lock() = Some(Instant::now());
+        }
         *self.last.lock() = Some(error);
     }
 }
@@ -127,6 +132,7 @@ impl r2d2::ManageConnection for Manager {
             None
         };
         *self.failures.last.lock() = None;
+        *self.failures.refused_at.lock() = None;
         Ok(Conn {
             inner,
             client_id,
@@ -296,7 +302,8 @@ impl Pool {
     /// answered with a refusal (a wrong password, `maxclients`, a database
     /// it does not have) is reported at once: no later try will go better.
     fn checkout(&self, wait: Duration) -> Result<PooledConn, Error> {
-        let deadline = Instant::now() + wait;
+        let started = Instant::now();
+        let deadline = started + wait;
         loop {
             let slice = deadline
                 .saturating_duration_since(Instant::now())
@@ -314,7 +321,23 @@ impl Pool {
                 continue;
             }
             let last = self.failures.last.lock().clone();
+            // A connect refused during this wait: nothing listens there,
+            // and waiting longer will not change it (a quorum must not pay
+            // a whole timeout per round for a dead master).
+            let refused_now = self
+                .failures
+                .refused_at
+                .lock()
+                .is_some_and(|at| at >= started);
             match last {
+                Some(err) if refused_now => {
+                    return Err(Error::Unreachable {
+                        addr: self.addr.to_string(),
+                        detail: describe_io(&err),
+                        timed_out: false,
+                        source: Some(err),
+                    })
+                }
                 Some(err) if is_auth_failure(&err) => {
                     return Err(Error::AuthenticationFailed {
                         addr: self.addr.to_string(),

@@ -13,7 +13,9 @@ use crate::context::Context;
 use crate::error::Error;
 use crate::lease::RenewLeases;
 use crate::scripts;
-use crate::sync::lock::DeploymentLock;
+#[cfg(feature = "redlock")]
+use crate::sync::lock::QuorumLock;
+use crate::sync::lock::{DeploymentLock, RawLock};
 
 /// Where a client's Redis is: one server, a Redis Cluster (feature
 /// `cluster`), or a master watched by Redis Sentinel (feature `sentinel`).
@@ -49,6 +51,8 @@ enum Form {
         service: String,
         sentinels: RedisResult<Vec<redis::Client>>,
     },
+    #[cfg(feature = "redlock")]
+    Masters(RedisResult<Vec<redis::Client>>),
 }
 
 impl Topology {
@@ -92,10 +96,24 @@ impl Topology {
         }
     }
 
+    /// Independent masters (no replication between them), an odd number
+    /// of at least three: each lock is held by a majority of them, so it
+    /// survives the loss of a minority (the Redlock algorithm).
+    #[cfg(feature = "redlock")]
+    pub fn masters<I, S>(urls: I) -> Topology
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Topology {
+            form: Form::Masters(open_all(urls)),
+        }
+    }
+
     /// Applies `f` to every parsed URL.
     #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     fn map_clients(self, f: impl Fn(redis::Client) -> RedisResult<redis::Client>) -> Topology {
-        #[cfg(any(feature = "cluster", feature = "sentinel"))]
+        #[cfg(any(feature = "cluster", feature = "sentinel", feature = "redlock"))]
         let all = |clients: RedisResult<Vec<redis::Client>>| {
             clients.and_then(|clients| clients.into_iter().map(&f).collect::<RedisResult<Vec<_>>>())
         };
@@ -108,13 +126,15 @@ impl Topology {
                 service,
                 sentinels: all(sentinels),
             },
+            #[cfg(feature = "redlock")]
+            Form::Masters(masters) => Form::Masters(all(masters)),
         };
         Topology { form }
     }
 }
 
 /// Parses every URL of a list; an empty list is refused.
-#[cfg(any(feature = "cluster", feature = "sentinel"))]
+#[cfg(any(feature = "cluster", feature = "sentinel", feature = "redlock"))]
 fn open_all<I, S>(urls: I) -> RedisResult<Vec<redis::Client>>
 where
     I: IntoIterator<Item = S>,
@@ -154,7 +174,7 @@ impl From<&String> for Topology {
 impl fmt::Debug for Topology {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let addr = |client: &redis::Client| client.get_connection_info().addr().to_string();
-        #[cfg(any(feature = "cluster", feature = "sentinel"))]
+        #[cfg(any(feature = "cluster", feature = "sentinel", feature = "redlock"))]
         let addrs = |clients: &RedisResult<Vec<redis::Client>>| match clients {
             Ok(clients) => clients.iter().map(addr).collect::<Vec<_>>(),
             Err(_) => vec!["<invalid URL>".to_owned()],
@@ -170,6 +190,8 @@ impl fmt::Debug for Topology {
                 .field("service", service)
                 .field("sentinels", &addrs(sentinels))
                 .finish(),
+            #[cfg(feature = "redlock")]
+            Form::Masters(masters) => f.debug_tuple("Masters").field(&addrs(masters)).finish(),
         }
     }
 }
@@ -204,6 +226,7 @@ pub struct ClientBuilder {
     fence_counter_ttl: Duration,
     max_local_handoffs: u32,
     replica_acks: Option<ReplicaAcks>,
+    node_timeout: Option<Duration>,
 }
 
 impl ClientBuilder {
@@ -222,6 +245,7 @@ impl ClientBuilder {
             fence_counter_ttl: Duration::from_secs(24 * 3600),
             max_local_handoffs: 8,
             replica_acks: None,
+            node_timeout: None,
         }
     }
 
@@ -341,6 +365,16 @@ impl ClientBuilder {
         self
     }
 
+    /// With `Topology::masters` (feature `redlock`): how long one master
+    /// may take to answer before it counts as "not there" for that round
+    /// (connect, reply and pool wait). Small against the lease, since every
+    /// round must end well within it. Defaults to 1 % of `default_lease`, at
+    /// least 50 ms and at most `io_timeout`.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = Some(timeout);
+        self
+    }
+
     /// Checks the settings and makes the client. Does not connect.
     ///
     /// # Errors
@@ -349,7 +383,13 @@ impl ClientBuilder {
     /// [`Error::InvalidConfig`] for any other setting out of range.
     pub fn build(self) -> Result<Client, Error> {
         let invalid = |source| Error::InvalidUrl { source };
-        let config = Config {
+        let node_timeout = self.node_timeout.unwrap_or_else(|| {
+            (self.default_lease / 100)
+                .max(Duration::from_millis(50))
+                .min(self.io_timeout)
+        });
+        #[cfg_attr(not(feature = "redlock"), allow(unused_mut))]
+        let mut config = Config {
             prefix: self.prefix,
             pool_size: self.pool_size,
             parking_connections: self.parking_connections,
@@ -360,7 +400,14 @@ impl ClientBuilder {
             fence_ttl: self.fence_counter_ttl,
             max_local_handoffs: self.max_local_handoffs,
             replica_acks: self.replica_acks,
+            node_timeout,
         };
+        #[cfg(feature = "redlock")]
+        if let Form::Masters(_) = &self.topology.form {
+            // A local hand-off would pass the lock on every master at once;
+            // not built yet: every release goes through Redis.
+            config.max_local_handoffs = 0;
+        }
         config.validate()?;
         let trace = scripts::command_in_error;
         let backend = Arc::new(match self.topology.form {
@@ -371,8 +418,28 @@ impl ClientBuilder {
             Form::Sentinel { service, sentinels } => {
                 Backend::sentinel(service, sentinels.map_err(invalid)?, &config, trace)
             }
+            #[cfg(feature = "redlock")]
+            Form::Masters(masters) => {
+                let masters = masters.map_err(invalid)?;
+                check_masters(&masters)?;
+                // Each master's exchanges are bounded by the node timeout.
+                let node_config = Config {
+                    io_timeout: config.node_timeout,
+                    ..config.clone()
+                };
+                Backend::quorum(
+                    masters
+                        .into_iter()
+                        .map(|master| Arc::new(Backend::single(master, &node_config, trace)))
+                        .collect(),
+                )
+            }
         });
-        let lock_raw = Arc::new(DeploymentLock::new(Arc::clone(&backend), &config));
+        let lock_raw: Arc<dyn RawLock> = match backend.masters() {
+            #[cfg(feature = "redlock")]
+            Some(masters) => Arc::new(QuorumLock::new(masters, &config)),
+            _ => Arc::new(DeploymentLock::new(Arc::clone(&backend), &config)),
+        };
         let context = Context::new(
             config,
             backend,
@@ -398,4 +465,27 @@ impl fmt::Debug for ClientBuilder {
             .field("replica_acks", &self.replica_acks)
             .finish()
     }
+}
+
+/// An odd number of masters, at least three, each once.
+#[cfg(feature = "redlock")]
+fn check_masters(masters: &[redis::Client]) -> Result<(), Error> {
+    let addrs: Vec<String> = masters
+        .iter()
+        .map(|m| m.get_connection_info().addr().to_string())
+        .collect();
+    if addrs.len() < 3 || addrs.len().is_multiple_of(2) {
+        return Err(Error::InvalidConfig(format!(
+            "a quorum needs an odd number of masters, at least 3; {} given",
+            addrs.len()
+        )));
+    }
+    for (i, addr) in addrs.iter().enumerate() {
+        if addrs[..i].contains(addr) {
+            return Err(Error::InvalidConfig(format!(
+                "master {addr} is given twice: a quorum needs independent masters"
+            )));
+        }
+    }
+    Ok(())
 }

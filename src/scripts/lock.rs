@@ -115,3 +115,20 @@ pub(crate) fn renew(keys: &LockKeys, identity: &str, fence: u64, lease: Duration
 pub(crate) fn holder(keys: &LockKeys) -> Call {
     Call::new(&HOLDER).key(&keys.lock)
 }
+
+/// Proposes the quorum token `token` to one master for `identity`'s
+/// ownership.
+#[cfg(feature = "redlock")]
+pub(crate) fn adopt_fence(
+    keys: &LockKeys,
+    identity: &str,
+    token: u64,
+    fence_ttl: Duration,
+) -> Call {
+    Call::new(&super::ADOPT_FENCE)
+        .key(&keys.lock)
+        .key(&keys.fence)
+        .arg(identity)
+        .arg(token)
+        .arg(millis(fence_ttl))
+}

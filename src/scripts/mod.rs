@@ -53,6 +53,8 @@ scripts! {
     RENEW => "lock/renew.lua" with ["lib/lease.lua"];
     /// Atomic read of owner, depth, fence and remaining lease.
     HOLDER => "lock/holder.lua";
+    /// A quorum's common fencing token, proposed to one master.
+    ADOPT_FENCE => "lock/adopt_fence.lua";
     /// Take permits from a rate limiter's bucket, or say how long until they
     /// exist; reads the server's clock, never the client's.
     RATE_ACQUIRE => "rate/acquire.lua";

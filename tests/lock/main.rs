@@ -16,6 +16,8 @@ mod liveness;
 mod locking;
 mod precise_wakeups;
 mod processes;
+#[cfg(feature = "redlock")]
+mod redlock;
 mod refusals;
 mod safety;
 #[cfg(feature = "sentinel")]
@@ -33,5 +35,7 @@ fn child_entry() {
         processes::run_child,
         #[cfg(feature = "cluster")]
         cluster::run_child,
+        #[cfg(feature = "redlock")]
+        redlock::run_child,
     ]);
 }

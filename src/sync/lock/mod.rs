@@ -4,6 +4,8 @@
 //! on each other's internals.
 
 mod guard;
+#[cfg(feature = "redlock")]
+mod quorum;
 mod raw;
 
 use std::fmt;
@@ -20,6 +22,8 @@ use crate::scripts::lock::AcquireArgs;
 use crate::scripts::reply::AcquireReply;
 
 pub use guard::LockGuard;
+#[cfg(feature = "redlock")]
+pub(crate) use quorum::QuorumLock;
 pub(crate) use raw::{DeploymentLock, RawLock};
 pub use raw::{Holder, Owner};
 

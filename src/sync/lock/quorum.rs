@@ -1,0 +1,410 @@
+//! Redlock: the lock held by a majority of independent masters, as a
+//! [`RawLock`] over one [`DeploymentLock`] per master, so that the handle,
+//! the guard, the wait loop and the watchdog are the same as on one server.
+//!
+//! Every exchange goes to all masters at once (a thread per master but the
+//! first, which the caller's thread serves), each bounded by the per-master
+//! timeout; a master that fails or is late counts as "not there" and never
+//! aborts the round. An acquisition counts only with a majority **and**
+//! validity left (`lease − elapsed − drift`); otherwise whatever it took is
+//! undone on every master. Fencing tokens are agreed in a second round: the
+//! highest token of the granting majority + 1, accepted by a majority of
+//! counters (`scripts/lock/adopt_fence.lua`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::raw::{DeploymentLock, Holder, Owner, RawLock};
+use crate::backend::{Backend, Failed, Sent};
+use crate::config::Config;
+use crate::error::Error;
+use crate::keys::LockKeys;
+use crate::lease::{RenewLeases, RenewOutcome, RenewRequest};
+use crate::scripts::lock::{AcquireArgs, HandoffArgs};
+use crate::scripts::reply::{AcquireReply, ReleaseReply};
+
+/// The Redlock lock protocol over several masters.
+#[derive(Debug)]
+pub(crate) struct QuorumLock {
+    masters: Vec<DeploymentLock>,
+    /// For messages: every master's address.
+    addrs: String,
+    /// How long fencing counters stay: they must outlive every holder.
+    fence_ttl: Duration,
+}
+
+impl QuorumLock {
+    /// The protocol over `masters`, each a single-server backend.
+    pub(crate) fn new(masters: &[Arc<Backend>], config: &Config) -> Self {
+        QuorumLock {
+            addrs: masters
+                .iter()
+                .map(|m| m.addr().to_owned())
+                .collect::<Vec<_>>()
+                .join(", "),
+            masters: masters
+                .iter()
+                .map(|m| DeploymentLock::new(Arc::clone(m), config))
+                .collect(),
+            fence_ttl: config.fence_ttl,
+        }
+    }
+
+    /// The majority.
+    fn quorum(&self) -> usize {
+        quorum(self.masters.len())
+    }
+
+    /// Runs `f` on every master at once; the caller's thread serves the
+    /// first. A panic on one master's thread counts as its failure.
+    fn each<T: Send>(
+        &self,
+        f: impl Fn(&DeploymentLock) -> Result<T, Error> + Sync,
+    ) -> Vec<Result<T, Error>> {
+        thread::scope(|s| {
+            let others: Vec<_> = self.masters[1..]
+                .iter()
+                .map(|master| s.spawn(|| f(master)))
+                .collect();
+            let mut results = vec![f(&self.masters[0])];
+            results.extend(others.into_iter().map(|handle| {
+                handle.join().unwrap_or_else(|_| {
+                    Err(Error::Unavailable {
+                        addr: self.addrs.clone(),
+                        detail: "a master's exchange panicked".to_owned(),
+                    })
+                })
+            }));
+            results
+        })
+    }
+
+    fn no_quorum(&self, answered: usize, errors: &[&Error]) -> Error {
+        Error::NoQuorum {
+            addr: self.addrs.clone(),
+            answered,
+            needed: self.quorum(),
+            masters: self.masters.len(),
+            detail: errors
+                .first()
+                .map_or_else(|| "no error reported".to_owned(), |err| err.to_string()),
+        }
+    }
+
+    /// Undoes request `request` of `identity` on every master.
+    fn undo_everywhere(&self, keys: &LockKeys, identity: &str, request: u64) {
+        for result in self.each(|m| m.undo_request(keys, identity, request)) {
+            if let Err(err) = result {
+                // That master's key expires with its lease.
+                log::debug!("redbaton: undo on a master failed: {err}");
+            }
+        }
+    }
+}
+
+/// The majority of `masters`.
+pub(crate) fn quorum(masters: usize) -> usize {
+    masters / 2 + 1
+}
+
+/// What is left of `lease` after `elapsed` and the clock drift allowed for
+/// it (1 % of the lease + 2 ms); `None` when nothing is.
+pub(crate) fn validity(lease: Duration, elapsed: Duration) -> Option<Duration> {
+    let drift = lease / 100 + Duration::from_millis(2);
+    lease
+        .checked_sub(elapsed)
+        .and_then(|left| left.checked_sub(drift))
+        .filter(|left| !left.is_zero())
+}
+
+/// The quorum's token from the granting masters' own tokens: above all of
+/// them.
+pub(crate) fn proposed_token(granted: &[u64]) -> Option<u64> {
+    granted.iter().max()?.checked_add(1)
+}
+
+impl RawLock for QuorumLock {
+    fn attempt(&self, keys: &LockKeys, args: AcquireArgs<'_>) -> Result<AcquireReply, Failed> {
+        let started = Instant::now();
+        let replies = self.each(|m| m.attempt(keys, args).map_err(|failed| failed.error));
+        let elapsed = started.elapsed();
+        let mut granted = Vec::new();
+        let mut held = Vec::new();
+        let mut errors = Vec::new();
+        for reply in &replies {
+            match reply {
+                Ok(AcquireReply::Acquired { fence, .. }) => granted.push(*fence),
+                Ok(AcquireReply::Held { lease_left }) => held.push(*lease_left),
+                Err(err) => errors.push(err),
+            }
+        }
+        let fresh = args.held_fence == 0;
+        let valid = validity(args.lease, elapsed).is_some();
+        if granted.len() >= self.quorum() && valid {
+            if !fresh {
+                return Ok(AcquireReply::Acquired {
+                    fence: args.held_fence,
+                    depth: args.depth as u64,
+                });
+            }
+            // Agree on one token: above every granting master's, accepted
+            // by a majority of counters.
+            let token = proposed_token(&granted).unwrap_or(u64::MAX);
+            let accepted = self
+                .each(|m| m.adopt_fence(keys, args.identity, token, self.fence_ttl))
+                .into_iter()
+                .filter(|r| matches!(r, Ok(true)))
+                .count();
+            if accepted >= self.quorum() && validity(args.lease, started.elapsed()).is_some() {
+                return Ok(AcquireReply::Acquired {
+                    fence: token,
+                    depth: 1,
+                });
+            }
+            self.undo_everywhere(keys, args.identity, args.request);
+            let refused = Error::Unavailable {
+                addr: self.addrs.clone(),
+                detail: format!(
+                    "{accepted} masters accepted the quorum's fencing token {token} (another \
+                     proposal raced it, or the round ran out of validity)"
+                ),
+            };
+            return Err(Failed {
+                error: self.no_quorum(accepted, &[&refused]),
+                outcome_unknown: false,
+            });
+        }
+        // Not acquired: free whatever this round took, on every master
+        // (also those that failed: the script may have run there).
+        if fresh && (!granted.is_empty() || !errors.is_empty()) {
+            self.undo_everywhere(keys, args.identity, args.request);
+        }
+        if held.len() >= self.quorum() || (errors.is_empty() && granted.is_empty()) {
+            // Held by someone else: wait for the shortest lease seen on a
+            // majority.
+            // No expiry counts as the longest.
+            let mut leases: Vec<Duration> =
+                held.iter().map(|l| l.unwrap_or(Duration::MAX)).collect();
+            leases.sort();
+            let lease_left = leases
+                .get(self.quorum() - 1)
+                .copied()
+                .filter(|l| *l != Duration::MAX);
+            return Ok(AcquireReply::Held { lease_left });
+        }
+        if granted.len() + errors.len() < self.quorum() || errors.is_empty() {
+            // Contenders split the masters: look again after a short random
+            // delay, so that one of them wins the next round.
+            return Ok(AcquireReply::Held {
+                lease_left: Some(tie_break_delay()),
+            });
+        }
+        Err(Failed {
+            error: self.no_quorum(replies.len() - errors.len(), &errors),
+            outcome_unknown: false,
+        })
+    }
+
+    fn release(
+        &self,
+        keys: &LockKeys,
+        identity: &str,
+        fence: u64,
+        guards_left: usize,
+        lease: Duration,
+    ) -> Result<Sent<ReleaseReply>, Failed> {
+        let replies = self.each(|m| {
+            m.release(keys, identity, fence, guards_left, lease)
+                .map_err(|failed| failed.error)
+        });
+        let mut had = 0;
+        let mut resent = false;
+        let mut depth = None;
+        let mut errors = Vec::new();
+        for reply in &replies {
+            match reply {
+                Ok(sent) => {
+                    resent |= sent.resent;
+                    match sent.value {
+                        ReleaseReply::Released => had += 1,
+                        ReleaseReply::Inner { depth: d } => {
+                            had += 1;
+                            depth = Some(d);
+                        }
+                        ReleaseReply::NotOwner => {}
+                    }
+                }
+                Err(err) => errors.push(err),
+            }
+        }
+        if had >= self.quorum() || (errors.is_empty() && had > 0) {
+            let value = match depth {
+                Some(depth) => ReleaseReply::Inner { depth },
+                None => ReleaseReply::Released,
+            };
+            if had < self.quorum() {
+                log::warn!(
+                    "redbaton: lock {:?} was released on {had} of {} masters only; it was no \
+                     longer held by a majority",
+                    keys.name,
+                    self.masters.len()
+                );
+            }
+            return Ok(Sent { value, resent });
+        }
+        if errors.is_empty() {
+            return Ok(Sent {
+                value: ReleaseReply::NotOwner,
+                resent,
+            });
+        }
+        // Some masters did not answer: the caller sends it again later (the
+        // keys there expire with the lease otherwise).
+        Err(Failed {
+            error: self.no_quorum(replies.len() - errors.len(), &errors),
+            outcome_unknown: true,
+        })
+    }
+
+    fn hand_off(
+        &self,
+        _keys: &LockKeys,
+        _args: HandoffArgs<'_>,
+    ) -> Result<Sent<crate::scripts::reply::HandoffReply>, Failed> {
+        // Local hand-off is off for a quorum (max_local_handoffs is 0), so
+        // the guard never asks.
+        Err(Failed {
+            error: Error::InvalidConfig("local hand-off is not available on a quorum".to_owned()),
+            outcome_unknown: false,
+        })
+    }
+
+    fn renew(
+        &self,
+        keys: &LockKeys,
+        identity: &str,
+        fence: u64,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        let started = Instant::now();
+        let replies = self.each(|m| m.renew(keys, identity, fence, lease));
+        let renewed = replies.iter().filter(|r| matches!(r, Ok(true))).count();
+        if renewed >= self.quorum() && validity(lease, started.elapsed()).is_some() {
+            return Ok(true);
+        }
+        let errors: Vec<&Error> = replies.iter().filter_map(|r| r.as_ref().err()).collect();
+        if renewed + errors.len() >= self.quorum() && !errors.is_empty() {
+            // A majority may still hold it: not known lost, try again.
+            return Err(self.no_quorum(replies.len() - errors.len(), &errors));
+        }
+        Ok(false)
+    }
+
+    fn undo_request(&self, keys: &LockKeys, identity: &str, request: u64) -> Result<(), Error> {
+        let replies = self.each(|m| m.undo_request(keys, identity, request));
+        let errors: Vec<&Error> = replies.iter().filter_map(|r| r.as_ref().err()).collect();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(self.no_quorum(replies.len() - errors.len(), &errors))
+        }
+    }
+
+    fn holder(&self, keys: &LockKeys) -> Result<Option<Holder>, Error> {
+        let replies = self.each(|m| m.holder(keys));
+        let errors: Vec<&Error> = replies.iter().filter_map(|r| r.as_ref().err()).collect();
+        if replies.len() - errors.len() < self.quorum() {
+            return Err(self.no_quorum(replies.len() - errors.len(), &errors));
+        }
+        let mut seen: HashMap<(Owner, u64), Vec<Holder>> = HashMap::new();
+        for holder in replies.into_iter().flatten().flatten() {
+            seen.entry((holder.owner.clone(), holder.fencing_token))
+                .or_default()
+                .push(holder);
+        }
+        Ok(seen
+            .into_values()
+            .find(|holders| holders.len() >= self.quorum())
+            .and_then(|mut holders| {
+                // The majority's shortest lease: when it ends, no majority
+                // is left.
+                holders.sort_by_key(|h| h.remaining_lease);
+                holders.into_iter().next()
+            }))
+    }
+
+    fn is_locked(&self, keys: &LockKeys) -> Result<bool, Error> {
+        self.holder(keys).map(|holder| holder.is_some())
+    }
+
+    fn force_unlock(&self, keys: &LockKeys) -> Result<bool, Error> {
+        let replies = self.each(|m| m.force_unlock(keys));
+        let removed = replies.iter().any(|r| matches!(r, Ok(true)));
+        let errors: Vec<&Error> = replies.iter().filter_map(|r| r.as_ref().err()).collect();
+        if replies.len() - errors.len() < self.quorum() {
+            return Err(self.no_quorum(replies.len() - errors.len(), &errors));
+        }
+        Ok(removed)
+    }
+}
+
+impl RenewLeases for QuorumLock {
+    fn renew_round(&self, requests: &[RenewRequest<'_>]) -> Vec<RenewOutcome> {
+        requests
+            .iter()
+            .map(|r| match self.renew(r.keys, r.identity, r.fence, r.lease) {
+                Ok(true) => RenewOutcome::Renewed,
+                Ok(false) => RenewOutcome::Lost,
+                Err(_) => RenewOutcome::Retry,
+            })
+            .collect()
+    }
+}
+
+/// A short random pause (5 to 35 ms) after a round that no contender won.
+fn tie_break_delay() -> Duration {
+    let random = uuid::Uuid::new_v4().as_u128();
+    Duration::from_millis(5 + (random % 31) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_majority_of_odd_counts() {
+        assert_eq!(quorum(3), 2);
+        assert_eq!(quorum(5), 3);
+        assert_eq!(quorum(7), 4);
+    }
+
+    #[test]
+    fn validity_leaves_out_elapsed_time_and_drift_without_overflow() {
+        let second = Duration::from_secs(1);
+        // 1 s − 100 ms − (10 ms + 2 ms).
+        assert_eq!(
+            validity(second, Duration::from_millis(100)),
+            Some(Duration::from_millis(888))
+        );
+        assert_eq!(validity(second, second), None);
+        assert_eq!(validity(second, Duration::from_millis(988)), None);
+        assert_eq!(validity(Duration::from_millis(1), Duration::ZERO), None);
+        assert_eq!(
+            validity(Duration::from_millis(3), Duration::ZERO),
+            Some(Duration::from_micros(970))
+        );
+        assert_eq!(validity(Duration::ZERO, Duration::MAX), None);
+        let year = Duration::from_secs(365 * 24 * 3600);
+        assert!(validity(year, Duration::MAX).is_none());
+        assert!(validity(year, Duration::ZERO).is_some());
+    }
+
+    #[test]
+    fn the_proposed_token_is_above_every_granting_masters_token() {
+        assert_eq!(proposed_token(&[7, 12, 9]), Some(13));
+        assert_eq!(proposed_token(&[]), None);
+        assert_eq!(proposed_token(&[u64::MAX]), None);
+    }
+}

@@ -1,0 +1,325 @@
+//! Redlock over five independent masters: mutual exclusion across
+//! processes, a minority of masters killed or stopped, a majority killed,
+//! fencing tokens agreed by the quorum, bad input, and the cost of waiting.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redbaton::{Client, Error, Topology};
+use testkit::RedisServer;
+
+use crate::support::{lock_key, spawn_child_at, JoinWithin};
+
+const MASTERS: usize = 5;
+const THREADS_PER_CHILD: usize = 4;
+const ROUNDS_PER_THREAD: usize = 25;
+
+fn start_masters() -> Vec<RedisServer> {
+    (0..MASTERS).map(|_| RedisServer::start()).collect()
+}
+
+fn urls(masters: &[RedisServer]) -> Vec<String> {
+    masters.iter().map(RedisServer::url).collect()
+}
+
+fn quorum_client(masters: &[String]) -> Client {
+    Client::builder(Topology::masters(masters))
+        .io_timeout(Duration::from_secs(2))
+        .node_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap()
+}
+
+pub(crate) fn run_child(role: &str, url: &str) -> bool {
+    match role {
+        "quorum_increment" => increment_worker(url),
+        _ => return false,
+    }
+    true
+}
+
+/// `data|master,master,...`: threads do a non-atomic read-modify-write of
+/// a counter on the data server under the quorum lock, marking occupancy.
+fn increment_worker(url: &str) {
+    let (data, masters) = url.split_once('|').unwrap();
+    let masters: Vec<String> = masters.split(',').map(str::to_owned).collect();
+    let client = quorum_client(&masters);
+    println!("READY");
+    thread::sleep(Duration::from_millis(200));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..THREADS_PER_CHILD)
+        .map(|_| {
+            let lock = client.lock("quorum-counter").unwrap();
+            let data = data.to_owned();
+            let overlaps = Arc::clone(&overlaps);
+            thread::spawn(move || {
+                let mut raw = redis::Client::open(data).unwrap().get_connection().unwrap();
+                for _ in 0..ROUNDS_PER_THREAD {
+                    let guard = lock
+                        .try_lock_for(Duration::from_secs(60))
+                        .unwrap()
+                        .expect("acquired within a minute");
+                    let entered: Option<String> = redis::cmd("SET")
+                        .arg("occupant")
+                        .arg(1)
+                        .arg("NX")
+                        .query(&mut raw)
+                        .unwrap();
+                    if entered.is_none() {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let count: u64 = redis::cmd("GET")
+                        .arg("counter")
+                        .query::<Option<u64>>(&mut raw)
+                        .unwrap()
+                        .unwrap_or(0);
+                    redis::cmd("SET")
+                        .arg("counter")
+                        .arg(count + 1)
+                        .query::<()>(&mut raw)
+                        .unwrap();
+                    let last: u64 = redis::cmd("GETSET")
+                        .arg("last-token")
+                        .arg(guard.fencing_token())
+                        .query::<Option<u64>>(&mut raw)
+                        .unwrap()
+                        .unwrap_or(0);
+                    if guard.fencing_token() <= last {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    redis::cmd("DEL")
+                        .arg("occupant")
+                        .query::<()>(&mut raw)
+                        .unwrap();
+                    guard.unlock().unwrap();
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.joined();
+    }
+    println!("RESULT {}", overlaps.load(Ordering::SeqCst));
+}
+
+#[test]
+fn three_processes_exclude_each_other_with_two_of_five_masters_killed_midway() {
+    let masters = start_masters();
+    let data = RedisServer::start();
+    let arg = format!("{}|{}", data.url(), urls(&masters).join(","));
+    // Two masters gone before the start...
+    masters[3].kill();
+    let mut children: Vec<_> = (0..3)
+        .map(|_| spawn_child_at("quorum_increment", arg.clone()))
+        .collect();
+    for child in &mut children {
+        child.wait_for_line("READY", Duration::from_secs(30));
+    }
+    // ...and one more while they contend: three of five remain.
+    thread::sleep(Duration::from_millis(500));
+    masters[0].kill();
+    for child in &mut children {
+        let result = child.wait_for_line("RESULT", Duration::from_secs(120));
+        assert_eq!(
+            result.trim(),
+            "0",
+            "overlapping holders or a token out of order"
+        );
+    }
+    let count: u64 = redis::cmd("GET")
+        .arg("counter")
+        .query(&mut data.connection())
+        .unwrap();
+    assert_eq!(count as usize, 3 * THREADS_PER_CHILD * ROUNDS_PER_THREAD);
+}
+
+#[test]
+fn with_three_of_five_masters_gone_a_wait_ends_with_no_quorum_and_leaves_nothing() {
+    let masters = start_masters();
+    let client = quorum_client(&urls(&masters));
+    for master in &masters[..3] {
+        master.kill();
+    }
+    let lock = client.lock("minority").unwrap();
+    let started = Instant::now();
+    let err = lock.try_lock_for(Duration::from_secs(1)).unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        matches!(
+            err,
+            Error::NoQuorum {
+                needed: 3,
+                masters: 5,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    for master in &masters[3..] {
+        let left: bool = redis::cmd("EXISTS")
+            .arg(lock_key("minority"))
+            .query(&mut master.connection())
+            .unwrap();
+        assert!(!left, "nothing left behind on {}", master.port());
+    }
+}
+
+#[test]
+fn a_stopped_master_costs_one_node_timeout_per_round_and_lets_no_second_holder_in() {
+    let masters = start_masters();
+    let node_timeout = Duration::from_millis(200);
+    let client = quorum_client(&urls(&masters));
+    let lock = client.lock("stopped").unwrap();
+    // Connections to every master first, so that only the stop is timed.
+    drop(lock.lock().unwrap());
+    masters[2].pause();
+    let started = Instant::now();
+    let guard = lock.try_lock().unwrap().expect("four of five masters");
+    let took = started.elapsed();
+    // Sent in parallel: about one node timeout (plus the undo of nothing),
+    // never five of them.
+    assert!(took < node_timeout * 3, "a round took {took:?}");
+    let other = quorum_client(&urls(&masters));
+    assert!(other.lock("stopped").unwrap().try_lock().unwrap().is_none());
+    // Past the master's stop and the lease's first renewals: still one holder.
+    thread::sleep(Duration::from_millis(500));
+    masters[2].resume();
+    assert!(!guard.is_lost());
+    assert!(other.lock("stopped").unwrap().try_lock().unwrap().is_none());
+    guard.unlock().unwrap();
+    assert!(other.lock("stopped").unwrap().try_lock().unwrap().is_some());
+}
+
+#[test]
+fn fencing_tokens_are_one_per_holder_on_every_master_and_keep_growing() {
+    let masters = start_masters();
+    let client = quorum_client(&urls(&masters));
+    let lock = client.lock("fenced").unwrap();
+    // Masters whose counters differ: the quorum's token is above all.
+    redis::cmd("SET")
+        .arg("redbaton:{fenced}:fence")
+        .arg(5 * u64::pow(10, 15))
+        .query::<()>(&mut masters[4].connection())
+        .unwrap();
+    let mut last = 0;
+    for _ in 0..5 {
+        let guard = lock.lock().unwrap();
+        let token = guard.fencing_token();
+        assert!(token > last, "{token} after {last}");
+        assert!(
+            token > 5 * u64::pow(10, 15),
+            "above every granting master's counter"
+        );
+        for master in &masters {
+            let stored: u64 = redis::cmd("HGET")
+                .arg(lock_key("fenced"))
+                .arg("fence")
+                .query(&mut master.connection())
+                .unwrap();
+            assert_eq!(stored, token, "one token on every master");
+        }
+        last = token;
+        guard.unlock().unwrap();
+    }
+}
+
+#[test]
+fn a_renewed_lock_outlives_its_lease_and_a_released_one_wakes_a_waiter() {
+    let masters = start_masters();
+    let holder = Client::builder(Topology::masters(urls(&masters)))
+        .default_lease(Duration::from_millis(600))
+        .node_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let waiter = quorum_client(&urls(&masters));
+    let guard = holder.lock("renewed").unwrap().lock().unwrap();
+    let lock = waiter.lock("renewed").unwrap();
+    let waiting = thread::spawn(move || {
+        let guard = lock
+            .try_lock_for(Duration::from_secs(10))
+            .unwrap()
+            .expect("acquired");
+        let at = Instant::now();
+        guard.unlock().unwrap();
+        at
+    });
+    thread::sleep(Duration::from_millis(1500));
+    assert!(!guard.is_lost(), "renewed on a majority");
+    let released = Instant::now();
+    guard.unlock().unwrap();
+    let acquired = waiting.joined();
+    let after = acquired.duration_since(released);
+    assert!(
+        after < Duration::from_millis(300),
+        "woken by the baton: {after:?}"
+    );
+}
+
+#[test]
+fn bad_quorums_are_clear_errors() {
+    let masters = start_masters();
+    let all = urls(&masters);
+    for (given, what) in [
+        (vec![all[0].clone()], "odd number of masters, at least 3"),
+        (all[..4].to_vec(), "odd number of masters, at least 3"),
+        (
+            vec![all[0].clone(), all[1].clone(), all[0].clone()],
+            "given twice",
+        ),
+    ] {
+        let err = Client::builder(Topology::masters(&given))
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
+        assert!(err.to_string().contains(what), "{err}");
+    }
+    // A rate limiter needs one deployment.
+    let client = quorum_client(&all);
+    let err = client
+        .rate_limiter("r")
+        .unwrap()
+        .available_permits()
+        .unwrap_err();
+    assert!(matches!(err, Error::WrongTopology { .. }), "{err:?}");
+}
+
+#[test]
+fn twenty_waiters_during_a_three_second_hold_send_few_commands() {
+    let masters = start_masters();
+    let holder = quorum_client(&urls(&masters));
+    let guard = holder.lock("busy").unwrap().lock().unwrap();
+    let waiters: Vec<_> = (0..20)
+        .map(|_| {
+            let lock = quorum_client(&urls(&masters)).lock("busy").unwrap();
+            thread::spawn(move || lock.try_lock_for(Duration::from_secs(5)).unwrap().is_none())
+        })
+        .collect();
+    // Past the waiters' first attempts and connection set-up: count a
+    // three-second window of waiting only.
+    thread::sleep(Duration::from_secs(1));
+    let before: Vec<_> = masters.iter().map(RedisServer::command_calls).collect();
+    thread::sleep(Duration::from_secs(3));
+    // What the clients sent (the commands scripts run inside count apart).
+    let mut sent = 0;
+    for (master, before) in masters.iter().zip(&before) {
+        for (command, n) in master.commands_since(before) {
+            if ["evalsha", "eval", "blpop", "client|unblock", "script|load"]
+                .contains(&command.as_str())
+            {
+                sent += n;
+            }
+        }
+    }
+    for waiter in waiters {
+        assert!(waiter.joined(), "held throughout");
+    }
+    drop(guard);
+    // Each waiter parks on one master, then attempts on all five: a few
+    // commands per second (a 10 ms poll would be 500).
+    let per_waiter_per_second = sent as f64 / 20.0 / 3.0;
+    println!("{sent} commands: {per_waiter_per_second:.1} per waiter per second");
+    assert!(per_waiter_per_second < 8.0, "{per_waiter_per_second}");
+}
