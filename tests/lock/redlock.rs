@@ -171,7 +171,12 @@ fn with_three_of_five_masters_gone_a_wait_ends_with_no_quorum_and_leaves_nothing
 fn a_stopped_master_costs_one_node_timeout_per_round_and_lets_no_second_holder_in() {
     let masters = start_masters();
     let node_timeout = Duration::from_millis(200);
-    let client = quorum_client(&urls(&masters));
+    // A lease the stop outlasts: only renewals on the other four keep it.
+    let client = Client::builder(Topology::masters(urls(&masters)))
+        .default_lease(Duration::from_millis(900))
+        .node_timeout(node_timeout)
+        .build()
+        .unwrap();
     let lock = client.lock("stopped").unwrap();
     // Connections to every master first, so that only the stop is timed.
     drop(lock.lock().unwrap());
@@ -184,8 +189,9 @@ fn a_stopped_master_costs_one_node_timeout_per_round_and_lets_no_second_holder_i
     assert!(took < node_timeout * 3, "a round took {took:?}");
     let other = quorum_client(&urls(&masters));
     assert!(other.lock("stopped").unwrap().try_lock().unwrap().is_none());
-    // Past the master's stop and the lease's first renewals: still one holder.
-    thread::sleep(Duration::from_millis(500));
+    // Past the lease, the master still stopped: still one holder.
+    thread::sleep(Duration::from_millis(2000));
+    assert!(other.lock("stopped").unwrap().try_lock().unwrap().is_none());
     masters[2].resume();
     assert!(!guard.is_lost());
     assert!(other.lock("stopped").unwrap().try_lock().unwrap().is_none());
@@ -322,4 +328,52 @@ fn twenty_waiters_during_a_three_second_hold_send_few_commands() {
     let per_waiter_per_second = sent as f64 / 20.0 / 3.0;
     println!("{sent} commands: {per_waiter_per_second:.1} per waiter per second");
     assert!(per_waiter_per_second < 8.0, "{per_waiter_per_second}");
+}
+
+#[test]
+fn a_minority_of_masters_restarted_empty_lets_no_second_holder_in() {
+    let masters = start_masters();
+    let holder = quorum_client(&urls(&masters));
+    let guard = holder.lock("amnesia").unwrap().lock().unwrap();
+    masters[0].restart();
+    masters[1].restart();
+    let other = quorum_client(&urls(&masters));
+    let lock = other.lock("amnesia").unwrap();
+    assert!(
+        lock.try_lock_for(Duration::from_millis(500))
+            .unwrap()
+            .is_none(),
+        "three masters still hold it"
+    );
+    assert_eq!(
+        lock.holder()
+            .unwrap()
+            .expect("held by a majority")
+            .fencing_token,
+        guard.fencing_token()
+    );
+    let token = guard.fencing_token();
+    guard.unlock().unwrap();
+    let next = lock.try_lock().unwrap().expect("free");
+    assert!(next.fencing_token() > token);
+}
+
+#[test]
+fn leases_too_short_for_the_drift_allowance_are_refused_and_long_ones_work() {
+    let masters = start_masters();
+    let client = quorum_client(&urls(&masters));
+    let lock = client.lock("edges").unwrap();
+    // 1 % + 2 ms of drift leaves nothing of 2 ms.
+    let short = lock.with_fixed_lease(Duration::from_millis(2)).unwrap();
+    let err = short.try_lock().unwrap_err();
+    assert!(matches!(err, Error::InvalidLease { .. }), "{err:?}");
+    let err = short.try_lock_for(Duration::from_millis(200)).unwrap_err();
+    assert!(matches!(err, Error::InvalidLease { .. }), "{err:?}");
+    assert!(!lock.is_locked().unwrap());
+    let year = lock
+        .with_fixed_lease(Duration::from_secs(365 * 24 * 3600))
+        .unwrap();
+    let guard = year.try_lock().unwrap().expect("free");
+    assert!(guard.remaining_lease().unwrap() > Duration::from_secs(364 * 24 * 3600));
+    guard.unlock().unwrap();
 }

@@ -127,6 +127,13 @@ pub(crate) fn proposed_token(granted: &[u64]) -> Option<u64> {
 
 impl RawLock for QuorumLock {
     fn attempt(&self, keys: &LockKeys, args: AcquireArgs<'_>) -> Result<AcquireReply, Failed> {
+        // A lease the drift allowance eats whole could never be valid.
+        if validity(args.lease, Duration::ZERO).is_none() {
+            return Err(Failed {
+                error: Error::InvalidLease { lease: args.lease },
+                outcome_unknown: false,
+            });
+        }
         let started = Instant::now();
         let replies = self.each(|m| m.attempt(keys, args).map_err(|failed| failed.error));
         let elapsed = started.elapsed();
