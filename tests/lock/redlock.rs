@@ -35,6 +35,7 @@ fn quorum_client(masters: &[String]) -> Client {
 pub(crate) fn run_child(role: &str, url: &str) -> bool {
     match role {
         "quorum_increment" => increment_worker(url),
+        "quorum_hold" => hold_worker(url),
         _ => return false,
     }
     true
@@ -102,6 +103,53 @@ fn increment_worker(url: &str) {
         worker.joined();
     }
     println!("RESULT {}", overlaps.load(Ordering::SeqCst));
+}
+
+/// Takes the lock with a renewed 1 s lease, says so with its token, then
+/// says when it learns it lost the lock.
+fn hold_worker(url: &str) {
+    let masters: Vec<&str> = url.split(',').collect();
+    let client = Client::builder(Topology::masters(&masters))
+        .default_lease(Duration::from_secs(1))
+        .node_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let guard = client.lock("paused").unwrap().lock().unwrap();
+    println!("ACQUIRED {}", guard.fencing_token());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !guard.is_lost() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(10));
+    }
+    println!("LOST {}", guard.is_lost());
+}
+
+#[test]
+fn a_holder_paused_past_its_lease_learns_it_lost_the_lock_to_a_later_token() {
+    let masters = start_masters();
+    let mut holder = spawn_child_at("quorum_hold", urls(&masters).join(","));
+    let first: u64 = holder
+        .wait_for_line("ACQUIRED", Duration::from_secs(30))
+        .trim()
+        .parse()
+        .unwrap();
+    holder.signal_stop();
+    let other = quorum_client(&urls(&masters));
+    let guard = other
+        .lock("paused")
+        .unwrap()
+        .try_lock_for(Duration::from_secs(10))
+        .unwrap()
+        .expect("the paused holder's lease ends");
+    assert!(guard.fencing_token() > first, "tokens strictly ordered");
+    holder.signal_continue();
+    let lost = holder.wait_for_line("LOST", Duration::from_secs(10));
+    assert_eq!(
+        lost.trim(),
+        "true",
+        "the paused holder learns it lost the lock"
+    );
+    assert!(!guard.is_lost());
+    guard.unlock().unwrap();
 }
 
 #[test]
