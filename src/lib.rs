@@ -47,7 +47,8 @@
 //! One server (a URL), a Redis Cluster (`Topology::cluster`, feature
 //! `cluster`: each lock on its slot's master) or a master watched by
 //! Sentinel (`Topology::sentinel`, feature `sentinel`: followed across
-//! failovers), with the same API. Replication is asynchronous; with
+//! failovers), or a majority of independent masters (`Topology::masters`,
+//! feature `redlock`), with the same API. Replication is asynchronous; with
 //! [`ClientBuilder::replica_acks`] a lock is granted only once replicas have
 //! it, so that it survives the failover of its master.
 //!

@@ -18,7 +18,8 @@ use crate::sync::lock::QuorumLock;
 use crate::sync::lock::{DeploymentLock, RawLock};
 
 /// Where a client's Redis is: one server, a Redis Cluster (feature
-/// `cluster`), or a master watched by Redis Sentinel (feature `sentinel`).
+/// `cluster`), a master watched by Redis Sentinel (feature `sentinel`), or
+/// independent masters for a Redlock quorum (feature `redlock`).
 ///
 /// A `&str` or `String` is the URL of one server:
 /// `redis://[user:password@]host[:port][/db]` (or `rediss://` with the `tls`
