@@ -13,6 +13,9 @@ use testkit::RedisServer;
 use crate::support::{lock_key, spawn_child_at, JoinWithin};
 
 const MASTERS: usize = 5;
+/// Generous for a loaded 2-core CI machine; the stopped-master test sets
+/// its own.
+const NODE_TIMEOUT: Duration = Duration::from_millis(500);
 const THREADS_PER_CHILD: usize = 4;
 const ROUNDS_PER_THREAD: usize = 25;
 
@@ -27,7 +30,7 @@ fn urls(masters: &[RedisServer]) -> Vec<String> {
 fn quorum_client(masters: &[String]) -> Client {
     Client::builder(Topology::masters(masters))
         .io_timeout(Duration::from_secs(2))
-        .node_timeout(Duration::from_millis(200))
+        .node_timeout(NODE_TIMEOUT)
         .build()
         .unwrap()
 }
@@ -94,7 +97,12 @@ fn increment_worker(url: &str) {
                         .arg("occupant")
                         .query::<()>(&mut raw)
                         .unwrap();
-                    guard.unlock().unwrap();
+                    // A release that reached no majority in time is reported and
+                    // finished in the background: the next holder waits a little
+                    // longer, never overlaps.
+                    if let Err(err) = guard.unlock() {
+                        eprintln!("release reported: {err}");
+                    }
                 }
             })
         })

@@ -25,6 +25,9 @@ use crate::lease::{RenewLeases, RenewOutcome, RenewRequest};
 use crate::scripts::lock::{AcquireArgs, HandoffArgs};
 use crate::scripts::reply::{AcquireReply, ReleaseReply};
 
+/// Name of the threads that carry one round's exchanges to the masters.
+const THREAD_NAME: &str = "redbaton-quorum";
+
 /// The Redlock lock protocol over several masters.
 #[derive(Debug)]
 pub(crate) struct QuorumLock {
@@ -58,24 +61,34 @@ impl QuorumLock {
     }
 
     /// Runs `f` on every master at once; the caller's thread serves the
-    /// first. A panic on one master's thread counts as its failure.
+    /// first (and any master whose thread could not be started). A panic on
+    /// one master's thread counts as its failure.
     fn each<T: Send>(
         &self,
         f: impl Fn(&DeploymentLock) -> Result<T, Error> + Sync,
     ) -> Vec<Result<T, Error>> {
+        let f = &f;
         thread::scope(|s| {
             let others: Vec<_> = self.masters[1..]
                 .iter()
-                .map(|master| s.spawn(|| f(master)))
+                .map(|master| {
+                    thread::Builder::new()
+                        .name(THREAD_NAME.to_owned())
+                        .spawn_scoped(s, move || f(master))
+                        .map_err(|_| master)
+                })
                 .collect();
             let mut results = vec![f(&self.masters[0])];
-            results.extend(others.into_iter().map(|handle| {
-                handle.join().unwrap_or_else(|_| {
+            results.extend(others.into_iter().map(|started| match started {
+                Ok(handle) => handle.join().unwrap_or_else(|_| {
                     Err(Error::Unavailable {
                         addr: self.addrs.clone(),
                         detail: "a master's exchange panicked".to_owned(),
                     })
-                })
+                }),
+                // No thread to be had: this master's turn comes after the
+                // others', still within its own timeout.
+                Err(master) => f(master),
             }));
             results
         })
