@@ -223,6 +223,51 @@ impl Backend {
             .map_err(|failed| failed.error)
     }
 
+    /// Sends `packed[i]` to `servers[i]` (single servers) all at once, then
+    /// reads every reply, each within its server's I/O timeout: a round
+    /// costs the slowest round trip, not their sum, and takes no thread.
+    /// Nothing is sent twice: a failure is that server's result.
+    #[cfg(feature = "redlock")]
+    pub(crate) fn send_all(
+        servers: &[Arc<Backend>],
+        name: &str,
+        packed: &[Vec<u8>],
+    ) -> Vec<Result<redis::Value, Failed>> {
+        let started = std::time::Instant::now();
+        let pending: Vec<_> = servers
+            .iter()
+            .zip(packed)
+            .map(|(server, packed)| {
+                server.check_process().map_err(|error| Failed {
+                    error,
+                    outcome_unknown: false,
+                })?;
+                match &server.flavor {
+                    Flavor::Single(single) => single
+                        .begin(packed)
+                        .map(|conn| (single, conn))
+                        .map_err(|err| single.failed(err, name)),
+                    _ => Err(Failed {
+                        error: Error::WrongTopology {
+                            addr: server.addr().to_owned(),
+                            detail: "is not a single server".to_owned(),
+                        },
+                        outcome_unknown: false,
+                    }),
+                }
+            })
+            .collect();
+        pending
+            .into_iter()
+            .map(|sent| {
+                let (single, mut conn) = sent?;
+                single
+                    .finish(&mut conn, started + single.io_timeout())
+                    .map_err(|err| single.failed(err, name))
+            })
+            .collect()
+    }
+
     /// Groups `keys` (by index) so that each group's keys live on one
     /// server, for pipelines that span many objects. One group, except on
     /// a cluster.

@@ -85,8 +85,9 @@ impl Conn {
 #[derive(Debug, Default, Clone)]
 pub(crate) struct ConnectFailures {
     last: Arc<Mutex<Option<RedisError>>>,
-    /// When the last connect was refused (nothing listening), if it was.
-    refused_at: Arc<Mutex<Option<Instant>>>,
+    /// Set when a connect was refused (nothing listening), cleared by the
+    /// next one that works.
+    refused: Arc<AtomicBool>,
 }
 
 impl r2d2::HandleError<RedisError> for ConnectFailures {
@@ -96,7 +97,7 @@ impl r2d2::HandleError<RedisError> for ConnectFailures {
             describe_io(&error)
         );
         if error.is_connection_refusal() {
-            *self.refused_at.lock() = Some(Instant::now());
+            self.refused.store(true, Ordering::Release);
         }
         *self.last.lock() = Some(error);
     }
@@ -132,7 +133,7 @@ impl r2d2::ManageConnection for Manager {
             None
         };
         *self.failures.last.lock() = None;
-        *self.failures.refused_at.lock() = None;
+        self.failures.refused.store(false, Ordering::Release);
         Ok(Conn {
             inner,
             client_id,
@@ -302,12 +303,17 @@ impl Pool {
     /// answered with a refusal (a wrong password, `maxclients`, a database
     /// it does not have) is reported at once: no later try will go better.
     fn checkout(&self, wait: Duration) -> Result<PooledConn, Error> {
-        let started = Instant::now();
-        let deadline = started + wait;
+        let deadline = Instant::now() + wait;
         loop {
-            let slice = deadline
-                .saturating_duration_since(Instant::now())
-                .min(CHECKOUT_SLICE);
+            // Nothing listened last time: ask once without waiting (which
+            // also starts another connect in the background) and report.
+            let slice = if self.failures.refused.load(Ordering::Acquire) {
+                Duration::ZERO
+            } else {
+                deadline
+                    .saturating_duration_since(Instant::now())
+                    .min(CHECKOUT_SLICE)
+            };
             if let Ok(conn) = self.pool.get_timeout(slice) {
                 return Ok(conn);
             }
@@ -321,14 +327,12 @@ impl Pool {
                 continue;
             }
             let last = self.failures.last.lock().clone();
-            // A connect refused during this wait: nothing listens there,
-            // and waiting longer will not change it (a quorum must not pay
-            // a whole timeout per round for a dead master).
-            let refused_now = self
-                .failures
-                .refused_at
-                .lock()
-                .is_some_and(|at| at >= started);
+            // The last connect was refused (nothing listens there) and none
+            // has worked since: waiting longer will not change it, and a
+            // quorum must not pay a whole timeout per round for a dead
+            // master. The pool keeps trying in the background; the first
+            // connect that works clears the mark.
+            let refused_now = self.failures.refused.load(Ordering::Acquire);
             match last {
                 Some(err) if refused_now => {
                     return Err(Error::Unreachable {

@@ -155,6 +155,45 @@ impl Single {
         }
     }
 
+    /// Sends `packed` on a command connection without reading the reply:
+    /// the first half of a round sent to several servers at once.
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
+    pub(super) fn begin(&self, packed: &[u8]) -> Result<PooledConn, SendError> {
+        let mut conn = self
+            .commands
+            .get(self.io_timeout)
+            .map_err(SendError::NoConnection)?;
+        conn.run(|c| c.send_packed_command(packed))
+            .map_err(SendError::Reply)?;
+        Ok(conn)
+    }
+
+    /// Reads the reply to what [`Single::begin`] sent, waiting until
+    /// `until` at most (a late reply closes the connection).
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
+    pub(super) fn finish(
+        &self,
+        conn: &mut PooledConn,
+        until: Instant,
+    ) -> Result<redis::Value, SendError> {
+        let left = until
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        conn.set_read_timeout(left).map_err(SendError::Reply)?;
+        let reply = conn.run(|c| c.recv_response().and_then(redis::Value::extract_error));
+        // Pooled again with the usual timeout (a broken one is closed).
+        if conn.set_read_timeout(self.io_timeout).is_err() {
+            log::debug!("redbaton: could not reset a connection's read timeout");
+        }
+        reply.map_err(SendError::Reply)
+    }
+
+    /// How long one exchange may take.
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
+    pub(super) fn io_timeout(&self) -> Duration {
+        self.io_timeout
+    }
+
     /// Warns once per client when the server may evict lock keys: under
     /// memory pressure a `volatile-*` or `allkeys-*` policy deletes a held
     /// lock, and another client can take it while its holder still works.

@@ -113,6 +113,18 @@ impl Call {
             .arg(&self.args);
     }
 
+    /// The call as a bare `EVALSHA` command, to be sent without waiting
+    /// for its reply (the caller handles `NOSCRIPT`, with `invoke`).
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
+    pub(crate) fn packed(&self) -> Vec<u8> {
+        redis::cmd("EVALSHA")
+            .arg(self.script.get_hash())
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args)
+            .get_packed_command()
+    }
+
     /// Loads the script into the server's cache.
     pub(crate) fn load(&self, con: &mut dyn ConnectionLike) -> RedisResult<String> {
         self.script.load(con)

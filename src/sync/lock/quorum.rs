@@ -2,10 +2,11 @@
 //! [`RawLock`] over one [`DeploymentLock`] per master, so that the handle,
 //! the guard, the wait loop and the watchdog are the same as on one server.
 //!
-//! Every exchange goes to all masters at once (a thread per master but the
-//! first, which the caller's thread serves), each bounded by the per-master
-//! timeout; a master that fails or is late counts as "not there" and never
-//! aborts the round. An acquisition counts only with a majority **and**
+//! Every exchange goes to all masters at once: the caller's thread writes
+//! the script call to every master, then reads the replies, each bounded by
+//! the per-master timeout (`Backend::send_all`), so a round costs the
+//! slowest master's round trip; a master that fails or is late counts as
+//! "not there" and never aborts the round. An acquisition counts only with a majority **and**
 //! validity left (`lease − elapsed − drift`); otherwise whatever it took is
 //! undone on every master. Fencing tokens are agreed in a second round: the
 //! highest token of the granting majority + 1, accepted by a majority of
@@ -16,14 +17,17 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
+
 use super::raw::{DeploymentLock, Holder, Owner, RawLock};
 use crate::backend::{Backend, Failed, Sent};
 use crate::config::Config;
 use crate::error::Error;
 use crate::keys::LockKeys;
 use crate::lease::{RenewLeases, RenewOutcome, RenewRequest};
-use crate::scripts::lock::{AcquireArgs, HandoffArgs};
-use crate::scripts::reply::{AcquireReply, ReleaseReply};
+use crate::scripts::lock::{self as calls, AcquireArgs, HandoffArgs};
+use crate::scripts::reply::{AcquireReply, Done, ReleaseReply};
+use crate::scripts::Call;
 
 /// Name of the threads that carry one round's exchanges to the masters.
 const THREAD_NAME: &str = "redbaton-quorum";
@@ -31,7 +35,11 @@ const THREAD_NAME: &str = "redbaton-quorum";
 /// The Redlock lock protocol over several masters.
 #[derive(Debug)]
 pub(crate) struct QuorumLock {
+    /// For the rare exchanges (holder, force_unlock) and script loading.
     masters: Vec<DeploymentLock>,
+    /// The same masters, for rounds sent to all at once.
+    servers: Vec<Arc<Backend>>,
+    baton_ttl: Duration,
     /// For messages: every master's address.
     addrs: String,
     /// How long fencing counters stay: they must outlive every holder.
@@ -51,6 +59,8 @@ impl QuorumLock {
                 .iter()
                 .map(|m| DeploymentLock::new(Arc::clone(m), config))
                 .collect(),
+            servers: masters.to_vec(),
+            baton_ttl: config.baton_ttl,
             fence_ttl: config.fence_ttl,
         }
     }
@@ -94,6 +104,42 @@ impl QuorumLock {
         })
     }
 
+    /// Sends `call` to every master at once and reads every reply. A master
+    /// that does not have the script yet gets it loaded and the call sent
+    /// again, alone (it did not run there).
+    fn round<T: FromRedisValue>(&self, keys: &LockKeys, call: &Call) -> Vec<Result<T, Error>> {
+        self.round_reporting(keys, call)
+            .into_iter()
+            .map(|reply| reply.map_err(|failed| failed.error))
+            .collect()
+    }
+
+    /// [`QuorumLock::round`], telling for each failed master whether the
+    /// call may have run there.
+    fn round_reporting<T: FromRedisValue>(
+        &self,
+        keys: &LockKeys,
+        call: &Call,
+    ) -> Vec<Result<T, Failed>> {
+        let packed = vec![call.packed(); self.servers.len()];
+        Backend::send_all(&self.servers, &keys.name, &packed)
+            .into_iter()
+            .zip(&self.servers)
+            .map(|(reply, server)| match reply {
+                Ok(value) => T::from_redis_value(value).map_err(|err| Failed {
+                    error: Error::Redis {
+                        source: RedisError::from(err),
+                    },
+                    outcome_unknown: false,
+                }),
+                Err(failed) if is_noscript(&failed.error) => server
+                    .exchange(&keys.lock, &keys.name, |c| call.invoke(c))
+                    .map(|sent| sent.value),
+                Err(failed) => Err(failed),
+            })
+            .collect()
+    }
+
     fn no_quorum(&self, answered: usize, errors: &[&Error]) -> Error {
         Error::NoQuorum {
             addr: self.addrs.clone(),
@@ -108,7 +154,8 @@ impl QuorumLock {
 
     /// Undoes request `request` of `identity` on every master.
     fn undo_everywhere(&self, keys: &LockKeys, identity: &str, request: u64) {
-        for result in self.each(|m| m.undo_request(keys, identity, request)) {
+        let call = calls::release_request(keys, identity, request, self.baton_ttl);
+        for result in self.round::<Done>(keys, &call) {
             if let Err(err) = result {
                 // That master's key expires with its lease.
                 log::debug!("redbaton: undo on a master failed: {err}");
@@ -148,16 +195,20 @@ impl RawLock for QuorumLock {
             });
         }
         let started = Instant::now();
-        let replies = self.each(|m| m.attempt(keys, args).map_err(|failed| failed.error));
+        let replies = self.round_reporting::<AcquireReply>(keys, &calls::acquire(keys, args));
         let elapsed = started.elapsed();
         let mut granted = Vec::new();
         let mut held = Vec::new();
         let mut errors = Vec::new();
+        let mut maybe_ran = false;
         for reply in &replies {
             match reply {
                 Ok(AcquireReply::Acquired { fence, .. }) => granted.push(*fence),
                 Ok(AcquireReply::Held { lease_left }) => held.push(*lease_left),
-                Err(err) => errors.push(err),
+                Err(failed) => {
+                    maybe_ran |= failed.outcome_unknown;
+                    errors.push(&failed.error);
+                }
             }
         }
         let fresh = args.held_fence == 0;
@@ -172,10 +223,11 @@ impl RawLock for QuorumLock {
             // Agree on one token: above every granting master's, accepted
             // by a majority of counters.
             let token = proposed_token(&granted).unwrap_or(u64::MAX);
+            let adopt = calls::adopt_fence(keys, args.identity, token, self.fence_ttl);
             let accepted = self
-                .each(|m| m.adopt_fence(keys, args.identity, token, self.fence_ttl))
+                .round::<Done>(keys, &adopt)
                 .into_iter()
-                .filter(|r| matches!(r, Ok(true)))
+                .filter(|r| matches!(r, Ok(Done(true))))
                 .count();
             if accepted >= self.quorum() && validity(args.lease, started.elapsed()).is_some() {
                 return Ok(AcquireReply::Acquired {
@@ -198,7 +250,7 @@ impl RawLock for QuorumLock {
         }
         // Not acquired: free whatever this round took, on every master
         // (also those that failed: the script may have run there).
-        if fresh && (!granted.is_empty() || !errors.is_empty()) {
+        if fresh && (!granted.is_empty() || maybe_ran) {
             self.undo_everywhere(keys, args.identity, args.request);
         }
         if held.len() >= self.quorum() || (errors.is_empty() && granted.is_empty()) {
@@ -235,27 +287,21 @@ impl RawLock for QuorumLock {
         guards_left: usize,
         lease: Duration,
     ) -> Result<Sent<ReleaseReply>, Failed> {
-        let replies = self.each(|m| {
-            m.release(keys, identity, fence, guards_left, lease)
-                .map_err(|failed| failed.error)
-        });
+        let call = calls::release(keys, identity, fence, guards_left, lease, self.baton_ttl);
+        let replies = self.round::<ReleaseReply>(keys, &call);
         let mut had = 0;
-        let mut resent = false;
+        // Every master was sent the release once.
+        let resent = false;
         let mut depth = None;
         let mut errors = Vec::new();
         for reply in &replies {
             match reply {
-                Ok(sent) => {
-                    resent |= sent.resent;
-                    match sent.value {
-                        ReleaseReply::Released => had += 1,
-                        ReleaseReply::Inner { depth: d } => {
-                            had += 1;
-                            depth = Some(d);
-                        }
-                        ReleaseReply::NotOwner => {}
-                    }
+                Ok(ReleaseReply::Released) => had += 1,
+                Ok(ReleaseReply::Inner { depth: d }) => {
+                    had += 1;
+                    depth = Some(*d);
                 }
+                Ok(ReleaseReply::NotOwner) => {}
                 Err(err) => errors.push(err),
             }
         }
@@ -309,8 +355,11 @@ impl RawLock for QuorumLock {
         lease: Duration,
     ) -> Result<bool, Error> {
         let started = Instant::now();
-        let replies = self.each(|m| m.renew(keys, identity, fence, lease));
-        let renewed = replies.iter().filter(|r| matches!(r, Ok(true))).count();
+        let replies = self.round::<Done>(keys, &calls::renew(keys, identity, fence, lease));
+        let renewed = replies
+            .iter()
+            .filter(|r| matches!(r, Ok(Done(true))))
+            .count();
         if renewed >= self.quorum() && validity(lease, started.elapsed()).is_some() {
             return Ok(true);
         }
@@ -323,7 +372,8 @@ impl RawLock for QuorumLock {
     }
 
     fn undo_request(&self, keys: &LockKeys, identity: &str, request: u64) -> Result<(), Error> {
-        let replies = self.each(|m| m.undo_request(keys, identity, request));
+        let call = calls::release_request(keys, identity, request, self.baton_ttl);
+        let replies = self.round::<Done>(keys, &call);
         let errors: Vec<&Error> = replies.iter().filter_map(|r| r.as_ref().err()).collect();
         if errors.is_empty() {
             Ok(())
@@ -381,6 +431,11 @@ impl RenewLeases for QuorumLock {
             })
             .collect()
     }
+}
+
+/// Whether a master answered that it does not have the script.
+fn is_noscript(err: &Error) -> bool {
+    matches!(err, Error::Redis { source } if source.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
 }
 
 /// A short random pause (5 to 35 ms) after a round that no contender won.

@@ -216,21 +216,6 @@ impl DeploymentLock {
         );
     }
 
-    /// Proposes the quorum token `token` to this master (see
-    /// `adopt_fence.lua`): whether its counter accepted it.
-    #[cfg(feature = "redlock")]
-    pub(crate) fn adopt_fence(
-        &self,
-        keys: &LockKeys,
-        identity: &str,
-        token: u64,
-        fence_ttl: Duration,
-    ) -> Result<bool, Error> {
-        let call = calls::adopt_fence(keys, identity, token, fence_ttl);
-        let Done(accepted) = self.call(keys, &call).map_err(|failed| failed.error)?.value;
-        Ok(accepted)
-    }
-
     fn not_replicated(&self, acknowledged: u32) -> Error {
         let acks = self.acks.unwrap_or(ReplicaAcks {
             replicas: 0,
