@@ -408,6 +408,10 @@ impl ClientBuilder {
             // A local hand-off would pass the lock on every master at once;
             // not built yet: every release goes through Redis.
             config.max_local_handoffs = 0;
+            // The masters' clocks may disagree, so the clock floor of a
+            // token does not order tokens across majorities: only counters
+            // that outlive every holder do (a year: never, in practice).
+            config.fence_ttl = crate::config::MAX_LEASE;
         }
         config.validate()?;
         let trace = scripts::command_in_error;
