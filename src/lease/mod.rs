@@ -127,6 +127,20 @@ pub(crate) enum RenewOutcome {
 pub(crate) trait RenewLeases: Send + Sync + fmt::Debug {
     /// Renews each request; one outcome per request, in order.
     fn renew_round(&self, requests: &[RenewRequest<'_>]) -> Vec<RenewOutcome>;
+
+    /// How much earlier than `sent + lease` a lease written at `sent` may
+    /// end in Redis, for clocks that drift: the local lease end (what
+    /// `is_lost()` and the watchdog count on) is moved in by this much.
+    /// Nothing for one deployment, whose single clock is the lease's.
+    fn clock_margin(&self, lease: Duration) -> Duration {
+        let _ = lease;
+        Duration::ZERO
+    }
+}
+
+/// `sent`, moved back by `margin` (where the clock allows).
+pub(crate) fn earlier(sent: Instant, margin: Duration) -> Instant {
+    sent.checked_sub(margin).unwrap_or(sent)
 }
 
 /// What the watchdog thread works on: the table of ownerships, the way to

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
-use super::{DueRenewal, LeaseRuntime, RenewOutcome, RenewRequest};
+use super::{earlier, DueRenewal, LeaseRuntime, RenewOutcome, RenewRequest};
 use crate::error::Error;
 
 /// Name of the renewal thread, as seen in debuggers and `/proc`.
@@ -285,7 +285,7 @@ fn apply(
         .update_renewal(due, |renewal| match outcome {
             RenewOutcome::Renewed => {
                 round.renewals += 1;
-                renewal.renewed(sent);
+                renewal.renewed(earlier(sent, runtime.renewer.clock_margin(renewal.lease)));
             }
             RenewOutcome::Retry if now < renewal.lease_ends => {
                 // Retry well before the lease ends.

@@ -433,3 +433,36 @@ fn leases_too_short_for_the_drift_allowance_are_refused_and_long_ones_work() {
     assert!(guard.remaining_lease().unwrap() > Duration::from_secs(364 * 24 * 3600));
     guard.unlock().unwrap();
 }
+
+/// The guard counts a fixed lease as ending a drift allowance early (1 % +
+/// 2 ms: 52 ms of 5 s), since a master's clock may run faster: its
+/// `is_lost()` turns true at the validity's end, before the lease's.
+#[test]
+fn a_fixed_lease_is_lost_at_the_end_of_its_validity_not_its_lease() {
+    let masters = start_masters();
+    let client = quorum_client(&urls(&masters));
+    let lease = Duration::from_secs(5);
+    let before = Instant::now();
+    let guard = client
+        .lock("validity")
+        .unwrap()
+        .with_fixed_lease(lease)
+        .unwrap()
+        .lock()
+        .unwrap();
+    // A sleep that overshoots (a loaded machine) cannot tell: such a check
+    // is skipped, not failed.
+    thread::sleep((before + Duration::from_millis(4900)).saturating_duration_since(Instant::now()));
+    let lost_early = guard.is_lost();
+    if before.elapsed() < Duration::from_millis(4940) {
+        assert!(!lost_early, "valid until lease - 52 ms");
+    }
+    thread::sleep((before + Duration::from_millis(4975)).saturating_duration_since(Instant::now()));
+    let lost = guard.is_lost();
+    let late = before.elapsed();
+    if late < lease {
+        assert!(lost, "lost by lease - 52 ms (checked at {late:?})");
+    } else {
+        eprintln!("checked at {late:?}, past the lease: cannot tell");
+    }
+}

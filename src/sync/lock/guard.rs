@@ -11,7 +11,7 @@ use crate::config::validate_lease;
 use crate::context::Context;
 use crate::error::Error;
 use crate::keys::LockKeys;
-use crate::lease::{Claim, Grant, LeaseMode, LeaseStatus};
+use crate::lease::{earlier, Claim, Grant, LeaseMode, LeaseStatus};
 use crate::parking::Reservation;
 use crate::scripts::lock::HandoffArgs;
 use crate::scripts::reply::{HandoffReply, ReleaseReply};
@@ -118,7 +118,10 @@ impl LockGuard {
             .raw
             .renew(&self.keys, &ownership.identity, ownership.fence, lease)?
         {
-            ownership.status.fixed_lease_from(sent, lease);
+            let margin = self.raw.clock_margin(lease);
+            ownership
+                .status
+                .fixed_lease_from(earlier(sent, margin), lease);
             Ok(())
         } else {
             Err(self.lost())

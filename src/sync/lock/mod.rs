@@ -16,7 +16,7 @@ use crate::config::validate_lease;
 use crate::context::Context;
 use crate::error::Error;
 use crate::keys::LockKeys;
-use crate::lease::{Claim, LeaseMode};
+use crate::lease::{earlier, Claim, LeaseMode};
 use crate::parking::{self, Attempt, Waited};
 use crate::scripts::lock::AcquireArgs;
 use crate::scripts::reply::AcquireReply;
@@ -343,6 +343,8 @@ impl Lock {
         let sent = Instant::now();
         match self.raw.attempt(&self.keys, args) {
             Ok(AcquireReply::Acquired { fence, .. }) => {
+                // The lease as the slowest clock may count it.
+                let sent = earlier(sent, self.raw.clock_margin(mode.lease()));
                 Ok(Attempt::Acquired(self.guard(identity, fence, mode, sent)))
             }
             Ok(AcquireReply::Held { lease_left }) => Ok(Attempt::Held { lease_left }),

@@ -169,10 +169,15 @@ pub(crate) fn quorum(masters: usize) -> usize {
     masters / 2 + 1
 }
 
+/// The clock drift allowed for `lease`: 1 % of it + 2 ms.
+pub(crate) fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
 /// What is left of `lease` after `elapsed` and the clock drift allowed for
-/// it (1 % of the lease + 2 ms); `None` when nothing is.
+/// it; `None` when nothing is.
 pub(crate) fn validity(lease: Duration, elapsed: Duration) -> Option<Duration> {
-    let drift = lease / 100 + Duration::from_millis(2);
+    let drift = drift(lease);
     lease
         .checked_sub(elapsed)
         .and_then(|left| left.checked_sub(drift))
@@ -421,6 +426,13 @@ impl RawLock for QuorumLock {
 }
 
 impl RenewLeases for QuorumLock {
+    /// The masters' clocks may run faster than this one: the lease counts
+    /// as ending a drift allowance early, so that `is_lost()` turns true
+    /// when the validity ends, not the lease.
+    fn clock_margin(&self, lease: Duration) -> Duration {
+        drift(lease)
+    }
+
     fn renew_round(&self, requests: &[RenewRequest<'_>]) -> Vec<RenewOutcome> {
         requests
             .iter()
