@@ -89,10 +89,8 @@ fn parked_waiters_acquire_after_the_master_is_killed() {
     let last = waiters.into_iter().map(JoinWithin::joined).max().unwrap();
     let took = last.duration_since(killed);
     assert!(took < lease + FAILOVER, "{took:?}");
-    assert_ne!(
-        sentinels.current_master_port(),
-        Some(sentinels.master().port())
-    );
+    // Every sentinel learns of the new master in its own time.
+    wait_for_failover(sentinels, sentinels.master().port());
     println!("three waiters acquired {took:?} after the master was killed");
 }
 
