@@ -20,7 +20,7 @@ use scheduled_thread_pool::ScheduledThreadPool;
 
 use super::classify::{describe_io, ScriptTracer};
 use super::single::{SendError, Single};
-use super::{slot, Failed, Parked, Sent};
+use super::{addrs_of, client_at, slot, Failed, Parked, Sent};
 use crate::config::Config;
 use crate::error::Error;
 
@@ -63,11 +63,7 @@ impl Cluster {
         trace: ScriptTracer,
         workers: Arc<ScheduledThreadPool>,
     ) -> Self {
-        let seed_addrs = seeds
-            .iter()
-            .map(|seed| seed.get_connection_info().addr().to_string())
-            .collect::<Vec<_>>()
-            .join(", ");
+        let seed_addrs = addrs_of(&seeds);
         Cluster {
             seeds,
             config: config.clone(),
@@ -241,7 +237,7 @@ impl Cluster {
     fn refresh(&self, seen: u64) -> Result<(), Error> {
         let _one = self.refreshing.lock();
         let current = Arc::clone(&self.routes.read());
-        if current.generation > seen && current.generation != 0 {
+        if current.generation > seen {
             return Ok(());
         }
         // Known masters first (a seed may be long gone), then the seeds.
@@ -378,23 +374,7 @@ impl Cluster {
                 addr: addr.to_owned(),
                 detail: "is a node address redbaton cannot read".to_owned(),
             })?;
-        let seed = self.seeds[0].get_connection_info();
-        let node = match seed.addr() {
-            #[cfg(feature = "tls")]
-            redis::ConnectionAddr::TcpTls {
-                insecure,
-                tls_params,
-                ..
-            } => redis::ConnectionAddr::TcpTls {
-                host: host.to_owned(),
-                port,
-                insecure: *insecure,
-                tls_params: tls_params.clone(),
-            },
-            _ => redis::ConnectionAddr::Tcp(host.to_owned(), port),
-        };
-        redis::Client::open(seed.clone().set_addr(node))
-            .map_err(|source| Error::InvalidUrl { source })
+        client_at(&self.seeds[0], host, port)
     }
 }
 

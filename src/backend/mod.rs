@@ -313,6 +313,39 @@ impl Backend {
     }
 }
 
+/// A client for the server at `host:port` with `template`'s user,
+/// password, database and TLS settings: a node the cluster announced, the
+/// master the sentinels named.
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
+fn client_at(template: &redis::Client, host: &str, port: u16) -> Result<redis::Client, Error> {
+    let info = template.get_connection_info();
+    let addr = match info.addr() {
+        #[cfg(feature = "tls")]
+        redis::ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => redis::ConnectionAddr::TcpTls {
+            host: host.to_owned(),
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
+        _ => redis::ConnectionAddr::Tcp(host.to_owned(), port),
+    };
+    redis::Client::open(info.clone().set_addr(addr)).map_err(|source| Error::InvalidUrl { source })
+}
+
+/// `host:port` of each client, for messages (never a password).
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
+fn addrs_of(clients: &[redis::Client]) -> String {
+    clients
+        .iter()
+        .map(|client| client.get_connection_info().addr().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl fmt::Debug for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let flavor = match &self.flavor {

@@ -21,7 +21,7 @@ use scheduled_thread_pool::ScheduledThreadPool;
 
 use super::classify::{describe_io, ScriptTracer};
 use super::single::{SendError, Single};
-use super::{Failed, Parked, Sent};
+use super::{addrs_of, client_at, Failed, Parked, Sent};
 use crate::config::Config;
 use crate::error::Error;
 
@@ -79,11 +79,7 @@ impl Sentinel {
         trace: ScriptTracer,
         workers: Arc<ScheduledThreadPool>,
     ) -> Self {
-        let sentinel_addrs = sentinels
-            .iter()
-            .map(|s| s.get_connection_info().addr().to_string())
-            .collect::<Vec<_>>()
-            .join(", ");
+        let sentinel_addrs = addrs_of(&sentinels);
         Sentinel {
             shared: Arc::new(Shared {
                 service,
@@ -269,23 +265,7 @@ impl Sentinel {
     /// A client for the master at `host:port`, with the first sentinel
     /// URL's user, password, database and TLS settings.
     fn master_client(&self, host: &str, port: u16) -> Result<redis::Client, Error> {
-        let first = self.shared.sentinels[0].get_connection_info();
-        let addr = match first.addr() {
-            #[cfg(feature = "tls")]
-            redis::ConnectionAddr::TcpTls {
-                insecure,
-                tls_params,
-                ..
-            } => redis::ConnectionAddr::TcpTls {
-                host: host.to_owned(),
-                port,
-                insecure: *insecure,
-                tls_params: tls_params.clone(),
-            },
-            _ => redis::ConnectionAddr::Tcp(host.to_owned(), port),
-        };
-        redis::Client::open(first.clone().set_addr(addr))
-            .map_err(|source| Error::InvalidUrl { source })
+        client_at(&self.shared.sentinels[0], host, port)
     }
 
     /// Starts the thread that follows `+switch-master`, once.

@@ -442,7 +442,7 @@ impl ClientBuilder {
         });
         let lock_raw: Arc<dyn RawLock> = match backend.masters() {
             #[cfg(feature = "redlock")]
-            Some(masters) => Arc::new(QuorumLock::new(masters, &config)),
+            Some(masters) => Arc::new(QuorumLock::new(masters, backend.addr(), &config)),
             _ => Arc::new(DeploymentLock::new(Arc::clone(&backend), &config)),
         };
         let context = Context::new(

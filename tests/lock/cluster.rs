@@ -13,7 +13,8 @@ use redbaton::{Client, Error, Topology};
 use testkit::{RedisCluster, RedisServer};
 
 use crate::support::{
-    self, eventually, lock_key, spawn_child_at, Deployment, JoinWithin, Topology as Kind,
+    self, eventually, lock_key, spawn_child_at, wait_for_replica, Deployment, JoinWithin,
+    Topology as Kind,
 };
 
 /// Names of the cross-process test; the test checks they cover every
@@ -290,21 +291,9 @@ fn waiters_move_on_and_acquire_after_their_master_fails_over() {
             .lock()
             .unwrap(),
     );
-    // Make sure the replica has the lock before its master dies: a write
-    // of this connection after the lock's, then WAIT for it (WAIT counts
-    // the acknowledgements of this connection's own writes).
-    let mut conn = master.connection();
-    redis::cmd("SET")
-        .arg(format!("redbaton:{{{name}}}:test-sync"))
-        .arg(1)
-        .query::<()>(&mut conn)
-        .unwrap();
-    let acked: u32 = redis::cmd("WAIT")
-        .arg(1)
-        .arg(2000)
-        .query(&mut conn)
-        .unwrap();
-    assert_eq!(acked, 1);
+    // The replica has the lock before its master dies (a key in the
+    // lock's slot: the master serves it).
+    wait_for_replica(master, &format!("redbaton:{{{name}}}:test-sync"));
 
     let inside = Arc::new(AtomicUsize::new(0));
     let waiters_client = client();

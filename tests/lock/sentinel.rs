@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use redbaton::{Client, Error, Topology};
 use testkit::{RedisSentinels, RedisServer};
 
-use crate::support::{eventually, lock_key, Deployment, JoinWithin, Topology as Kind, SERVICE};
+use crate::support::{
+    eventually, lock_key, wait_for_replica, Deployment, JoinWithin, Topology as Kind, SERVICE,
+};
 
 /// How long a failover of the test deployment may take: a second to see
 /// the master down, then an election and a promotion.
@@ -19,22 +21,6 @@ const FAILOVER: Duration = Duration::from_secs(20);
 /// The lease of the holders that must outlive a failover: renewals stop
 /// from the master's death until the client finds the new one.
 const LEASE: Duration = Duration::from_secs(6);
-
-/// Waits until the replica has every write made so far: WAIT counts the
-/// acknowledgements of its own connection's writes, so it follows one.
-fn wait_for_replica(master: &RedisServer) {
-    let mut conn = master.connection();
-    redis::cmd("INCR")
-        .arg("test-sync")
-        .query::<()>(&mut conn)
-        .unwrap();
-    let acked: u32 = redis::cmd("WAIT")
-        .arg(1)
-        .arg(2000)
-        .query(&mut conn)
-        .unwrap();
-    assert_eq!(acked, 1, "the replica has every write so far");
-}
 
 /// Waits until the sentinels name a master other than `old`.
 fn wait_for_failover(sentinels: &RedisSentinels, old: u16) {
@@ -62,7 +48,7 @@ fn parked_waiters_acquire_after_the_master_is_killed() {
             .lock()
             .unwrap(),
     );
-    wait_for_replica(sentinels.master());
+    wait_for_replica(sentinels.master(), "test-sync");
 
     let inside = Arc::new(AtomicUsize::new(0));
     let waiters_client = deployment.client();
@@ -108,7 +94,7 @@ fn config_set(server: &RedisServer, key: &str, value: &str) {
 /// now on stay on the master alone.
 fn cut_replica(sentinels: &RedisSentinels) {
     let (master, replica) = (sentinels.master(), &sentinels.replicas()[0]);
-    wait_for_replica(master);
+    wait_for_replica(master, "test-sync");
     config_set(replica, "masteruser", "no-such-user");
     config_set(replica, "masterauth", "wrong");
     redis::cmd("CLIENT")
@@ -131,7 +117,7 @@ fn restore_replica(sentinels: &RedisSentinels) {
     let replica = &sentinels.replicas()[0];
     config_set(replica, "masteruser", "");
     config_set(replica, "masterauth", "");
-    wait_for_replica(sentinels.master());
+    wait_for_replica(sentinels.master(), "test-sync");
 }
 
 fn on_replica(sentinels: &RedisSentinels, name: &str) -> bool {
@@ -298,7 +284,7 @@ fn a_client_follows_a_switch_master_event_while_the_old_master_stays_up() {
     let before = client.lock("before").unwrap().lock().unwrap();
     drop(before);
     let old = sentinels.master().port();
-    wait_for_replica(sentinels.master());
+    wait_for_replica(sentinels.master(), "test-sync");
     redis::cmd("SENTINEL")
         .arg("FAILOVER")
         .arg(SERVICE)

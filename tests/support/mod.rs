@@ -161,6 +161,20 @@ macro_rules! across_topologies {
     };
 }
 
+/// Waits (2 s at most) until a replica of `master` has every write made
+/// to it so far. `WAIT` counts only the writes of its own connection, so
+/// this writes `key` (one the master serves) first and waits for that.
+pub fn wait_for_replica(master: &RedisServer, key: &str) {
+    let mut conn = master.connection();
+    redis::cmd("INCR").arg(key).query::<()>(&mut conn).unwrap();
+    let acked: u32 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(2000)
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(acked, 1, "a replica has every write so far");
+}
+
 /// A client on `server` with settings suited to tests: short I/O timeout.
 pub fn client(server: &RedisServer) -> Client {
     Client::builder(server.url())

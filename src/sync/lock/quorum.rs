@@ -1,6 +1,7 @@
 //! Redlock: the lock held by a majority of independent masters, as a
-//! [`RawLock`] over one [`DeploymentLock`] per master, so that the handle,
-//! the guard, the wait loop and the watchdog are the same as on one server.
+//! [`RawLock`] over one single-server backend per master, speaking the same
+//! scripts as on one server, so that the handle, the guard, the wait loop
+//! and the watchdog are the same too.
 //!
 //! Every exchange goes to all masters at once: the caller's thread writes
 //! the script call to every master, then reads the replies, each bounded by
@@ -14,31 +15,25 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
 
-use super::raw::{DeploymentLock, Holder, Owner, RawLock};
+use super::raw::{Holder, Owner, RawLock};
 use crate::backend::{Backend, Failed, Sent};
 use crate::config::Config;
 use crate::error::Error;
 use crate::keys::LockKeys;
 use crate::lease::{RenewLeases, RenewOutcome, RenewRequest};
 use crate::scripts::lock::{self as calls, AcquireArgs, HandoffArgs};
-use crate::scripts::reply::{AcquireReply, Done, ReleaseReply};
+use crate::scripts::reply::{AcquireReply, Done, HolderReply, ReleaseReply};
 use crate::scripts::Call;
-
-/// Name of the threads that carry one round's exchanges to the masters.
-const THREAD_NAME: &str = "redbaton-quorum";
 
 /// The Redlock lock protocol over several masters.
 #[derive(Debug)]
 pub(crate) struct QuorumLock {
-    /// For the rare exchanges (holder, force_unlock) and script loading.
-    masters: Vec<DeploymentLock>,
-    /// The same masters, for rounds sent to all at once.
-    servers: Vec<Arc<Backend>>,
+    /// Single-server backends, one per master.
+    masters: Vec<Arc<Backend>>,
     baton_ttl: Duration,
     /// For messages: every master's address.
     addrs: String,
@@ -47,20 +42,13 @@ pub(crate) struct QuorumLock {
 }
 
 impl QuorumLock {
-    /// The protocol over `masters`, each a single-server backend.
-    pub(crate) fn new(masters: &[Arc<Backend>], config: &Config) -> Self {
+    /// The protocol over `masters` (each a single-server backend), known
+    /// together as `addrs` in messages.
+    pub(crate) fn new(masters: &[Arc<Backend>], addrs: &str, config: &Config) -> Self {
         QuorumLock {
-            addrs: masters
-                .iter()
-                .map(|m| m.addr().to_owned())
-                .collect::<Vec<_>>()
-                .join(", "),
-            masters: masters
-                .iter()
-                .map(|m| DeploymentLock::new(Arc::clone(m), config))
-                .collect(),
-            servers: masters.to_vec(),
+            masters: masters.to_vec(),
             baton_ttl: config.baton_ttl,
+            addrs: addrs.to_owned(),
             fence_ttl: config.fence_ttl,
         }
     }
@@ -68,40 +56,6 @@ impl QuorumLock {
     /// The majority.
     fn quorum(&self) -> usize {
         quorum(self.masters.len())
-    }
-
-    /// Runs `f` on every master at once; the caller's thread serves the
-    /// first (and any master whose thread could not be started). A panic on
-    /// one master's thread counts as its failure.
-    fn each<T: Send>(
-        &self,
-        f: impl Fn(&DeploymentLock) -> Result<T, Error> + Sync,
-    ) -> Vec<Result<T, Error>> {
-        let f = &f;
-        thread::scope(|s| {
-            let others: Vec<_> = self.masters[1..]
-                .iter()
-                .map(|master| {
-                    thread::Builder::new()
-                        .name(THREAD_NAME.to_owned())
-                        .spawn_scoped(s, move || f(master))
-                        .map_err(|_| master)
-                })
-                .collect();
-            let mut results = vec![f(&self.masters[0])];
-            results.extend(others.into_iter().map(|started| match started {
-                Ok(handle) => handle.join().unwrap_or_else(|_| {
-                    Err(Error::Unavailable {
-                        addr: self.addrs.clone(),
-                        detail: "a master's exchange panicked".to_owned(),
-                    })
-                }),
-                // No thread to be had: this master's turn comes after the
-                // others', still within its own timeout.
-                Err(master) => f(master),
-            }));
-            results
-        })
     }
 
     /// Sends `call` to every master at once and reads every reply. A master
@@ -121,10 +75,10 @@ impl QuorumLock {
         keys: &LockKeys,
         call: &Call,
     ) -> Vec<Result<T, Failed>> {
-        let packed = vec![call.packed(); self.servers.len()];
-        Backend::send_all(&self.servers, &keys.name, &packed)
+        let packed = vec![call.packed(); self.masters.len()];
+        Backend::send_all(&self.masters, &keys.name, &packed)
             .into_iter()
-            .zip(&self.servers)
+            .zip(&self.masters)
             .map(|(reply, server)| match reply {
                 Ok(value) => T::from_redis_value(value).map_err(|err| Failed {
                     error: Error::Redis {
@@ -388,16 +342,18 @@ impl RawLock for QuorumLock {
     }
 
     fn holder(&self, keys: &LockKeys) -> Result<Option<Holder>, Error> {
-        let replies = self.each(|m| m.holder(keys));
+        let replies = self.round::<HolderReply>(keys, &calls::holder(keys));
         let errors: Vec<&Error> = replies.iter().filter_map(|r| r.as_ref().err()).collect();
         if replies.len() - errors.len() < self.quorum() {
             return Err(self.no_quorum(replies.len() - errors.len(), &errors));
         }
         let mut seen: HashMap<(Owner, u64), Vec<Holder>> = HashMap::new();
-        for holder in replies.into_iter().flatten().flatten() {
-            seen.entry((holder.owner.clone(), holder.fencing_token))
-                .or_default()
-                .push(holder);
+        for HolderReply(row) in replies.into_iter().flatten() {
+            if let Some(holder) = row.map(Holder::from) {
+                seen.entry((holder.owner.clone(), holder.fencing_token))
+                    .or_default()
+                    .push(holder);
+            }
         }
         Ok(seen
             .into_values()
@@ -415,8 +371,9 @@ impl RawLock for QuorumLock {
     }
 
     fn force_unlock(&self, keys: &LockKeys) -> Result<bool, Error> {
-        let replies = self.each(|m| m.force_unlock(keys));
-        let removed = replies.iter().any(|r| matches!(r, Ok(true)));
+        let call = calls::force_unlock(keys, self.baton_ttl);
+        let replies = self.round::<Done>(keys, &call);
+        let removed = replies.iter().any(|r| matches!(r, Ok(Done(true))));
         let errors: Vec<&Error> = replies.iter().filter_map(|r| r.as_ref().err()).collect();
         if replies.len() - errors.len() < self.quorum() {
             return Err(self.no_quorum(replies.len() - errors.len(), &errors));

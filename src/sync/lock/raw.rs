@@ -21,7 +21,9 @@ use crate::error::Error;
 use crate::keys::LockKeys;
 use crate::lease::{Cleanup, RenewLeases, RenewOutcome, RenewRequest};
 use crate::scripts::lock::{self as calls, AcquireArgs, HandoffArgs};
-use crate::scripts::reply::{AcquireReply, Done, HandoffReply, HolderReply, ReleaseReply};
+use crate::scripts::reply::{
+    AcquireReply, Done, HandoffReply, HolderReply, HolderRow, ReleaseReply,
+};
 use crate::scripts::Call;
 
 /// A lock holder's identity, from [`Holder::owner`]: the client instance
@@ -55,6 +57,17 @@ pub struct Holder {
     pub fencing_token: u64,
     /// Time left on the lease; `None` if the key has no expiry.
     pub remaining_lease: Option<Duration>,
+}
+
+impl From<HolderRow> for Holder {
+    fn from(row: HolderRow) -> Holder {
+        Holder {
+            owner: Owner(row.owner),
+            depth: row.depth,
+            fencing_token: row.fence,
+            remaining_lease: row.lease_left,
+        }
+    }
 }
 
 /// The lock protocol: what one lock name's exchanges with Redis are.
@@ -313,12 +326,7 @@ impl RawLock for DeploymentLock {
         let HolderReply(row) = self
             .backend
             .run(&keys.lock, &keys.name, |c| call.invoke(c))?;
-        Ok(row.map(|row| Holder {
-            owner: Owner(row.owner),
-            depth: row.depth,
-            fencing_token: row.fence,
-            remaining_lease: row.lease_left,
-        }))
+        Ok(row.map(Holder::from))
     }
 
     fn is_locked(&self, keys: &LockKeys) -> Result<bool, Error> {
