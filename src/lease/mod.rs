@@ -42,29 +42,40 @@ impl LeaseMode {
 /// What the guards of one ownership can see without asking Redis.
 #[derive(Debug)]
 pub(crate) struct LeaseStatus {
+    /// Set when the ownership is known to be gone (a renewal, `extend` or
+    /// release found it so, or the watchdog gave up on it).
     lost: AtomicBool,
-    /// For fixed leases: when the lease ends at the latest, by this
-    /// process's clock (measured from before the request was sent, so never
-    /// later than Redis's own expiry). `None` while the watchdog renews.
-    fixed_until: Mutex<Option<Instant>>,
+    /// When the ownership ends at the latest unless renewed, by this
+    /// process's clock: measured from before the request that set the
+    /// lease was sent, and moved in by the deployment's clock margin, so
+    /// never later than the lease's end in Redis. Only moves out.
+    valid_until: Mutex<Instant>,
 }
 
 impl LeaseStatus {
-    /// A live ownership; `fixed_until` is the end of a fixed lease.
-    pub(crate) fn new(fixed_until: Option<Instant>) -> Self {
+    /// A live ownership, valid until `valid_until` unless renewed.
+    pub(crate) fn new(valid_until: Instant) -> Self {
         LeaseStatus {
             lost: AtomicBool::new(false),
-            fixed_until: Mutex::new(fixed_until),
+            valid_until: Mutex::new(valid_until),
         }
     }
 
-    /// Whether the ownership is known to be gone.
+    /// Whether the ownership is known to be gone, or its validity has
+    /// passed without a confirmed renewal.
     pub(crate) fn is_lost(&self) -> bool {
+        self.is_marked_lost() || Instant::now() >= self.valid_until()
+    }
+
+    /// Whether the ownership was found gone (not merely out of time: a
+    /// renewal may still be on its way, and a release is owner-checked).
+    pub(crate) fn is_marked_lost(&self) -> bool {
         self.lost.load(Ordering::Acquire)
-            || self
-                .fixed_until
-                .lock()
-                .is_some_and(|until| Instant::now() >= until)
+    }
+
+    /// When the ownership ends at the latest unless renewed.
+    pub(crate) fn valid_until(&self) -> Instant {
+        *self.valid_until.lock()
     }
 
     /// Records that the ownership is gone; true the first time.
@@ -72,14 +83,12 @@ impl LeaseStatus {
         !self.lost.swap(true, Ordering::AcqRel)
     }
 
-    /// A request sent at `sent` made a fixed lease live at least `lease`
-    /// more: its end moves out, never in. No effect while the watchdog
-    /// renews.
-    pub(crate) fn fixed_lease_from(&self, sent: Instant, lease: Duration) {
-        let mut until = self.fixed_until.lock();
-        if let Some(end) = until.as_mut() {
-            *end = (*end).max(sent + lease);
-        }
+    /// A request sent at `sent` (already moved in by the clock margin)
+    /// made the ownership live at least `lease` more: its end moves out,
+    /// never in.
+    pub(crate) fn lives_from(&self, sent: Instant, lease: Duration) {
+        let mut until = self.valid_until.lock();
+        *until = (*until).max(sent + lease);
     }
 }
 

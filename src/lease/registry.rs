@@ -7,7 +7,7 @@
 //! the ownership as it is. Nothing but a release (or the lease running out)
 //! ends an ownership earlier than it would end anyway: re-entry, inner
 //! releases, renewals and `extend` only ever push its end out (the scripts
-//! enforce it in Redis, `LeaseStatus::fixed_lease_from` here).
+//! enforce it in Redis, `LeaseStatus::lives_from` here).
 //!
 //! The table's mutex is never held across a network call: the watchdog
 //! takes a snapshot of what is due, sends the round unlocked, and applies
@@ -43,8 +43,6 @@ pub(crate) struct Renewal {
     pub(crate) lease: Duration,
     /// When to renew next.
     pub(crate) due: Instant,
-    /// When the lease ends if no renewal succeeds from now on.
-    pub(crate) lease_ends: Instant,
 }
 
 impl Renewal {
@@ -52,7 +50,6 @@ impl Renewal {
         Renewal {
             lease,
             due: sent + lease / 3,
-            lease_ends: sent + lease,
         }
     }
 
@@ -114,10 +111,7 @@ impl Ownerships {
             mode,
             guards: 0,
             renewal: None,
-            status: Arc::new(LeaseStatus::new(match mode {
-                LeaseMode::Fixed(lease) => Some(sent + lease),
-                LeaseMode::Renewed(_) => None,
-            })),
+            status: Arc::new(LeaseStatus::new(sent + mode.lease())),
         };
         let mut entries = self.entries.lock();
         let entry = match entries.entry((keys.lock.clone(), Arc::clone(identity))) {
@@ -135,14 +129,11 @@ impl Ownerships {
         let mut new_renewal = None;
         // The script made the lock live at least the ownership's lease more
         // (re-entry sends the ownership's lease, not the handle's).
-        match entry.mode {
-            LeaseMode::Renewed(lease) if entry.renewal.is_none() => {
-                let renewal = Renewal::new(lease, sent);
-                new_renewal = Some(renewal.due);
-                entry.renewal = Some(renewal);
-            }
-            LeaseMode::Renewed(_) => {}
-            LeaseMode::Fixed(lease) => entry.status.fixed_lease_from(sent, lease),
+        entry.status.lives_from(sent, entry.mode.lease());
+        if let (LeaseMode::Renewed(lease), None) = (entry.mode, entry.renewal) {
+            let renewal = Renewal::new(lease, sent);
+            new_renewal = Some(renewal.due);
+            entry.renewal = Some(renewal);
         }
         (Arc::clone(&entry.status), entry.mode, new_renewal)
     }
@@ -299,7 +290,7 @@ mod tests {
     }
 
     #[test]
-    fn a_fixed_lease_is_lost_when_it_ends_by_the_local_clock() {
+    fn a_lease_is_lost_when_it_ends_by_the_local_clock_unless_it_moved_out() {
         let ownerships = Ownerships::default();
         let (keys, id) = (keys(), Arc::from("me"));
         let long_ago = Instant::now() - Duration::from_secs(2);
@@ -312,9 +303,10 @@ mod tests {
         );
         assert!(wake.is_none());
         assert!(status.is_lost());
-        status.fixed_lease_from(Instant::now(), Duration::from_secs(60));
+        assert!(!status.is_marked_lost(), "out of time, not found gone");
+        status.lives_from(Instant::now(), Duration::from_secs(60));
         assert!(!status.is_lost(), "extended");
-        status.fixed_lease_from(long_ago, Duration::from_secs(1));
+        status.lives_from(long_ago, Duration::from_secs(1));
         assert!(
             !status.is_lost(),
             "an earlier end never replaces a later one"
@@ -333,7 +325,8 @@ mod tests {
         assert_eq!((outer_mode, inner_mode), (renewed, renewed));
         assert!(wake.is_none(), "already renewed");
         let later = now + Duration::from_secs(1);
-        assert!(!inner.is_lost(), "no fixed end was set");
+        assert!(!inner.is_lost(), "the 200 ms re-entry did not shorten it");
+        assert!(inner.valid_until() >= now + Duration::from_secs(30));
         assert_eq!(
             ownerships
                 .due_renewals(later + Duration::from_secs(30))

@@ -285,9 +285,11 @@ fn apply(
         .update_renewal(due, |renewal| match outcome {
             RenewOutcome::Renewed => {
                 round.renewals += 1;
-                renewal.renewed(earlier(sent, runtime.renewer.clock_margin(renewal.lease)));
+                let sent = earlier(sent, runtime.renewer.clock_margin(renewal.lease));
+                renewal.renewed(sent);
+                due.status.lives_from(sent, renewal.lease);
             }
-            RenewOutcome::Retry if now < renewal.lease_ends => {
+            RenewOutcome::Retry if now < due.status.valid_until() => {
                 // Retry well before the lease ends.
                 renewal.due = now
                     + (renewal.lease / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));

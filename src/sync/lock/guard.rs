@@ -86,12 +86,28 @@ impl LockGuard {
         &self.keys.name
     }
 
-    /// Whether the lock is known to be no longer this thread's: the watchdog
-    /// found it gone or could not renew it before its lease ended, a fixed
-    /// lease has run out, or an `extend` or release was refused. No network
-    /// call. `false` is not a promise: the lease may end the next moment.
+    /// Whether the lock can no longer be counted on: the watchdog found it
+    /// gone, an `extend` or release was refused, or its validity
+    /// ([`valid_until`](LockGuard::valid_until)) passed without a confirmed
+    /// renewal (a fixed lease ran out; a renewed one could not be renewed
+    /// in time). No network call. `false` is not a promise: the lease may
+    /// end the next moment.
     pub fn is_lost(&self) -> bool {
         self.ownership.status.is_lost()
+    }
+
+    /// When this hold ends at the latest unless its lease is renewed, by
+    /// this process's clock: the lease counted from before the request
+    /// that set it was sent, so never later than the lease's end in Redis.
+    /// On a quorum of masters (feature `redlock`) it is the Redlock
+    /// validity: the lease less the round's time and the clock-drift
+    /// allowance. Renewals, `extend` and re-entry move it out. No network
+    /// call.
+    ///
+    /// Work that must not outlive the lock (a write carrying the fencing
+    /// token, say) should finish before this instant.
+    pub fn valid_until(&self) -> Instant {
+        self.ownership.status.valid_until()
     }
 
     /// Makes the lock live at least `lease` from now: its end moves out,
@@ -119,9 +135,7 @@ impl LockGuard {
             .renew(&self.keys, &ownership.identity, ownership.fence, lease)?
         {
             let margin = self.raw.clock_margin(lease);
-            ownership
-                .status
-                .fixed_lease_from(earlier(sent, margin), lease);
+            ownership.status.lives_from(earlier(sent, margin), lease);
             Ok(())
         } else {
             Err(self.lost())
@@ -176,7 +190,10 @@ impl LockGuard {
                 .leases
                 .registry
                 .leave(&self.keys, &ownership.identity, &ownership.status);
-        let Some(left) = left.filter(|_| !ownership.status.is_lost()) else {
+        // Out of time by this clock is not enough to skip the release: the
+        // lease may still run in Redis (the clock margin, a renewal on its
+        // way), and the release script checks the owner anyway.
+        let Some(left) = left.filter(|_| !ownership.status.is_marked_lost()) else {
             return Err(self.lost());
         };
         if left == 0 {
@@ -212,10 +229,9 @@ impl LockGuard {
             }) => {
                 // The inner release made the lock live at least the
                 // ownership's lease more.
-                let ownership = &self.ownership;
-                ownership
-                    .status
-                    .fixed_lease_from(sent, ownership.mode.lease());
+                let lease = self.ownership.mode.lease();
+                let sent = earlier(sent, self.raw.clock_margin(lease));
+                self.ownership.status.lives_from(sent, lease);
                 Ok(())
             }
             Ok(Sent {
@@ -280,6 +296,8 @@ impl LockGuard {
                 value: HandoffReply(Some(fence)),
                 ..
             }) => {
+                // The new lease as the slowest clock may count it.
+                let sent = earlier(sent, self.raw.clock_margin(args.lease));
                 reservation.grant(Grant { fence, sent });
                 Ok(())
             }
