@@ -43,6 +43,53 @@ pub(crate) struct Config {
     pub(crate) replica_acks: Option<ReplicaAcks>,
     /// A quorum's bound on one master's answer.
     pub(crate) node_timeout: Duration,
+    /// A quorum's allowance for clocks that run at different rates.
+    pub(crate) clock_drift: ClockDrift,
+}
+
+/// `clock_drift(ratio, fixed)`: how much earlier than by this process's
+/// clock a lease may end on a master whose clock runs faster, as
+/// `ratio × lease + fixed`. Redlock's validity leaves it out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClockDrift {
+    /// The ratio, in parts per million of the lease.
+    pub(crate) per_million: u32,
+    /// The fixed part.
+    pub(crate) fixed: Duration,
+}
+
+/// The largest drift ratio accepted: a lease half eaten by drift is
+/// almost surely a unit mistake.
+pub(crate) const MAX_DRIFT_RATIO: f64 = 0.5;
+
+impl ClockDrift {
+    /// The Redis documentation's allowance: 1 % of the lease + 2 ms.
+    pub(crate) const DEFAULT: ClockDrift = ClockDrift {
+        per_million: 10_000,
+        fixed: Duration::from_millis(2),
+    };
+
+    /// `ratio × lease + fixed`, from a ratio given as a float; `None` for
+    /// a ratio that is not a number between 0 and [`MAX_DRIFT_RATIO`].
+    pub(crate) fn new(ratio: f64, fixed: Duration) -> Option<ClockDrift> {
+        if !(0.0..=MAX_DRIFT_RATIO).contains(&ratio) {
+            return None;
+        }
+        Some(ClockDrift {
+            // In range, so the product fits (and NaN was refused above).
+            per_million: (ratio * 1e6).round() as u32,
+            fixed,
+        })
+    }
+
+    /// The allowance for `lease`. Saturates instead of overflowing.
+    pub(crate) fn allowance(&self, lease: Duration) -> Duration {
+        // At most 2^64 s × 10^9 × 5·10^5: far inside a u128.
+        let nanos = lease.as_nanos() * u128::from(self.per_million) / 1_000_000;
+        let secs = u64::try_from(nanos / 1_000_000_000).unwrap_or(u64::MAX);
+        let scaled = Duration::new(secs, (nanos % 1_000_000_000) as u32);
+        scaled.saturating_add(self.fixed)
+    }
 }
 
 /// `replica_acks(replicas, timeout)`: after each write that makes or
@@ -87,6 +134,12 @@ impl Config {
                     "{what} is {value:?}; it must be between 1 ms and a year"
                 )));
             }
+        }
+        if self.clock_drift.fixed > MAX_LEASE {
+            return Err(Error::InvalidConfig(format!(
+                "clock_drift's fixed part is {:?}; it must be at most a year",
+                self.clock_drift.fixed
+            )));
         }
         if let Some(acks) = self.replica_acks {
             if !REPLICAS.contains(&acks.replicas) {
@@ -133,6 +186,32 @@ fn validate_prefix(prefix: &str) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drift_allowances_are_exact_and_never_overflow() {
+        let drift = ClockDrift::DEFAULT;
+        assert_eq!(
+            drift.allowance(Duration::from_secs(1)),
+            Duration::from_millis(12)
+        );
+        assert_eq!(drift.allowance(Duration::ZERO), Duration::from_millis(2));
+        assert_eq!(
+            drift.allowance(Duration::MAX),
+            Duration::MAX / 100 + Duration::from_millis(2)
+        );
+        let half = ClockDrift::new(MAX_DRIFT_RATIO, Duration::MAX).unwrap();
+        assert_eq!(half.allowance(Duration::MAX), Duration::MAX);
+        let none = ClockDrift::new(0.0, Duration::ZERO).unwrap();
+        assert_eq!(none.allowance(Duration::from_secs(5)), Duration::ZERO);
+        let tenth = ClockDrift::new(0.1, Duration::from_millis(1)).unwrap();
+        assert_eq!(
+            tenth.allowance(Duration::from_millis(100)),
+            Duration::from_millis(11)
+        );
+        for bad in [-0.01, 0.51, f64::NAN, f64::INFINITY] {
+            assert_eq!(ClockDrift::new(bad, Duration::ZERO), None, "{bad}");
+        }
+    }
 
     #[test]
     fn braced_or_empty_prefixes_are_refused() {

@@ -11,7 +11,7 @@ use redis::RedisError;
 /// Everything that can go wrong in redbaton.
 ///
 /// Messages never contain the Redis URL, so passwords do not leak into logs.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The lock name cannot be used.

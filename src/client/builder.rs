@@ -8,7 +8,7 @@ use redis::RedisResult;
 
 use super::Client;
 use crate::backend::Backend;
-use crate::config::{Config, ReplicaAcks};
+use crate::config::{ClockDrift, Config, ReplicaAcks, MAX_DRIFT_RATIO};
 use crate::context::Context;
 use crate::error::Error;
 use crate::lease::RenewLeases;
@@ -228,6 +228,8 @@ pub struct ClientBuilder {
     max_local_handoffs: u32,
     replica_acks: Option<ReplicaAcks>,
     node_timeout: Option<Duration>,
+    /// `clock_drift(ratio, fixed)` as given; checked by `build`.
+    clock_drift: Option<(f64, Duration)>,
 }
 
 impl ClientBuilder {
@@ -247,6 +249,7 @@ impl ClientBuilder {
             max_local_handoffs: 8,
             replica_acks: None,
             node_timeout: None,
+            clock_drift: None,
         }
     }
 
@@ -376,6 +379,19 @@ impl ClientBuilder {
         self
     }
 
+    /// With `Topology::masters` (feature `redlock`): how much the masters'
+    /// clocks and this process's may disagree about a lease, as
+    /// `ratio × lease + fixed`. A quorum lock counts as held only while
+    /// `lease − elapsed − drift` is left, and its guard's
+    /// [`valid_until`](crate::LockGuard::valid_until) ends that much before
+    /// the lease would by this clock. `ratio` between 0 and 0.5, `fixed`
+    /// at most a year. Defaults to 1 % + 2 ms, as the Redis documentation's
+    /// Redlock. Other topologies have one clock per lock and ignore it.
+    pub fn clock_drift(mut self, ratio: f64, fixed: Duration) -> Self {
+        self.clock_drift = Some((ratio, fixed));
+        self
+    }
+
     /// Checks the settings and makes the client. Does not connect.
     ///
     /// # Errors
@@ -389,6 +405,14 @@ impl ClientBuilder {
                 .max(Duration::from_millis(50))
                 .min(self.io_timeout)
         });
+        let clock_drift = match self.clock_drift {
+            None => ClockDrift::DEFAULT,
+            Some((ratio, fixed)) => ClockDrift::new(ratio, fixed).ok_or_else(|| {
+                Error::InvalidConfig(format!(
+                    "clock_drift ratio is {ratio}; it must be between 0 and {MAX_DRIFT_RATIO}"
+                ))
+            })?,
+        };
         #[cfg_attr(not(feature = "redlock"), allow(unused_mut))]
         let mut config = Config {
             prefix: self.prefix,
@@ -402,12 +426,10 @@ impl ClientBuilder {
             max_local_handoffs: self.max_local_handoffs,
             replica_acks: self.replica_acks,
             node_timeout,
+            clock_drift,
         };
         #[cfg(feature = "redlock")]
         if let Form::Masters(_) = &self.topology.form {
-            // A local hand-off would pass the lock on every master at once;
-            // not built yet: every release goes through Redis.
-            config.max_local_handoffs = 0;
             // The masters' clocks may disagree, so the clock floor of a
             // token does not order tokens across majorities: only counters
             // that outlive every holder do (a year: never, in practice).
@@ -468,6 +490,8 @@ impl fmt::Debug for ClientBuilder {
             .field("fence_counter_ttl", &self.fence_counter_ttl)
             .field("max_local_handoffs", &self.max_local_handoffs)
             .field("replica_acks", &self.replica_acks)
+            .field("node_timeout", &self.node_timeout)
+            .field("clock_drift", &self.clock_drift)
             .finish()
     }
 }

@@ -21,12 +21,12 @@ use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
 
 use super::raw::{Holder, Owner, RawLock};
 use crate::backend::{Backend, Failed, Sent};
-use crate::config::Config;
+use crate::config::{ClockDrift, Config};
 use crate::error::Error;
 use crate::keys::LockKeys;
 use crate::lease::{RenewLeases, RenewOutcome, RenewRequest};
 use crate::scripts::lock::{self as calls, AcquireArgs, HandoffArgs};
-use crate::scripts::reply::{AcquireReply, Done, HolderReply, ReleaseReply};
+use crate::scripts::reply::{AcquireReply, Done, HandoffReply, HolderReply, ReleaseReply};
 use crate::scripts::Call;
 
 /// The Redlock lock protocol over several masters.
@@ -39,6 +39,8 @@ pub(crate) struct QuorumLock {
     addrs: String,
     /// How long fencing counters stay: they must outlive every holder.
     fence_ttl: Duration,
+    /// The allowance for the masters' clocks and this one disagreeing.
+    drift: ClockDrift,
 }
 
 impl QuorumLock {
@@ -50,6 +52,7 @@ impl QuorumLock {
             baton_ttl: config.baton_ttl,
             addrs: addrs.to_owned(),
             fence_ttl: config.fence_ttl,
+            drift: config.clock_drift,
         }
     }
 
@@ -86,15 +89,31 @@ impl QuorumLock {
                     },
                     outcome_unknown: false,
                 }),
+                // Not run there: load it, then send it again (once).
                 Err(failed) if is_noscript(&failed.error) => server
-                    .exchange(&keys.lock, &keys.name, |c| call.invoke(c))
+                    .exchange(&keys.lock, &keys.name, |c| {
+                        call.load(c)?;
+                        call.invoke(c)
+                    })
                     .map(|sent| sent.value),
                 Err(failed) => Err(failed),
             })
             .collect()
     }
 
+    /// Why a round reached no majority, `answered` masters having answered
+    /// and the others failed with `errors`. When a majority gave one
+    /// definite answer (say `WRONGTYPE`: the key holds something else
+    /// there), that is the error: no retry or other master would change it.
+    /// Otherwise [`Error::NoQuorum`].
     fn no_quorum(&self, answered: usize, errors: &[&Error]) -> Error {
+        let definite: Vec<&&Error> = errors
+            .iter()
+            .filter(|err| !err.is_transient() && !err.is_timeout())
+            .collect();
+        if definite.len() >= self.quorum() {
+            return (*definite[0]).clone();
+        }
         Error::NoQuorum {
             addr: self.addrs.clone(),
             answered,
@@ -104,6 +123,39 @@ impl QuorumLock {
                 .first()
                 .map_or_else(|| "no error reported".to_owned(), |err| err.to_string()),
         }
+    }
+
+    /// The fencing token of the ownership `identity` was just granted by
+    /// the masters whose own tokens are `granted`, in a round started at
+    /// `started` for `lease`: above all of them, and accepted by a majority
+    /// of counters (so no later majority can issue it or a lower one)
+    /// while the validity lasts. The error says why not.
+    fn agree_on_token(
+        &self,
+        keys: &LockKeys,
+        identity: &str,
+        granted: &[u64],
+        lease: Duration,
+        started: Instant,
+    ) -> Result<u64, Error> {
+        let token = proposed_token(granted).unwrap_or(u64::MAX);
+        let adopt = calls::adopt_fence(keys, identity, token, self.fence_ttl);
+        let accepted = self
+            .round::<Done>(keys, &adopt)
+            .into_iter()
+            .filter(|r| matches!(r, Ok(Done(true))))
+            .count();
+        if accepted >= self.quorum() && validity(lease, started.elapsed(), self.drift).is_some() {
+            return Ok(token);
+        }
+        let refused = Error::Unavailable {
+            addr: self.addrs.clone(),
+            detail: format!(
+                "{accepted} masters accepted the quorum's fencing token {token} (another \
+                 proposal raced it, or the round ran out of validity)"
+            ),
+        };
+        Err(self.no_quorum(accepted, &[&refused]))
     }
 
     /// Undoes request `request` of `identity` on every master.
@@ -123,15 +175,10 @@ pub(crate) fn quorum(masters: usize) -> usize {
     masters / 2 + 1
 }
 
-/// The clock drift allowed for `lease`: 1 % of it + 2 ms.
-pub(crate) fn drift(lease: Duration) -> Duration {
-    lease / 100 + Duration::from_millis(2)
-}
-
 /// What is left of `lease` after `elapsed` and the clock drift allowed for
 /// it; `None` when nothing is.
-pub(crate) fn validity(lease: Duration, elapsed: Duration) -> Option<Duration> {
-    let drift = drift(lease);
+pub(crate) fn validity(lease: Duration, elapsed: Duration, drift: ClockDrift) -> Option<Duration> {
+    let drift = drift.allowance(lease);
     lease
         .checked_sub(elapsed)
         .and_then(|left| left.checked_sub(drift))
@@ -147,7 +194,7 @@ pub(crate) fn proposed_token(granted: &[u64]) -> Option<u64> {
 impl RawLock for QuorumLock {
     fn attempt(&self, keys: &LockKeys, args: AcquireArgs<'_>) -> Result<AcquireReply, Failed> {
         // A lease the drift allowance eats whole could never be valid.
-        if validity(args.lease, Duration::ZERO).is_none() {
+        if validity(args.lease, Duration::ZERO, self.drift).is_none() {
             return Err(Failed {
                 error: Error::InvalidLease { lease: args.lease },
                 outcome_unknown: false,
@@ -171,7 +218,7 @@ impl RawLock for QuorumLock {
             }
         }
         let fresh = args.held_fence == 0;
-        let valid = validity(args.lease, elapsed).is_some();
+        let valid = validity(args.lease, elapsed, self.drift).is_some();
         if granted.len() >= self.quorum() && valid {
             if !fresh {
                 return Ok(AcquireReply::Acquired {
@@ -179,33 +226,21 @@ impl RawLock for QuorumLock {
                     depth: args.depth as u64,
                 });
             }
-            // Agree on one token: above every granting master's, accepted
-            // by a majority of counters.
-            let token = proposed_token(&granted).unwrap_or(u64::MAX);
-            let adopt = calls::adopt_fence(keys, args.identity, token, self.fence_ttl);
-            let accepted = self
-                .round::<Done>(keys, &adopt)
-                .into_iter()
-                .filter(|r| matches!(r, Ok(Done(true))))
-                .count();
-            if accepted >= self.quorum() && validity(args.lease, started.elapsed()).is_some() {
-                return Ok(AcquireReply::Acquired {
-                    fence: token,
-                    depth: 1,
-                });
+            match self.agree_on_token(keys, args.identity, &granted, args.lease, started) {
+                Ok(token) => {
+                    return Ok(AcquireReply::Acquired {
+                        fence: token,
+                        depth: 1,
+                    })
+                }
+                Err(error) => {
+                    self.undo_everywhere(keys, args.identity, args.request);
+                    return Err(Failed {
+                        error,
+                        outcome_unknown: false,
+                    });
+                }
             }
-            self.undo_everywhere(keys, args.identity, args.request);
-            let refused = Error::Unavailable {
-                addr: self.addrs.clone(),
-                detail: format!(
-                    "{accepted} masters accepted the quorum's fencing token {token} (another \
-                     proposal raced it, or the round ran out of validity)"
-                ),
-            };
-            return Err(Failed {
-                error: self.no_quorum(accepted, &[&refused]),
-                outcome_unknown: false,
-            });
         }
         // Not acquired: free whatever this round took, on every master
         // (also those that failed: the script may have run there).
@@ -293,16 +328,53 @@ impl RawLock for QuorumLock {
         })
     }
 
+    /// Passes the lock to a local waiter on every master at once. Like an
+    /// acquisition, it counts only when a majority handed it over with
+    /// validity left and a majority of counters accepted the new
+    /// ownership's token. Anything less is reported as a hand-off of
+    /// unknown outcome: the guard then frees the lock from both identities
+    /// wherever it is, and the waiter looks at the lock itself.
     fn hand_off(
         &self,
-        _keys: &LockKeys,
-        _args: HandoffArgs<'_>,
-    ) -> Result<Sent<crate::scripts::reply::HandoffReply>, Failed> {
-        // Local hand-off is off for a quorum (max_local_handoffs is 0), so
-        // the guard never asks.
+        keys: &LockKeys,
+        args: HandoffArgs<'_>,
+    ) -> Result<Sent<HandoffReply>, Failed> {
+        let started = Instant::now();
+        let replies = self.round_reporting::<HandoffReply>(keys, &calls::handoff(keys, args));
+        let mut handed = Vec::new();
+        let mut errors = Vec::new();
+        for reply in &replies {
+            match reply {
+                Ok(HandoffReply(Some(fence))) => handed.push(*fence),
+                Ok(HandoffReply(None)) => {}
+                Err(failed) => errors.push(&failed.error),
+            }
+        }
+        if handed.is_empty() && errors.is_empty() {
+            // Not the holder's on any master: its lock was lost.
+            return Ok(Sent {
+                value: HandoffReply(None),
+                resent: false,
+            });
+        }
+        let error = if handed.len() >= self.quorum()
+            && validity(args.lease, started.elapsed(), self.drift).is_some()
+        {
+            match self.agree_on_token(keys, args.to, &handed, args.lease, started) {
+                Ok(token) => {
+                    return Ok(Sent {
+                        value: HandoffReply(Some(token)),
+                        resent: false,
+                    })
+                }
+                Err(error) => error,
+            }
+        } else {
+            self.no_quorum(handed.len(), &errors)
+        };
         Err(Failed {
-            error: Error::InvalidConfig("local hand-off is not available on a quorum".to_owned()),
-            outcome_unknown: false,
+            error,
+            outcome_unknown: true,
         })
     }
 
@@ -319,7 +391,7 @@ impl RawLock for QuorumLock {
             .iter()
             .filter(|r| matches!(r, Ok(Done(true))))
             .count();
-        if renewed >= self.quorum() && validity(lease, started.elapsed()).is_some() {
+        if renewed >= self.quorum() && validity(lease, started.elapsed(), self.drift).is_some() {
             return Ok(true);
         }
         let errors: Vec<&Error> = replies.iter().filter_map(|r| r.as_ref().err()).collect();
@@ -387,7 +459,7 @@ impl RenewLeases for QuorumLock {
     /// as ending a drift allowance early, so that `is_lost()` turns true
     /// when the validity ends, not the lease.
     fn clock_margin(&self, lease: Duration) -> Duration {
-        drift(lease)
+        self.drift.allowance(lease)
     }
 
     fn renew_round(&self, requests: &[RenewRequest<'_>]) -> Vec<RenewOutcome> {
@@ -426,6 +498,7 @@ mod tests {
 
     #[test]
     fn validity_leaves_out_elapsed_time_and_drift_without_overflow() {
+        let validity = |lease, elapsed| validity(lease, elapsed, ClockDrift::DEFAULT);
         let second = Duration::from_secs(1);
         // 1 s − 100 ms − (10 ms + 2 ms).
         assert_eq!(
@@ -443,6 +516,16 @@ mod tests {
         let year = Duration::from_secs(365 * 24 * 3600);
         assert!(validity(year, Duration::MAX).is_none());
         assert!(validity(year, Duration::ZERO).is_some());
+    }
+
+    #[test]
+    fn a_configured_drift_is_what_validity_leaves_out() {
+        let none = ClockDrift::new(0.0, Duration::ZERO).unwrap();
+        let ms = Duration::from_millis;
+        assert_eq!(validity(ms(100), ms(40), none), Some(ms(60)));
+        let tenth = ClockDrift::new(0.1, ms(5)).unwrap();
+        assert_eq!(validity(ms(100), ms(40), tenth), Some(ms(45)));
+        assert_eq!(validity(ms(100), ms(85), tenth), None);
     }
 
     #[test]
