@@ -85,13 +85,21 @@ fn malformed_url_is_invalid_and_passwords_stay_out_of_debug() {
 
 across_topologies! {
     fn a_string_under_the_lock_key_is_a_wrong_type_error_and_is_left_alone(deployment) {
-        let (server, client) = (deployment.server_for(&lock_key("typed")), deployment.client());
-        let mut raw = server.connection();
-        redis::cmd("SET")
-            .arg(lock_key("typed"))
-            .arg("not a lock")
-            .query::<()>(&mut raw)
-            .unwrap();
+        let client = deployment.client();
+        // On every server that holds the key (a quorum's majority would
+        // take the lock past one damaged master, as it should).
+        let mut raws: Vec<_> = deployment
+            .servers_for(&lock_key("typed"))
+            .into_iter()
+            .map(|server| server.connection())
+            .collect();
+        for raw in &mut raws {
+            redis::cmd("SET")
+                .arg(lock_key("typed"))
+                .arg("not a lock")
+                .query::<()>(raw)
+                .unwrap();
+        }
         let lock = client.lock("typed").unwrap();
         for result in [lock.try_lock().map(|g| g.is_some()), lock.force_unlock()] {
             let err = result.unwrap_err();
@@ -100,27 +108,30 @@ across_topologies! {
                 "{err}"
             );
         }
-        let value: String = redis::cmd("GET")
-            .arg(lock_key("typed"))
-            .query(&mut raw)
-            .unwrap();
-        assert_eq!(value, "not a lock");
+        for raw in &mut raws {
+            let value: String = redis::cmd("GET")
+                .arg(lock_key("typed"))
+                .query(raw)
+                .unwrap();
+            assert_eq!(value, "not a lock");
+        }
     }
 }
 
 across_topologies! {
     fn a_string_under_the_baton_key_fails_the_release_without_freeing_the_lock(deployment) {
-        let (server, client) = (deployment.server_for(&lock_key("batonless")), deployment.client());
+        let client = deployment.client();
         let lock = client.lock("batonless").unwrap();
         let guard = lock.lock().unwrap();
-        let mut raw = server.connection();
-        redis::cmd("SET")
-            .arg(baton_key("batonless"))
-            .arg("junk")
-            .query::<()>(&mut raw)
-            .unwrap();
+        for server in deployment.servers_for(&lock_key("batonless")) {
+            redis::cmd("SET")
+                .arg(baton_key("batonless"))
+                .arg("junk")
+                .query::<()>(&mut server.connection())
+                .unwrap();
+        }
         // Someone asks for the lock, so the release must wake them.
-        let other = support::client(server);
+        let other = deployment.client();
         let asker = other.lock("batonless").unwrap();
         let refused = thread::spawn(move || asker.try_lock().unwrap().is_none()).joined();
         assert!(refused);

@@ -73,13 +73,15 @@ fn tokens_keep_growing_after_the_fence_counter_expired() {
 
 across_topologies! {
     fn a_damaged_fence_counter_is_a_wrong_type_error_naming_the_key(deployment) {
-        let (server, client) = (deployment.server_for(&lock_key("damaged")), deployment.client());
+        let client = deployment.client();
         let lock = client.lock("damaged").unwrap();
-        redis::cmd("SET")
-            .arg("redbaton:{damaged}:fence")
-            .arg("not a number")
-            .query::<()>(&mut server.connection())
-            .unwrap();
+        for server in deployment.servers_for(&lock_key("damaged")) {
+            redis::cmd("SET")
+                .arg("redbaton:{damaged}:fence")
+                .arg("not a number")
+                .query::<()>(&mut server.connection())
+                .unwrap();
+        }
         let err = lock.try_lock().unwrap_err();
         assert!(
             matches!(err, redbaton::Error::WrongType { .. })

@@ -249,14 +249,15 @@ fn force_unlock_removes_any_holder_and_wakes_a_waiter() {
 
 across_topologies! {
     fn scripts_are_reloaded_after_script_flush(deployment) {
-        let (server, client) = (deployment.server_for(&lock_key("flushed")), deployment.client());
+        let client = deployment.client();
         let lock = client.lock("flushed").unwrap();
         lock.lock().unwrap().unlock().unwrap();
-        let mut raw = server.connection();
-        redis::cmd("SCRIPT")
-            .arg("FLUSH")
-            .query::<()>(&mut raw)
-            .unwrap();
+        for server in deployment.servers_for(&lock_key("flushed")) {
+            redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query::<()>(&mut server.connection())
+                .unwrap();
+        }
         let guard = lock.lock().unwrap();
         assert!(lock.is_locked().unwrap());
         guard.unlock().unwrap();

@@ -338,6 +338,30 @@ fn bad_quorums_are_clear_errors() {
         assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
         assert!(err.to_string().contains(what), "{err}");
     }
+    let none: [&str; 0] = [];
+    let err = Client::builder(Topology::masters(none))
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidUrl { .. }) && err.to_string().contains("no URL given"),
+        "{err:?}"
+    );
+    for (ratio, fixed) in [
+        (-0.1, Duration::ZERO),
+        (0.6, Duration::ZERO),
+        (f64::NAN, Duration::ZERO),
+        (0.01, Duration::MAX),
+    ] {
+        let err = Client::builder(Topology::masters(&all))
+            .clock_drift(ratio, fixed)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidConfig(_)),
+            "{ratio}, {fixed:?}: {err:?}"
+        );
+        assert!(err.to_string().contains("clock_drift"), "{err}");
+    }
     // A rate limiter needs one deployment.
     let client = quorum_client(&all);
     let err = client
@@ -434,35 +458,71 @@ fn leases_too_short_for_the_drift_allowance_are_refused_and_long_ones_work() {
     guard.unlock().unwrap();
 }
 
-/// The guard counts a fixed lease as ending a drift allowance early (1 % +
-/// 2 ms: 52 ms of 5 s), since a master's clock may run faster: its
-/// `is_lost()` turns true at the validity's end, before the lease's.
+/// The guard's validity is the lease less the drift allowance (1 % + 2 ms
+/// by default, or as configured), counted from before the round was sent:
+/// `valid_until()` says so, and `is_lost()` turns true when it passes,
+/// while the masters still hold the key. A renewal moves it out.
 #[test]
-fn a_fixed_lease_is_lost_at_the_end_of_its_validity_not_its_lease() {
+fn a_guard_is_valid_until_its_lease_less_the_drift_and_is_lost_then() {
     let masters = start_masters();
+    let ms = Duration::from_millis;
+    let within = |until: Instant, from: Instant, to: Instant, valid: Duration| {
+        assert!(
+            until >= from + valid && until <= to + valid,
+            "valid until {:?} after the call started, expected {valid:?}",
+            until - from
+        );
+    };
+
+    // The default allowance: 52 ms of 5 s.
     let client = quorum_client(&urls(&masters));
-    let lease = Duration::from_secs(5);
-    let before = Instant::now();
-    let guard = client
+    let lock = client
         .lock("validity")
         .unwrap()
-        .with_fixed_lease(lease)
-        .unwrap()
-        .lock()
+        .with_fixed_lease(ms(5000))
         .unwrap();
-    // A sleep that overshoots (a loaded machine) cannot tell: such a check
-    // is skipped, not failed.
-    thread::sleep((before + Duration::from_millis(4900)).saturating_duration_since(Instant::now()));
-    let lost_early = guard.is_lost();
-    if before.elapsed() < Duration::from_millis(4940) {
-        assert!(!lost_early, "valid until lease - 52 ms");
+    let before = Instant::now();
+    let guard = lock.lock().unwrap();
+    within(guard.valid_until(), before, Instant::now(), ms(4948));
+    guard.unlock().unwrap();
+
+    // A configured one: half of 400 ms + 10 ms leaves 190 ms.
+    let drifting = Client::builder(Topology::masters(urls(&masters)))
+        .node_timeout(NODE_TIMEOUT)
+        .clock_drift(0.5, ms(10))
+        .build()
+        .unwrap();
+    let lock = drifting
+        .lock("validity")
+        .unwrap()
+        .with_fixed_lease(ms(400))
+        .unwrap();
+    let before = Instant::now();
+    let guard = lock.lock().unwrap();
+    let until = guard.valid_until();
+    within(until, before, Instant::now(), ms(190));
+    thread::sleep(until.saturating_duration_since(Instant::now()));
+    assert!(guard.is_lost(), "lost at the end of its validity");
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(lock_key("validity"))
+        .query(&mut masters[0].connection())
+        .unwrap();
+    if before.elapsed() < ms(350) {
+        assert!(pttl > 0, "while the masters still hold it ({pttl} ms)");
     }
-    thread::sleep((before + Duration::from_millis(4975)).saturating_duration_since(Instant::now()));
-    let lost = guard.is_lost();
-    let late = before.elapsed();
-    if late < lease {
-        assert!(lost, "lost by lease - 52 ms (checked at {late:?})");
-    } else {
-        eprintln!("checked at {late:?}, past the lease: cannot tell");
-    }
+    drop(guard);
+
+    // Renewed: each renewal moves the validity out.
+    let renewed = Client::builder(Topology::masters(urls(&masters)))
+        .node_timeout(NODE_TIMEOUT)
+        .default_lease(ms(600))
+        .build()
+        .unwrap();
+    let guard = renewed.lock("renewed-validity").unwrap().lock().unwrap();
+    let first = guard.valid_until();
+    crate::support::eventually(Duration::from_secs(5), "a renewal", || {
+        guard.valid_until() > first
+    });
+    assert!(!guard.is_lost());
+    guard.unlock().unwrap();
 }

@@ -17,7 +17,14 @@ pub enum Topology {
     /// A master, one replica and three sentinels.
     #[cfg(feature = "sentinel")]
     Sentinel,
+    /// Three independent masters under a Redlock quorum.
+    #[cfg(feature = "redlock")]
+    Masters,
 }
+
+/// How many masters the `Masters` topology starts.
+#[cfg(feature = "redlock")]
+pub const QUORUM_MASTERS: usize = 3;
 
 /// Servers of one topology, started for a test and killed when dropped.
 #[derive(Debug)]
@@ -32,6 +39,8 @@ enum Servers {
     Cluster(testkit::RedisCluster),
     #[cfg(feature = "sentinel")]
     Sentinel(testkit::RedisSentinels),
+    #[cfg(feature = "redlock")]
+    Masters(Vec<RedisServer>),
 }
 
 /// The service name of the sentinel topology.
@@ -46,6 +55,10 @@ impl Deployment {
             Topology::Cluster => Servers::Cluster(testkit::RedisCluster::start(3, 0)),
             #[cfg(feature = "sentinel")]
             Topology::Sentinel => Servers::Sentinel(testkit::RedisSentinels::start(SERVICE, 1, 3)),
+            #[cfg(feature = "redlock")]
+            Topology::Masters => {
+                Servers::Masters((0..QUORUM_MASTERS).map(|_| RedisServer::start()).collect())
+            }
         };
         Deployment { servers }
     }
@@ -58,6 +71,8 @@ impl Deployment {
             Servers::Cluster(_) => Topology::Cluster,
             #[cfg(feature = "sentinel")]
             Servers::Sentinel(_) => Topology::Sentinel,
+            #[cfg(feature = "redlock")]
+            Servers::Masters(_) => Topology::Masters,
         }
     }
 
@@ -70,6 +85,10 @@ impl Deployment {
             #[cfg(feature = "sentinel")]
             Servers::Sentinel(sentinels) => {
                 redbaton::Topology::sentinel(SERVICE, sentinels.sentinel_urls())
+            }
+            #[cfg(feature = "redlock")]
+            Servers::Masters(masters) => {
+                redbaton::Topology::masters(masters.iter().map(RedisServer::url))
             }
         }
     }
@@ -95,17 +114,35 @@ impl Deployment {
         }
     }
 
-    /// The server holding `key` (the master serving its slot, or the
-    /// sentinels' master at the start).
+    /// A server holding `key` (the master serving its slot, the
+    /// sentinels' master at the start, or the first of a quorum's masters,
+    /// which all hold it).
     pub fn server_for(&self, key: &str) -> &RedisServer {
+        self.servers_for(key)[0]
+    }
+
+    /// Every server that holds `key`: one, or every master of a quorum.
+    pub fn servers_for(&self, key: &str) -> Vec<&RedisServer> {
         let _ = key;
         match &self.servers {
-            Servers::Single(server) => server,
+            Servers::Single(server) => vec![server],
             #[cfg(feature = "cluster")]
-            Servers::Cluster(cluster) => cluster.master_of_slot(cluster.slot_of(key)),
+            Servers::Cluster(cluster) => vec![cluster.master_of_slot(cluster.slot_of(key))],
             #[cfg(feature = "sentinel")]
-            Servers::Sentinel(sentinels) => sentinels.master(),
+            Servers::Sentinel(sentinels) => vec![sentinels.master()],
+            #[cfg(feature = "redlock")]
+            Servers::Masters(masters) => masters.iter().collect(),
         }
+    }
+
+    /// Whether this is a quorum of independent masters: every fresh
+    /// ownership there costs a second round (its fencing token).
+    pub fn is_quorum(&self) -> bool {
+        #[cfg(feature = "redlock")]
+        if let Servers::Masters(_) = self.servers {
+            return true;
+        }
+        false
     }
 
     /// The cluster, for cluster-only tests.
@@ -129,11 +166,20 @@ impl Deployment {
 
 /// Runs one test body against every topology the enabled features offer:
 /// `across_topologies! { fn name(deployment) { ... } }` makes a module
-/// `name` with one test per topology (`single`, `cluster`, `sentinel`),
-/// each starting its deployment and passing it as `&Deployment`.
+/// `name` with one test per topology (`single`, `cluster`, `sentinel`,
+/// `masters`), each starting its deployment and passing it as
+/// `&Deployment`. `across_topologies! { but_masters; fn ... }` leaves the
+/// quorum out, for what a quorum does not offer (it says so in a test of
+/// its own).
 #[macro_export]
 macro_rules! across_topologies {
+    (but_masters; $(#[$meta:meta])* fn $name:ident($deployment:ident) $body:block) => {
+        $crate::across_topologies!(@module [] $(#[$meta])* fn $name($deployment) $body);
+    };
     ($(#[$meta:meta])* fn $name:ident($deployment:ident) $body:block) => {
+        $crate::across_topologies!(@module [masters] $(#[$meta])* fn $name($deployment) $body);
+    };
+    (@module [$($masters:ident)?] $(#[$meta:meta])* fn $name:ident($deployment:ident) $body:block) => {
         $(#[$meta])*
         mod $name {
             #[allow(unused_imports)]
@@ -157,6 +203,14 @@ macro_rules! across_topologies {
             fn sentinel() {
                 body(&$crate::support::Deployment::start($crate::support::Topology::Sentinel));
             }
+
+            $(
+            #[cfg(feature = "redlock")]
+            #[test]
+            fn $masters() {
+                body(&$crate::support::Deployment::start($crate::support::Topology::Masters));
+            }
+            )?
         }
     };
 }
