@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::identity::Identities;
 use crate::keys;
-use crate::lease::{Claim, Cleanup, Grant, LeaseRuntime, RenewLeases, Watchdog};
+use crate::lease::{Claim, Cleanup, Grant, LeaseRuntime, Watchdog};
 use crate::parking::WaitingRoom;
 
 /// What every handle of one client shares.
@@ -31,16 +31,12 @@ pub(crate) struct Context {
 }
 
 impl Context {
-    /// Assembles a client's runtime; `renewer` is how its watchdog renews.
-    pub(crate) fn new(
-        config: Config,
-        backend: Arc<Backend>,
-        renewer: Arc<dyn RenewLeases>,
-    ) -> Self {
+    /// Assembles a client's runtime.
+    pub(crate) fn new(config: Config, backend: Arc<Backend>) -> Self {
         Context {
             identities: Identities::new(keys::identity_counter(&config.prefix)),
             lock_room: WaitingRoom::new(Arc::clone(&backend), &config),
-            leases: Arc::new(LeaseRuntime::new(renewer)),
+            leases: Arc::new(LeaseRuntime::new()),
             backend,
             config,
             requests: AtomicU64::new(0),

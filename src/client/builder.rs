@@ -11,7 +11,6 @@ use crate::backend::Backend;
 use crate::config::{ClockDrift, Config, ReplicaAcks, MAX_DRIFT_RATIO};
 use crate::context::Context;
 use crate::error::Error;
-use crate::lease::RenewLeases;
 use crate::scripts;
 #[cfg(feature = "redlock")]
 use crate::sync::lock::QuorumLock;
@@ -467,11 +466,7 @@ impl ClientBuilder {
             Some(masters) => Arc::new(QuorumLock::new(masters, backend.addr(), &config)),
             _ => Arc::new(DeploymentLock::new(Arc::clone(&backend), &config)),
         };
-        let context = Context::new(
-            config,
-            backend,
-            Arc::clone(&lock_raw) as Arc<dyn RenewLeases>,
-        );
+        let context = Context::new(config, backend);
         Ok(Client::new(Arc::new(context), lock_raw))
     }
 }

@@ -16,8 +16,6 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::keys::LockKeys;
-
 pub(crate) use registry::{DueRenewal, Ownerships};
 pub use watchdog::WatchdogStats;
 pub(crate) use watchdog::{Cleanup, Watchdog};
@@ -111,10 +109,27 @@ pub(crate) struct Grant {
     pub(crate) sent: Instant,
 }
 
+/// What an ownership's lease lives on, and how the watchdog renews it:
+/// every synchronizer that leases something (a lock, a read hold, a
+/// semaphore's permits) describes its ownerships this way, so that one
+/// watchdog renews them all, each through its own protocol.
+#[derive(Debug, Clone)]
+pub(crate) struct Leased {
+    /// The object's name, for messages.
+    pub(crate) name: Arc<str>,
+    /// The key the lease lives on (and that routes the renewal).
+    pub(crate) key: Arc<str>,
+    /// The protocol that renews it.
+    pub(crate) renewer: Arc<dyn RenewLeases>,
+}
+
 /// One ownership to renew.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RenewRequest<'a> {
-    pub(crate) keys: &'a LockKeys,
+    /// The object's name, for messages.
+    pub(crate) name: &'a str,
+    /// The key the lease lives on.
+    pub(crate) key: &'a str,
     pub(crate) identity: &'a str,
     pub(crate) fence: u64,
     pub(crate) lease: Duration,
@@ -152,21 +167,19 @@ pub(crate) fn earlier(sent: Instant, margin: Duration) -> Instant {
     sent.checked_sub(margin).unwrap_or(sent)
 }
 
-/// What the watchdog thread works on: the table of ownerships, the way to
-/// renew them, and its own state. The thread holds a `Weak` to this only,
-/// not to the client.
+/// What the watchdog thread works on: the table of ownerships (each with
+/// the way to renew it) and its own state. The thread holds a `Weak` to
+/// this only, not to the client.
 #[derive(Debug)]
 pub(crate) struct LeaseRuntime {
     pub(crate) registry: Ownerships,
-    pub(crate) renewer: Arc<dyn RenewLeases>,
     pub(crate) watchdog: Watchdog,
 }
 
 impl LeaseRuntime {
-    pub(crate) fn new(renewer: Arc<dyn RenewLeases>) -> Self {
+    pub(crate) fn new() -> Self {
         LeaseRuntime {
             registry: Ownerships::default(),
-            renewer,
             watchdog: Watchdog::new(),
         }
     }

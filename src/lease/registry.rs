@@ -19,13 +19,12 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::{LeaseMode, LeaseStatus};
-use crate::keys::LockKeys;
+use super::{LeaseMode, LeaseStatus, Leased};
 
 /// One ownership: a lock held by one identity under one fencing token.
 #[derive(Debug)]
 pub(crate) struct Entry {
-    pub(crate) keys: Arc<LockKeys>,
+    pub(crate) leased: Leased,
     pub(crate) identity: Arc<str>,
     pub(crate) fence: u64,
     /// Set by the acquisition that created the ownership.
@@ -77,7 +76,7 @@ pub(crate) struct Held {
 #[derive(Debug, Clone)]
 pub(crate) struct DueRenewal {
     key: OwnershipKey,
-    pub(crate) keys: Arc<LockKeys>,
+    pub(crate) leased: Leased,
     pub(crate) identity: Arc<str>,
     pub(crate) fence: u64,
     pub(crate) renewal: Renewal,
@@ -91,21 +90,21 @@ pub(crate) struct Ownerships {
 }
 
 impl Ownerships {
-    /// Records a guard of the ownership `fence` of `keys` by `identity`,
+    /// Records a guard of the ownership `fence` of `leased` by `identity`,
     /// whose acquisition was sent at `sent` asking for `mode`. Returns the
     /// shared status, the ownership's lease mode (that of its first
     /// acquisition), and, when the watchdog has a new ownership to renew,
     /// when its first renewal is due.
     pub(crate) fn enter(
         &self,
-        keys: &Arc<LockKeys>,
+        leased: &Leased,
         identity: &Arc<str>,
         fence: u64,
         mode: LeaseMode,
         sent: Instant,
     ) -> (Arc<LeaseStatus>, LeaseMode, Option<Instant>) {
         let fresh = || Entry {
-            keys: Arc::clone(keys),
+            leased: leased.clone(),
             identity: Arc::clone(identity),
             fence,
             mode,
@@ -114,7 +113,7 @@ impl Ownerships {
             status: Arc::new(LeaseStatus::new(sent + mode.lease())),
         };
         let mut entries = self.entries.lock();
-        let entry = match entries.entry((keys.lock.clone(), Arc::clone(identity))) {
+        let entry = match entries.entry((leased.key.to_string(), Arc::clone(identity))) {
             Slot::Occupied(slot) if slot.get().fence == fence => slot.into_mut(),
             Slot::Occupied(mut slot) => {
                 // The same thread took the lock afresh: the ownership its
@@ -138,10 +137,10 @@ impl Ownerships {
         (Arc::clone(&entry.status), entry.mode, new_renewal)
     }
 
-    /// The ownership `identity` holds on `keys` through live guards.
-    pub(crate) fn held(&self, keys: &LockKeys, identity: &Arc<str>) -> Option<Held> {
+    /// The ownership `identity` holds on `key` through live guards.
+    pub(crate) fn held(&self, key: &str, identity: &Arc<str>) -> Option<Held> {
         let entries = self.entries.lock();
-        let entry = entries.get(&(keys.lock.clone(), Arc::clone(identity)))?;
+        let entry = entries.get(&(key.to_owned(), Arc::clone(identity)))?;
         Some(Held {
             fence: entry.fence,
             guards: entry.guards,
@@ -160,12 +159,12 @@ impl Ownerships {
     /// the owner and the fencing token and never re-creates a lock.
     pub(crate) fn leave(
         &self,
-        keys: &LockKeys,
+        key: &str,
         identity: &Arc<str>,
         status: &Arc<LeaseStatus>,
     ) -> Option<usize> {
         let mut entries = self.entries.lock();
-        let key = (keys.lock.clone(), Arc::clone(identity));
+        let key = (key.to_owned(), Arc::clone(identity));
         let entry = entries
             .get_mut(&key)
             .filter(|entry| Arc::ptr_eq(&entry.status, status))?;
@@ -178,9 +177,9 @@ impl Ownerships {
     }
 
     /// Removes the ownership of `status` (it was found lost).
-    pub(crate) fn forget(&self, keys: &LockKeys, identity: &Arc<str>, status: &Arc<LeaseStatus>) {
+    pub(crate) fn forget(&self, key: &str, identity: &Arc<str>, status: &Arc<LeaseStatus>) {
         let mut entries = self.entries.lock();
-        let key = (keys.lock.clone(), Arc::clone(identity));
+        let key = (key.to_owned(), Arc::clone(identity));
         if entries
             .get(&key)
             .is_some_and(|entry| Arc::ptr_eq(&entry.status, status))
@@ -209,7 +208,7 @@ impl Ownerships {
                 let renewal = entry.renewal?;
                 (renewal.due <= now + renewal.lease / 6).then(|| DueRenewal {
                     key: key.clone(),
-                    keys: Arc::clone(&entry.keys),
+                    leased: entry.leased.clone(),
                     identity: Arc::clone(&entry.identity),
                     fence: entry.fence,
                     renewal,
@@ -245,8 +244,23 @@ impl Ownerships {
 mod tests {
     use super::*;
 
-    fn keys() -> Arc<LockKeys> {
-        Arc::new(LockKeys::new("p", "n").unwrap())
+    use crate::lease::{RenewLeases, RenewOutcome, RenewRequest};
+
+    #[derive(Debug)]
+    struct NoRenewals;
+
+    impl RenewLeases for NoRenewals {
+        fn renew_round(&self, requests: &[RenewRequest<'_>]) -> Vec<RenewOutcome> {
+            vec![RenewOutcome::Retry; requests.len()]
+        }
+    }
+
+    fn keys() -> Leased {
+        Leased {
+            name: "n".into(),
+            key: "p:{n}:lock".into(),
+            renewer: Arc::new(NoRenewals),
+        }
     }
 
     #[test]
@@ -259,16 +273,16 @@ mod tests {
         assert!(Arc::ptr_eq(&a, &b));
         assert!(wake_a.is_some() && wake_b.is_none(), "one watchdog entry");
         assert_eq!(
-            ownerships.held(&keys, &id),
+            ownerships.held(&keys.key, &id),
             Some(Held {
                 fence: 7,
                 guards: 2,
                 mode
             })
         );
-        assert_eq!(ownerships.leave(&keys, &id, &a), Some(1));
-        assert_eq!(ownerships.leave(&keys, &id, &b), Some(0));
-        assert_eq!(ownerships.held(&keys, &id), None);
+        assert_eq!(ownerships.leave(&keys.key, &id, &a), Some(1));
+        assert_eq!(ownerships.leave(&keys.key, &id, &b), Some(0));
+        assert_eq!(ownerships.held(&keys.key, &id), None);
     }
 
     #[test]
@@ -279,10 +293,10 @@ mod tests {
         let (old, _, _) = ownerships.enter(&keys, &id, 1, mode, now);
         let (new, _, _) = ownerships.enter(&keys, &id, 2, mode, now);
         assert!(old.is_lost() && !new.is_lost());
-        assert_eq!(ownerships.leave(&keys, &id, &old), None);
+        assert_eq!(ownerships.leave(&keys.key, &id, &old), None);
         assert_eq!(
             ownerships
-                .held(&keys, &id)
+                .held(&keys.key, &id)
                 .map(|held| (held.fence, held.guards)),
             Some((2, 1)),
             "the new ownership stays"

@@ -239,33 +239,36 @@ fn clean_up_due(runtime: &LeaseRuntime) {
     }
 }
 
-/// One round: renews every ownership due soon, in one round where the
-/// protocol allows.
+/// One round: renews every ownership due soon, in one round per protocol
+/// (one pipeline per server where the protocol allows).
 fn renew_due(runtime: &LeaseRuntime) {
     let now = Instant::now();
-    let due = runtime.registry.due_renewals(now);
+    let mut due = runtime.registry.due_renewals(now);
     if due.is_empty() {
         return;
     }
-    let requests: Vec<RenewRequest<'_>> = due
-        .iter()
-        .map(|d| RenewRequest {
-            keys: &d.keys,
-            identity: &d.identity,
-            fence: d.fence,
-            lease: d.renewal.lease,
-        })
-        .collect();
-    let sent = Instant::now();
-    let outcomes = runtime.renewer.renew_round(&requests);
-    let mut round = WatchdogStats {
-        rounds: 1,
-        ..WatchdogStats::default()
-    };
-    for (index, renewal) in due.iter().enumerate() {
-        // A missing outcome is a round that did not come back.
-        let outcome = outcomes.get(index).copied().unwrap_or(RenewOutcome::Retry);
-        apply(runtime, renewal, outcome, sent, now, &mut round);
+    // Ownerships renewed by the same protocol go out together.
+    due.sort_by_key(|d| Arc::as_ptr(&d.leased.renewer).cast::<()>());
+    let mut round = WatchdogStats::default();
+    for group in due.chunk_by(|a, b| Arc::ptr_eq(&a.leased.renewer, &b.leased.renewer)) {
+        let requests: Vec<RenewRequest<'_>> = group
+            .iter()
+            .map(|d| RenewRequest {
+                name: &d.leased.name,
+                key: &d.leased.key,
+                identity: &d.identity,
+                fence: d.fence,
+                lease: d.renewal.lease,
+            })
+            .collect();
+        let sent = Instant::now();
+        let outcomes = group[0].leased.renewer.renew_round(&requests);
+        round.rounds += 1;
+        for (index, renewal) in group.iter().enumerate() {
+            // A missing outcome is a round that did not come back.
+            let outcome = outcomes.get(index).copied().unwrap_or(RenewOutcome::Retry);
+            apply(runtime, renewal, outcome, sent, now, &mut round);
+        }
     }
     let mut stats = runtime.watchdog.stats.lock();
     stats.rounds += round.rounds;
@@ -285,7 +288,7 @@ fn apply(
         .update_renewal(due, |renewal| match outcome {
             RenewOutcome::Renewed => {
                 round.renewals += 1;
-                let sent = earlier(sent, runtime.renewer.clock_margin(renewal.lease));
+                let sent = earlier(sent, due.leased.renewer.clock_margin(renewal.lease));
                 renewal.renewed(sent);
                 due.status.lives_from(sent, renewal.lease);
             }
@@ -311,6 +314,6 @@ fn lose(runtime: &LeaseRuntime, due: &DueRenewal, why: &str) {
     if due.status.mark_lost() {
         stats.losses += 1;
         drop(stats);
-        log::warn!("redbaton: lock {:?} was lost: {why}", due.keys.name);
+        log::warn!("redbaton: {:?} was lost: {why}", due.leased.name);
     }
 }

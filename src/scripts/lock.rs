@@ -104,9 +104,9 @@ pub(crate) fn force_unlock(keys: &LockKeys, baton_ttl: Duration) -> Call {
         .arg(millis(baton_ttl))
 }
 
-pub(crate) fn renew(keys: &LockKeys, identity: &str, fence: u64, lease: Duration) -> Call {
+pub(crate) fn renew(lock_key: &str, identity: &str, fence: u64, lease: Duration) -> Call {
     Call::new(&RENEW)
-        .key(&keys.lock)
+        .key(lock_key)
         .arg(identity)
         .arg(fence)
         .arg(millis(lease))

@@ -189,7 +189,7 @@ impl LockGuard {
             context
                 .leases
                 .registry
-                .leave(&self.keys, &ownership.identity, &ownership.status);
+                .leave(&self.keys.lock, &ownership.identity, &ownership.status);
         // Out of time by this clock is not enough to skip the release: the
         // lease may still run in Redis (the clock margin, a renewal on its
         // way), and the release script checks the owner anyway.
@@ -343,10 +343,11 @@ impl LockGuard {
         if ownership.status.mark_lost() {
             log::warn!("redbaton: lock {:?} was lost", self.keys.name);
         }
-        self.context
-            .leases
-            .registry
-            .forget(&self.keys, &ownership.identity, &ownership.status);
+        self.context.leases.registry.forget(
+            &self.keys.lock,
+            &ownership.identity,
+            &ownership.status,
+        );
         Error::LockLost {
             name: self.keys.name.clone(),
         }

@@ -16,7 +16,7 @@ use crate::config::validate_lease;
 use crate::context::Context;
 use crate::error::Error;
 use crate::keys::LockKeys;
-use crate::lease::{earlier, Claim, LeaseMode};
+use crate::lease::{earlier, Claim, LeaseMode, Leased, RenewLeases};
 use crate::parking::{self, Attempt, Waited};
 use crate::scripts::lock::AcquireArgs;
 use crate::scripts::reply::AcquireReply;
@@ -57,16 +57,24 @@ pub struct Lock {
     context: Arc<Context>,
     raw: Arc<dyn RawLock>,
     keys: Arc<LockKeys>,
+    /// The lock key's lease, as the watchdog renews it.
+    leased: Leased,
     /// `None`: renewed by the watchdog while a guard lives.
     fixed_lease: Option<Duration>,
 }
 
 impl Lock {
     pub(crate) fn new(context: Arc<Context>, raw: Arc<dyn RawLock>, keys: LockKeys) -> Lock {
+        let leased = Leased {
+            name: keys.name.as_str().into(),
+            key: keys.lock.as_str().into(),
+            renewer: Arc::clone(&raw) as Arc<dyn RenewLeases>,
+        };
         Lock {
             context,
             raw,
             keys: Arc::new(keys),
+            leased,
             fixed_lease: None,
         }
     }
@@ -223,7 +231,7 @@ impl Lock {
             self.context
                 .leases
                 .registry
-                .held(&self.keys, &identity)
+                .held(&self.keys.lock, &identity)
                 .is_some()
         })
     }
@@ -252,7 +260,7 @@ impl Lock {
         let holds = context
             .leases
             .registry
-            .held(&self.keys, &identity)
+            .held(&self.keys.lock, &identity)
             .is_some();
         if holds || !context.lock_room.has_waiters(&self.keys.baton) {
             match self.attempt(&identity, false) {
@@ -297,11 +305,11 @@ impl Lock {
     /// The guard of a new or re-entered ownership `fence` of `identity`,
     /// whose request was sent at `sent` asking for `mode`.
     fn guard(&self, identity: &Arc<str>, fence: u64, mode: LeaseMode, sent: Instant) -> LockGuard {
-        let (status, mode, new_renewal) = self
-            .context
-            .leases
-            .registry
-            .enter(&self.keys, identity, fence, mode, sent);
+        let (status, mode, new_renewal) =
+            self.context
+                .leases
+                .registry
+                .enter(&self.leased, identity, fence, mode, sent);
         if let Some(due) = new_renewal {
             self.context.wake_watchdog(due);
         }
@@ -325,7 +333,7 @@ impl Lock {
         // Re-entry is granted only to the ownership this thread's live guards
         // belong to; the stored depth is set to theirs + 1, and the lease is
         // the ownership's, whatever this handle's is.
-        let held = self.context.leases.registry.held(&self.keys, identity);
+        let held = self.context.leases.registry.held(&self.keys.lock, identity);
         let (held_fence, guards, mode) = match held {
             Some(held) => (held.fence, held.guards, held.mode),
             None => (0, 0, self.mode()),

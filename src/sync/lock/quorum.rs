@@ -64,8 +64,13 @@ impl QuorumLock {
     /// Sends `call` to every master at once and reads every reply. A master
     /// that does not have the script yet gets it loaded and the call sent
     /// again, alone (it did not run there).
-    fn round<T: FromRedisValue>(&self, keys: &LockKeys, call: &Call) -> Vec<Result<T, Error>> {
-        self.round_reporting(keys, call)
+    fn round<T: FromRedisValue>(
+        &self,
+        key: &str,
+        name: &str,
+        call: &Call,
+    ) -> Vec<Result<T, Error>> {
+        self.round_reporting(key, name, call)
             .into_iter()
             .map(|reply| reply.map_err(|failed| failed.error))
             .collect()
@@ -75,11 +80,12 @@ impl QuorumLock {
     /// call may have run there.
     fn round_reporting<T: FromRedisValue>(
         &self,
-        keys: &LockKeys,
+        key: &str,
+        name: &str,
         call: &Call,
     ) -> Vec<Result<T, Failed>> {
         let packed = vec![call.packed(); self.masters.len()];
-        Backend::send_all(&self.masters, &keys.name, &packed)
+        Backend::send_all(&self.masters, name, &packed)
             .into_iter()
             .zip(&self.masters)
             .map(|(reply, server)| match reply {
@@ -91,7 +97,7 @@ impl QuorumLock {
                 }),
                 // Not run there: load it, then send it again (once).
                 Err(failed) if is_noscript(&failed.error) => server
-                    .exchange(&keys.lock, &keys.name, |c| {
+                    .exchange(key, name, |c| {
                         call.load(c)?;
                         call.invoke(c)
                     })
@@ -141,7 +147,7 @@ impl QuorumLock {
         let token = proposed_token(granted).unwrap_or(u64::MAX);
         let adopt = calls::adopt_fence(keys, identity, token, self.fence_ttl);
         let accepted = self
-            .round::<Done>(keys, &adopt)
+            .round::<Done>(&keys.lock, &keys.name, &adopt)
             .into_iter()
             .filter(|r| matches!(r, Ok(Done(true))))
             .count();
@@ -161,12 +167,40 @@ impl QuorumLock {
     /// Undoes request `request` of `identity` on every master.
     fn undo_everywhere(&self, keys: &LockKeys, identity: &str, request: u64) {
         let call = calls::release_request(keys, identity, request, self.baton_ttl);
-        for result in self.round::<Done>(keys, &call) {
+        for result in self.round::<Done>(&keys.lock, &keys.name, &call) {
             if let Err(err) = result {
                 // That master's key expires with its lease.
                 log::debug!("redbaton: undo on a master failed: {err}");
             }
         }
+    }
+
+    /// Makes the ownership of `identity` under `fence` at `key` (of the
+    /// lock `name`) live at least `lease` more on a majority, within the
+    /// validity of the round.
+    fn renew_at(
+        &self,
+        key: &str,
+        name: &str,
+        identity: &str,
+        fence: u64,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        let started = Instant::now();
+        let replies = self.round::<Done>(key, name, &calls::renew(key, identity, fence, lease));
+        let renewed = replies
+            .iter()
+            .filter(|r| matches!(r, Ok(Done(true))))
+            .count();
+        if renewed >= self.quorum() && validity(lease, started.elapsed(), self.drift).is_some() {
+            return Ok(true);
+        }
+        let errors: Vec<&Error> = replies.iter().filter_map(|r| r.as_ref().err()).collect();
+        if renewed + errors.len() >= self.quorum() && !errors.is_empty() {
+            // A majority may still hold it: not known lost, try again.
+            return Err(self.no_quorum(replies.len() - errors.len(), &errors));
+        }
+        Ok(false)
     }
 }
 
@@ -201,7 +235,11 @@ impl RawLock for QuorumLock {
             });
         }
         let started = Instant::now();
-        let replies = self.round_reporting::<AcquireReply>(keys, &calls::acquire(keys, args));
+        let replies = self.round_reporting::<AcquireReply>(
+            &keys.lock,
+            &keys.name,
+            &calls::acquire(keys, args),
+        );
         let elapsed = started.elapsed();
         let mut granted = Vec::new();
         let mut held = Vec::new();
@@ -282,7 +320,7 @@ impl RawLock for QuorumLock {
         lease: Duration,
     ) -> Result<Sent<ReleaseReply>, Failed> {
         let call = calls::release(keys, identity, fence, guards_left, lease, self.baton_ttl);
-        let replies = self.round::<ReleaseReply>(keys, &call);
+        let replies = self.round::<ReleaseReply>(&keys.lock, &keys.name, &call);
         let mut had = 0;
         // Every master was sent the release once.
         let resent = false;
@@ -340,7 +378,11 @@ impl RawLock for QuorumLock {
         args: HandoffArgs<'_>,
     ) -> Result<Sent<HandoffReply>, Failed> {
         let started = Instant::now();
-        let replies = self.round_reporting::<HandoffReply>(keys, &calls::handoff(keys, args));
+        let replies = self.round_reporting::<HandoffReply>(
+            &keys.lock,
+            &keys.name,
+            &calls::handoff(keys, args),
+        );
         let mut handed = Vec::new();
         let mut errors = Vec::new();
         for reply in &replies {
@@ -385,26 +427,12 @@ impl RawLock for QuorumLock {
         fence: u64,
         lease: Duration,
     ) -> Result<bool, Error> {
-        let started = Instant::now();
-        let replies = self.round::<Done>(keys, &calls::renew(keys, identity, fence, lease));
-        let renewed = replies
-            .iter()
-            .filter(|r| matches!(r, Ok(Done(true))))
-            .count();
-        if renewed >= self.quorum() && validity(lease, started.elapsed(), self.drift).is_some() {
-            return Ok(true);
-        }
-        let errors: Vec<&Error> = replies.iter().filter_map(|r| r.as_ref().err()).collect();
-        if renewed + errors.len() >= self.quorum() && !errors.is_empty() {
-            // A majority may still hold it: not known lost, try again.
-            return Err(self.no_quorum(replies.len() - errors.len(), &errors));
-        }
-        Ok(false)
+        self.renew_at(&keys.lock, &keys.name, identity, fence, lease)
     }
 
     fn undo_request(&self, keys: &LockKeys, identity: &str, request: u64) -> Result<(), Error> {
         let call = calls::release_request(keys, identity, request, self.baton_ttl);
-        let replies = self.round::<Done>(keys, &call);
+        let replies = self.round::<Done>(&keys.lock, &keys.name, &call);
         let errors: Vec<&Error> = replies.iter().filter_map(|r| r.as_ref().err()).collect();
         if errors.is_empty() {
             Ok(())
@@ -414,7 +442,7 @@ impl RawLock for QuorumLock {
     }
 
     fn holder(&self, keys: &LockKeys) -> Result<Option<Holder>, Error> {
-        let replies = self.round::<HolderReply>(keys, &calls::holder(keys));
+        let replies = self.round::<HolderReply>(&keys.lock, &keys.name, &calls::holder(keys));
         let errors: Vec<&Error> = replies.iter().filter_map(|r| r.as_ref().err()).collect();
         if replies.len() - errors.len() < self.quorum() {
             return Err(self.no_quorum(replies.len() - errors.len(), &errors));
@@ -444,7 +472,7 @@ impl RawLock for QuorumLock {
 
     fn force_unlock(&self, keys: &LockKeys) -> Result<bool, Error> {
         let call = calls::force_unlock(keys, self.baton_ttl);
-        let replies = self.round::<Done>(keys, &call);
+        let replies = self.round::<Done>(&keys.lock, &keys.name, &call);
         let removed = replies.iter().any(|r| matches!(r, Ok(Done(true))));
         let errors: Vec<&Error> = replies.iter().filter_map(|r| r.as_ref().err()).collect();
         if replies.len() - errors.len() < self.quorum() {
@@ -465,11 +493,13 @@ impl RenewLeases for QuorumLock {
     fn renew_round(&self, requests: &[RenewRequest<'_>]) -> Vec<RenewOutcome> {
         requests
             .iter()
-            .map(|r| match self.renew(r.keys, r.identity, r.fence, r.lease) {
-                Ok(true) => RenewOutcome::Renewed,
-                Ok(false) => RenewOutcome::Lost,
-                Err(_) => RenewOutcome::Retry,
-            })
+            .map(
+                |r| match self.renew_at(r.key, r.name, r.identity, r.fence, r.lease) {
+                    Ok(true) => RenewOutcome::Renewed,
+                    Ok(false) => RenewOutcome::Lost,
+                    Err(_) => RenewOutcome::Retry,
+                },
+            )
             .collect()
     }
 }

@@ -175,13 +175,8 @@ impl DeploymentLock {
         }
     }
 
-    fn call<T: redis::FromRedisValue>(
-        &self,
-        keys: &LockKeys,
-        call: &Call,
-    ) -> Result<Sent<T>, Failed> {
-        self.backend
-            .exchange(&keys.lock, &keys.name, |c| call.invoke(c))
+    fn call<T: redis::FromRedisValue>(&self, at: At<'_>, call: &Call) -> Result<Sent<T>, Failed> {
+        self.backend.exchange(at.key, at.name, |c| call.invoke(c))
     }
 
     /// Sends `call`, then, when `confirm` says its reply wrote an
@@ -191,18 +186,18 @@ impl DeploymentLock {
     /// confirmed, how many did.
     fn call_confirmed<T: redis::FromRedisValue>(
         &self,
-        keys: &LockKeys,
+        at: At<'_>,
         call: &Call,
         confirm: impl Fn(&T) -> bool,
         mut undo: impl FnMut(&mut dyn redis::ConnectionLike) -> redis::RedisResult<()>,
     ) -> Result<Sent<(T, Option<u32>)>, Failed> {
         let Some(acks) = self.acks else {
-            return self.call(keys, call).map(|sent| Sent {
+            return self.call(at, call).map(|sent| Sent {
                 value: (sent.value, None),
                 resent: sent.resent,
             });
         };
-        self.backend.exchange(&keys.lock, &keys.name, |c| {
+        self.backend.exchange(at.key, at.name, |c| {
             let reply: T = call.invoke(c)?;
             if !confirm(&reply) {
                 return Ok((reply, None));
@@ -249,9 +244,10 @@ impl RawLock for DeploymentLock {
         // promoted replica would need (the ownership itself was confirmed).
         let fresh = |reply: &AcquireReply| matches!(reply, AcquireReply::Acquired { depth: 1, .. });
         let undo = calls::release_request(keys, args.identity, args.request, self.baton_ttl);
-        let sent = self.call_confirmed(keys, &calls::acquire(keys, args), fresh, |c| {
-            undo.invoke::<Done>(c).map(drop)
-        })?;
+        let sent =
+            self.call_confirmed(At::lock(keys), &calls::acquire(keys, args), fresh, |c| {
+                undo.invoke::<Done>(c).map(drop)
+            })?;
         match sent.value {
             (reply, None) => Ok(reply),
             (_, Some(acknowledged)) => Err(Failed {
@@ -270,7 +266,7 @@ impl RawLock for DeploymentLock {
         lease: Duration,
     ) -> Result<Sent<ReleaseReply>, Failed> {
         let call = calls::release(keys, identity, fence, guards_left, lease, self.baton_ttl);
-        self.call(keys, &call)
+        self.call(At::lock(keys), &call)
     }
 
     fn hand_off(
@@ -279,7 +275,10 @@ impl RawLock for DeploymentLock {
         args: HandoffArgs<'_>,
     ) -> Result<Sent<HandoffReply>, Failed> {
         let handed = |reply: &HandoffReply| reply.0.is_some();
-        let sent = self.call_confirmed(keys, &calls::handoff(keys, args), handed, |_| Ok(()))?;
+        let sent =
+            self.call_confirmed(At::lock(keys), &calls::handoff(keys, args), handed, |_| {
+                Ok(())
+            })?;
         match sent.value {
             (reply, None) => Ok(Sent {
                 value: reply,
@@ -301,16 +300,7 @@ impl RawLock for DeploymentLock {
         fence: u64,
         lease: Duration,
     ) -> Result<bool, Error> {
-        let call = calls::renew(keys, identity, fence, lease);
-        let renewed = |reply: &Done| reply.0;
-        let sent = self
-            .call_confirmed(keys, &call, renewed, |_| Ok(()))
-            .map_err(|failed| failed.error)?;
-        let (Done(renewed), shortfall) = sent.value;
-        if let Some(acknowledged) = shortfall {
-            self.warn_unconfirmed_renewals(1, acknowledged);
-        }
-        Ok(renewed)
+        self.renew_at(At::lock(keys), identity, fence, lease)
     }
 
     fn undo_request(&self, keys: &LockKeys, identity: &str, request: u64) -> Result<(), Error> {
@@ -350,7 +340,7 @@ impl RenewLeases for DeploymentLock {
     /// `NOSCRIPT`, on a fresh connection after a dropped one, or to the
     /// slot's new master after a redirection) is safe.
     fn renew_round(&self, requests: &[RenewRequest<'_>]) -> Vec<RenewOutcome> {
-        let keys: Vec<&str> = requests.iter().map(|r| r.keys.lock.as_str()).collect();
+        let keys: Vec<&str> = requests.iter().map(|r| r.key).collect();
         let mut outcomes = vec![RenewOutcome::Retry; requests.len()];
         for shard in self.backend.shards(&keys) {
             let batch: Vec<&RenewRequest<'_>> = shard.iter().map(|&i| &requests[i]).collect();
@@ -363,12 +353,32 @@ impl RenewLeases for DeploymentLock {
 }
 
 impl DeploymentLock {
+    /// Makes the ownership at `at` live at least `lease` more.
+    fn renew_at(
+        &self,
+        at: At<'_>,
+        identity: &str,
+        fence: u64,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        let call = calls::renew(at.key, identity, fence, lease);
+        let renewed = |reply: &Done| reply.0;
+        let sent = self
+            .call_confirmed(at, &call, renewed, |_| Ok(()))
+            .map_err(|failed| failed.error)?;
+        let (Done(renewed), shortfall) = sent.value;
+        if let Some(acknowledged) = shortfall {
+            self.warn_unconfirmed_renewals(1, acknowledged);
+        }
+        Ok(renewed)
+    }
+
     /// Renews `requests`, whose keys live on one server, in one pipeline
     /// (followed by `WAIT` under `replica_acks`).
     fn renew_shard(&self, requests: &[&RenewRequest<'_>]) -> Vec<RenewOutcome> {
         let calls: Vec<Call> = requests
             .iter()
-            .map(|r| calls::renew(r.keys, r.identity, r.fence, r.lease))
+            .map(|r| calls::renew(r.key, r.identity, r.fence, r.lease))
             .collect();
         let Some(first) = calls.first() else {
             return Vec::new();
@@ -386,7 +396,7 @@ impl DeploymentLock {
                 matches!(value, Value::ServerError(err) if err.kind() == Some(ServerErrorKind::NoScript))
             })
         };
-        let key = &requests[0].keys.lock;
+        let key = requests[0].key;
         let replies = self.backend.run(key, "(watchdog renewal)", |c| {
             if !self.renew_loaded.load(Ordering::Relaxed) {
                 first.load(c)?;
@@ -421,7 +431,11 @@ impl DeploymentLock {
                 // The slot moved: renew this one alone, which follows the
                 // redirection (and refreshes the map).
                 let r = requests[i];
-                outcomes[i] = match self.renew(r.keys, r.identity, r.fence, r.lease) {
+                let at = At {
+                    key: r.key,
+                    name: r.name,
+                };
+                outcomes[i] = match self.renew_at(at, r.identity, r.fence, r.lease) {
                     Ok(true) => RenewOutcome::Renewed,
                     Ok(false) => RenewOutcome::Lost,
                     Err(_) => RenewOutcome::Retry,
@@ -430,6 +444,24 @@ impl DeploymentLock {
             }
         }
         outcomes
+    }
+}
+
+/// The key an exchange works on (which routes it) and the object's name
+/// (for messages).
+#[derive(Debug, Clone, Copy)]
+struct At<'a> {
+    key: &'a str,
+    name: &'a str,
+}
+
+impl<'a> At<'a> {
+    /// The lock key of `keys`.
+    fn lock(keys: &'a LockKeys) -> Self {
+        At {
+            key: &keys.lock,
+            name: &keys.name,
+        }
     }
 }
 
