@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::identity::Identities;
 use crate::keys;
-use crate::lease::{Claim, Cleanup, Grant, LeaseRuntime, Watchdog};
+use crate::lease::{Claim, Cleanup, Grant, LeaseMode, LeaseRuntime, LeaseStatus, Leased, Watchdog};
 use crate::parking::WaitingRoom;
 
 /// What every handle of one client shares.
@@ -23,6 +23,11 @@ pub(crate) struct Context {
     pub(crate) identities: Identities,
     /// Where threads wait for locks.
     pub(crate) lock_room: WaitingRoom<Claim, Grant>,
+    /// Where threads wait for what is never handed over locally (read
+    /// holds, permits, a latch): a process still parks one connection per
+    /// baton key, however many of its threads wait.
+    #[expect(dead_code, reason = "the synchronizers of issue 14 land next")]
+    pub(crate) room: WaitingRoom<(), ()>,
     /// The ownership table and the watchdog; the watchdog thread holds a
     /// `Weak` to this alone.
     pub(crate) leases: Arc<LeaseRuntime>,
@@ -36,6 +41,7 @@ impl Context {
         Context {
             identities: Identities::new(keys::identity_counter(&config.prefix)),
             lock_room: WaitingRoom::new(Arc::clone(&backend), &config),
+            room: WaitingRoom::new(Arc::clone(&backend), &config),
             leases: Arc::new(LeaseRuntime::new()),
             backend,
             config,
@@ -67,9 +73,27 @@ impl Context {
         self.requests.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Tells the watchdog a new ownership needs renewing from `due` on.
-    pub(crate) fn wake_watchdog(&self, due: Instant) {
-        Watchdog::wake(&self.leases, Some(due));
+    /// Records a guard of the ownership `fence` of `identity` on `leased`,
+    /// whose request was sent at `sent` asking for `mode`, and has the
+    /// watchdog renew it when it is renewed. Returns the ownership's status
+    /// (shared by its guards) and its lease mode (that of its first
+    /// acquisition).
+    pub(crate) fn enter(
+        &self,
+        leased: &Leased,
+        identity: &Arc<str>,
+        fence: u64,
+        mode: LeaseMode,
+        sent: Instant,
+    ) -> (Arc<LeaseStatus>, LeaseMode) {
+        let (status, mode, new_renewal) = self
+            .leases
+            .registry
+            .enter(leased, identity, fence, mode, sent);
+        if let Some(due) = new_renewal {
+            Watchdog::wake(&self.leases, Some(due));
+        }
+        (status, mode)
     }
 
     /// Hands a release that could not be confirmed to the watchdog thread.

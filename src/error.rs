@@ -182,23 +182,52 @@ pub enum Error {
         source: Option<RedisError>,
     },
 
-    /// A rate limiter was asked for zero permits.
-    #[error("invalid permit count {permits}: ask a rate limiter for at least 1 permit")]
+    /// A rate limiter or semaphore was asked for zero permits, or a
+    /// semaphore set to more permits than it can count.
+    #[error("invalid permit count {permits}: ask for at least 1 permit (a semaphore holds at most 10^12)")]
     InvalidPermits {
         /// The count that was refused.
         permits: u64,
     },
 
-    /// A rate limiter was asked for more permits at once than its bucket can
-    /// ever hold, so waiting would never end.
-    #[error("rate limiter {name:?} can never grant {permits} permits at once: its bucket holds at most {capacity} (the permits of its rate); ask for fewer, or raise the rate with force_rate")]
+    /// A rate limiter or semaphore was asked for more permits at once than
+    /// it can ever hold, so waiting would never end.
+    #[error("{name:?} can never grant {permits} permits at once: it holds at most {capacity} (a rate limiter: the permits of its rate; a semaphore: its total); ask for fewer, or raise the total")]
     PermitsOverCapacity {
-        /// The limiter's name.
+        /// The limiter's or semaphore's name.
         name: String,
         /// How many permits were asked for.
         permits: u64,
-        /// The most the bucket holds: the configured permits per interval.
+        /// The most it holds: a rate's permits per interval, or a
+        /// semaphore's total.
         capacity: u64,
+    },
+
+    /// A semaphore was used before anyone set its permits.
+    #[error("semaphore {name:?} has no permits: call try_set_permits on it before acquiring")]
+    SemaphoreNotSet {
+        /// The semaphore's name.
+        name: String,
+    },
+
+    /// Permits were released after their lease had ended: they had already
+    /// returned to the semaphore (counted once), so the work done under
+    /// them may have overlapped other holders'.
+    #[error("semaphore {name:?}: {permits} permit(s) had expired before their release (their lease ran out), so other holders may have had them meanwhile; use a longer lease, or the watchdog's renewal")]
+    PermitsLost {
+        /// The semaphore's name.
+        name: String,
+        /// How many of the released permits had expired.
+        permits: u64,
+    },
+
+    /// A thread holding only a read lock asked for the write lock of the
+    /// same read-write lock: waiting would deadlock (two such threads would
+    /// each wait for the other's read lock).
+    #[error("read-write lock {name:?}: this thread holds it for reading and asked to write; release the read guards first, then take the write lock")]
+    UpgradeRefused {
+        /// The lock's name.
+        name: String,
     },
 
     /// A rate given to `set_rate` or `force_rate` is out of range.

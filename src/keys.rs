@@ -14,6 +14,11 @@
 //! `:fence` right after the tag, limiter keys in `:rate:...`, so a lock and a
 //! limiter of the same name never share a key (they do share a slot, which
 //! is harmless).
+//!
+//! The other synchronizers have namespaces of their own under the tag:
+//! `fair:` (fair lock), `rw:` (read-write lock), `sem:` (semaphore) and
+//! `latch:` (count-down latch), so that objects of different kinds never
+//! share a key even under one name.
 
 use crate::error::Error;
 
@@ -71,6 +76,138 @@ impl LockKeys {
             lock: format!("{tagged}:lock"),
             baton: format!("{tagged}:baton"),
             fence: format!("{tagged}:fence"),
+        })
+    }
+}
+
+impl LockKeys {
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "the fair lock (issue 14) lands next")
+    )]
+    /// The keys of the fair lock `name`: a lock key, a fence and, per
+    /// waiter, a list of its own under `baton` (`<baton>:<identity>`),
+    /// next to the queue of waiters (`<lock>:queue`, arrival order) and
+    /// their places' deadlines (`<lock>:places`).
+    pub(crate) fn fair(prefix: &str, name: &str) -> Result<Self, Error> {
+        check_name(name)?;
+        let tagged = tagged(prefix, name);
+        Ok(LockKeys {
+            name: name.to_owned(),
+            lock: format!("{tagged}:fair:lock"),
+            baton: format!("{tagged}:fair:wake"),
+            fence: format!("{tagged}:fair:fence"),
+        })
+    }
+}
+
+/// The keys of one read-write lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RwKeys {
+    /// The name the user gave.
+    pub(crate) name: String,
+    /// Hash: the writer, as a lock key (`flag`, `count`, `fence`), with the
+    /// write lease as TTL.
+    pub(crate) write: String,
+    /// Sorted set: reader identity → end of its lease (server ms).
+    pub(crate) readers: String,
+    /// Hash: reader identity → its read depth.
+    pub(crate) read_depths: String,
+    /// Sorted set: waiting writer → end of its place (server ms), renewed
+    /// at each of its attempts; while one lives, new readers wait.
+    pub(crate) waiting_writers: String,
+    /// List: batons for waiting readers.
+    pub(crate) read_baton: String,
+    /// List: batons for waiting writers.
+    pub(crate) write_baton: String,
+    /// String: the fencing counter of write ownerships.
+    pub(crate) fence: String,
+}
+
+#[cfg_attr(
+    not(test),
+    expect(dead_code, reason = "its synchronizer (issue 14) lands next")
+)]
+impl RwKeys {
+    /// Lays out the keys of read-write lock `name` under `prefix`.
+    pub(crate) fn new(prefix: &str, name: &str) -> Result<Self, Error> {
+        check_name(name)?;
+        let rw = format!("{}:rw", tagged(prefix, name));
+        Ok(RwKeys {
+            name: name.to_owned(),
+            write: format!("{rw}:write"),
+            readers: format!("{rw}:readers"),
+            read_depths: format!("{rw}:depths"),
+            waiting_writers: format!("{rw}:writers"),
+            read_baton: format!("{rw}:rbaton"),
+            write_baton: format!("{rw}:wbaton"),
+            fence: format!("{rw}:fence"),
+        })
+    }
+}
+
+/// The keys of one semaphore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SemaphoreKeys {
+    /// The name the user gave.
+    pub(crate) name: String,
+    /// Hash: `total` (permits in force), `used` (held by live permits).
+    pub(crate) state: String,
+    /// Sorted set: permit id → end of its lease (server ms).
+    pub(crate) holders: String,
+    /// Hash: permit id → how many permits it holds.
+    pub(crate) counts: String,
+    /// Sorted set: waiting identity → end of its place (server ms).
+    pub(crate) waiters: String,
+    /// List: batons, one per permit released, up to the number waiting.
+    pub(crate) baton: String,
+}
+
+#[cfg_attr(
+    not(test),
+    expect(dead_code, reason = "its synchronizer (issue 14) lands next")
+)]
+impl SemaphoreKeys {
+    /// Lays out the keys of semaphore `name` under `prefix`.
+    pub(crate) fn new(prefix: &str, name: &str) -> Result<Self, Error> {
+        check_name(name)?;
+        let sem = format!("{}:sem", tagged(prefix, name));
+        Ok(SemaphoreKeys {
+            name: name.to_owned(),
+            state: format!("{sem}:state"),
+            holders: format!("{sem}:holders"),
+            counts: format!("{sem}:counts"),
+            waiters: format!("{sem}:waiters"),
+            baton: format!("{sem}:baton"),
+        })
+    }
+}
+
+/// The keys of one count-down latch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LatchKeys {
+    /// The name the user gave.
+    pub(crate) name: String,
+    /// String: the count.
+    pub(crate) count: String,
+    /// List: the token that wakes waiters once the count is zero, each
+    /// passing it on.
+    pub(crate) baton: String,
+}
+
+#[cfg_attr(
+    not(test),
+    expect(dead_code, reason = "its synchronizer (issue 14) lands next")
+)]
+impl LatchKeys {
+    /// Lays out the keys of latch `name` under `prefix`.
+    pub(crate) fn new(prefix: &str, name: &str) -> Result<Self, Error> {
+        check_name(name)?;
+        let latch = format!("{}:latch", tagged(prefix, name));
+        Ok(LatchKeys {
+            name: name.to_owned(),
+            count: format!("{latch}:count"),
+            baton: format!("{latch}:baton"),
         })
     }
 }
@@ -161,6 +298,43 @@ mod tests {
             LimiterKeys::new("p", "", instance),
             Err(Error::InvalidName { .. })
         ));
+    }
+
+    #[test]
+    fn kinds_never_share_a_key_under_one_name() {
+        let name = "shared";
+        let lock = LockKeys::new("p", name).unwrap();
+        let fair = LockKeys::fair("p", name).unwrap();
+        let rw = RwKeys::new("p", name).unwrap();
+        let sem = SemaphoreKeys::new("p", name).unwrap();
+        let latch = LatchKeys::new("p", name).unwrap();
+        let mut all = vec![
+            lock.lock,
+            lock.baton,
+            lock.fence,
+            fair.lock,
+            fair.baton,
+            fair.fence,
+            rw.write,
+            rw.readers,
+            rw.read_depths,
+            rw.waiting_writers,
+            rw.read_baton,
+            rw.write_baton,
+            rw.fence,
+            sem.state,
+            sem.holders,
+            sem.counts,
+            sem.waiters,
+            sem.baton,
+            latch.count,
+            latch.baton,
+        ];
+        assert!(all.iter().all(|key| key.starts_with("p:{shared}:")));
+        let count = all.len();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), count);
     }
 
     #[test]

@@ -305,14 +305,9 @@ impl Lock {
     /// The guard of a new or re-entered ownership `fence` of `identity`,
     /// whose request was sent at `sent` asking for `mode`.
     fn guard(&self, identity: &Arc<str>, fence: u64, mode: LeaseMode, sent: Instant) -> LockGuard {
-        let (status, mode, new_renewal) =
-            self.context
-                .leases
-                .registry
-                .enter(&self.leased, identity, fence, mode, sent);
-        if let Some(due) = new_renewal {
-            self.context.wake_watchdog(due);
-        }
+        let (status, mode) = self
+            .context
+            .enter(&self.leased, identity, fence, mode, sent);
         let ownership = Ownership {
             identity: Arc::clone(identity),
             fence,
