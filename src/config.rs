@@ -83,6 +83,7 @@ impl ClockDrift {
     }
 
     /// The allowance for `lease`. Saturates instead of overflowing.
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
     pub(crate) fn allowance(&self, lease: Duration) -> Duration {
         // At most 2^64 s × 10^9 × 5·10^5: far inside a u128.
         let nanos = lease.as_nanos() * u128::from(self.per_million) / 1_000_000;
@@ -105,6 +106,14 @@ pub(crate) struct ReplicaAcks {
 const REPLICAS: std::ops::RangeInclusive<u32> = 1..=1024;
 
 impl Config {
+    /// How long a fair lock's waiter keeps its place in the queue without
+    /// coming back: a waiter comes back at least every `max_park` (plus a
+    /// round trip), so a dead one blocks the queue for about one park
+    /// slice at most.
+    pub(crate) fn place_ttl(&self) -> Duration {
+        self.max_park + self.max_park / 2 + Duration::from_millis(50)
+    }
+
     /// Checks every setting against its documented range.
     pub(crate) fn validate(&self) -> Result<(), Error> {
         validate_prefix(&self.prefix)?;

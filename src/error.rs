@@ -221,6 +221,14 @@ pub enum Error {
         permits: u64,
     },
 
+    /// A count-down latch was given a count of zero, or one too large to
+    /// count exactly.
+    #[error("invalid latch count {count}: a count-down latch starts at 1 to 2^53 (a count of 0 would be open already)")]
+    InvalidCount {
+        /// The count that was refused.
+        count: u64,
+    },
+
     /// A thread holding only a read lock asked for the write lock of the
     /// same read-write lock: waiting would deadlock (two such threads would
     /// each wait for the other's read lock).

@@ -64,6 +64,9 @@ pub(crate) struct LockKeys {
     pub(crate) baton: String,
     /// String: the per-lock fencing counter.
     pub(crate) fence: String,
+    /// A fair lock's keys: its scripts keep a queue of waiters, and `baton`
+    /// is the prefix of each waiter's own list.
+    pub(crate) fair: bool,
 }
 
 impl LockKeys {
@@ -76,15 +79,12 @@ impl LockKeys {
             lock: format!("{tagged}:lock"),
             baton: format!("{tagged}:baton"),
             fence: format!("{tagged}:fence"),
+            fair: false,
         })
     }
 }
 
 impl LockKeys {
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "the fair lock (issue 14) lands next")
-    )]
     /// The keys of the fair lock `name`: a lock key, a fence and, per
     /// waiter, a list of its own under `baton` (`<baton>:<identity>`),
     /// next to the queue of waiters (`<lock>:queue`, arrival order) and
@@ -97,6 +97,7 @@ impl LockKeys {
             lock: format!("{tagged}:fair:lock"),
             baton: format!("{tagged}:fair:wake"),
             fence: format!("{tagged}:fair:fence"),
+            fair: true,
         })
     }
 }
@@ -193,12 +194,11 @@ pub(crate) struct LatchKeys {
     /// List: the token that wakes waiters once the count is zero, each
     /// passing it on.
     pub(crate) baton: String,
+    /// Set: the ids of this round's count-downs, so that one sent twice
+    /// counts once.
+    pub(crate) applied: String,
 }
 
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "its synchronizer (issue 14) lands next")
-)]
 impl LatchKeys {
     /// Lays out the keys of latch `name` under `prefix`.
     pub(crate) fn new(prefix: &str, name: &str) -> Result<Self, Error> {
@@ -208,6 +208,7 @@ impl LatchKeys {
             name: name.to_owned(),
             count: format!("{latch}:count"),
             baton: format!("{latch}:baton"),
+            applied: format!("{latch}:applied"),
         })
     }
 }
@@ -329,6 +330,7 @@ mod tests {
             sem.baton,
             latch.count,
             latch.baton,
+            latch.applied,
         ];
         assert!(all.iter().all(|key| key.starts_with("p:{shared}:")));
         let count = all.len();

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use crate::context::Context;
 use crate::error::Error;
-use crate::keys::{LimiterKeys, LockKeys};
+use crate::keys::{LatchKeys, LimiterKeys, LockKeys};
 use crate::lease::WatchdogStats;
 use crate::sync::lock::RawLock;
-use crate::sync::{Lock, RateLimiter};
+use crate::sync::{CountDownLatch, Lock, RateLimiter};
 
 pub use builder::{ClientBuilder, Topology};
 
@@ -77,6 +77,62 @@ impl Client {
             Arc::clone(&self.lock_raw),
             keys,
         ))
+    }
+
+    /// A handle on the fair lock called `name`: a [`Lock`] with the same
+    /// API, whose acquisitions across every process follow arrival order.
+    /// Cheap; makes no network call.
+    ///
+    /// Waiters queue in Redis (arrival order, each keeping its place alive
+    /// at every park slice, so a dead waiter's place ends within about one
+    /// slice and never blocks the queue), and a release wakes exactly the
+    /// next waiter, on a list of its own: no thundering herd, no barging.
+    /// Each waiting thread parks a connection of its own, and there is no
+    /// local hand-off (it would let a thread of this process pass a waiter
+    /// of another). A fair lock never shares keys with the plain lock of
+    /// the same name.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] when `name` is empty or too long;
+    /// [`Error::WrongTopology`] on a Redlock quorum (`Topology::masters`),
+    /// where the fair lock is not offered.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redbaton::Error> {
+    /// let client = redbaton::Client::open("redis://127.0.0.1/")?;
+    /// let turnstile = client.fair_lock("batch:turnstile")?;
+    /// let guard = turnstile.lock()?; // after everyone who asked before
+    /// # drop(guard);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn fair_lock(&self, name: &str) -> Result<Lock, Error> {
+        let keys = LockKeys::fair(&self.context.config.prefix, name)?;
+        if self.context.backend.masters().is_some() {
+            return Err(Error::WrongTopology {
+                addr: self.context.backend.addr().to_owned(),
+                detail: "(independent masters of a Redlock quorum) offer the plain lock only, \
+                         not the fair lock: make a client of one deployment for it"
+                    .to_owned(),
+            });
+        }
+        Ok(Lock::new(
+            Arc::clone(&self.context),
+            Arc::clone(&self.lock_raw),
+            keys,
+        ))
+    }
+
+    /// A handle on the count-down latch called `name`. Cheap; makes no
+    /// network call.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] when `name` is empty or too long.
+    pub fn count_down_latch(&self, name: &str) -> Result<CountDownLatch, Error> {
+        let keys = LatchKeys::new(&self.context.config.prefix, name)?;
+        Ok(CountDownLatch::new(Arc::clone(&self.context), keys))
     }
 
     /// A handle on the rate limiter called `name`. Cheap; makes no network

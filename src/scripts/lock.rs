@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use super::{
-    millis, Call, ACQUIRE, FORCE_UNLOCK, HANDOFF, HOLDER, RELEASE, RELEASE_REQUEST, RENEW,
+    millis, Call, ACQUIRE, FAIR_ACQUIRE, FAIR_FORCE_UNLOCK, FAIR_LEAVE, FAIR_RELEASE,
+    FAIR_RELEASE_REQUEST, FORCE_UNLOCK, HANDOFF, HOLDER, RELEASE, RELEASE_REQUEST, RENEW,
 };
 use crate::keys::LockKeys;
 
@@ -23,10 +24,15 @@ pub(crate) struct AcquireArgs<'a> {
     pub(crate) request: u64,
     /// Whether the caller has been waiting (others may wait behind it).
     pub(crate) waited: bool,
+    /// A fair lock's: how long a waiter's place in the queue lives unless
+    /// the waiter comes back.
+    pub(crate) place_ttl: Duration,
 }
 
+/// The acquisition script of `keys`'s lock (a fair lock's takes or keeps
+/// a place in its queue when the caller waits).
 pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
-    Call::new(&ACQUIRE)
+    let call = Call::new(if keys.fair { &FAIR_ACQUIRE } else { &ACQUIRE })
         .key(&keys.lock)
         .key(&keys.fence)
         .arg(args.identity)
@@ -35,7 +41,12 @@ pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
         .arg(args.depth)
         .arg(millis(args.fence_ttl))
         .arg(args.request)
-        .arg(if args.waited { "1" } else { "0" })
+        .arg(if args.waited { "1" } else { "0" });
+    if keys.fair {
+        call.arg(millis(args.place_ttl))
+    } else {
+        call
+    }
 }
 
 /// What [`handoff`] asks for.
@@ -71,7 +82,7 @@ pub(crate) fn release(
     lease: Duration,
     baton_ttl: Duration,
 ) -> Call {
-    Call::new(&RELEASE)
+    Call::new(if keys.fair { &FAIR_RELEASE } else { &RELEASE })
         .key(&keys.lock)
         .key(&keys.baton)
         .arg(identity)
@@ -89,18 +100,35 @@ pub(crate) fn release_request(
     request: u64,
     baton_ttl: Duration,
 ) -> Call {
-    Call::new(&RELEASE_REQUEST)
-        .key(&keys.lock)
-        .key(&keys.baton)
-        .arg(identity)
-        .arg(request)
-        .arg(millis(baton_ttl))
+    Call::new(if keys.fair {
+        &FAIR_RELEASE_REQUEST
+    } else {
+        &RELEASE_REQUEST
+    })
+    .key(&keys.lock)
+    .key(&keys.baton)
+    .arg(identity)
+    .arg(request)
+    .arg(millis(baton_ttl))
 }
 
 pub(crate) fn force_unlock(keys: &LockKeys, baton_ttl: Duration) -> Call {
-    Call::new(&FORCE_UNLOCK)
+    Call::new(if keys.fair {
+        &FAIR_FORCE_UNLOCK
+    } else {
+        &FORCE_UNLOCK
+    })
+    .key(&keys.lock)
+    .key(&keys.baton)
+    .arg(millis(baton_ttl))
+}
+
+/// A fair lock's waiter `identity` that gave up leaves the queue.
+pub(crate) fn leave_queue(keys: &LockKeys, identity: &str, baton_ttl: Duration) -> Call {
+    Call::new(&FAIR_LEAVE)
         .key(&keys.lock)
         .key(&keys.baton)
+        .arg(identity)
         .arg(millis(baton_ttl))
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use redis::{ConnectionLike, FromRedisValue, RedisResult, Script};
 
+pub(crate) mod latch;
 pub(crate) mod lock;
 pub(crate) mod reply;
 
@@ -55,6 +56,26 @@ scripts! {
     HOLDER => "lock/holder.lua";
     /// A quorum's common fencing token, proposed to one master.
     ADOPT_FENCE => "lock/adopt_fence.lua";
+    /// The fair lock: take it in arrival order, or keep a place in its queue.
+    FAIR_ACQUIRE => "fair/acquire.lua"
+        with ["lib/next_fence.lua", "lib/lease.lua", "lib/fair_queue.lua"];
+    /// The fair lock's release: the lock's, waking the head of its queue.
+    FAIR_RELEASE => "lock/release.lua"
+        with ["lib/lease.lua", "lib/fair_queue.lua", "lib/fair_wake.lua"];
+    /// The fair lock's undo of a lost request, waking the head of its queue.
+    FAIR_RELEASE_REQUEST => "lock/release_request.lua"
+        with ["lib/fair_queue.lua", "lib/fair_wake.lua"];
+    /// The fair lock's administrative release, waking the head of its queue.
+    FAIR_FORCE_UNLOCK => "lock/force_unlock.lua"
+        with ["lib/fair_queue.lua", "lib/fair_wake.lua"];
+    /// A fair lock's waiter that gave up leaves the queue.
+    FAIR_LEAVE => "fair/leave.lua" with ["lib/fair_queue.lua"];
+    /// A count-down latch's new round.
+    LATCH_SET_COUNT => "latch/set_count.lua";
+    /// One count down; zero opens the latch and wakes every waiter.
+    LATCH_COUNT_DOWN => "latch/count_down.lua";
+    /// Whether a latch is open, passing the wake-up token on.
+    LATCH_WAIT => "latch/wait.lua";
     /// Take permits from a rate limiter's bucket, or say how long until they
     /// exist; reads the server's clock, never the client's.
     RATE_ACQUIRE => "rate/acquire.lua";

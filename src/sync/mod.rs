@@ -2,6 +2,8 @@
 //! guards where something is held, and the raw Redis protocol under them.
 //!
 //! - `lock/`: the re-entrant mutex ([`Lock`], [`LockGuard`]).
+//! - `latch`: the count-down latch ([`CountDownLatch`]); no guard, no
+//!   lease: waiters park until a token says the count reached zero.
 //! - `rate_limit`: the token bucket ([`RateLimiter`]); no guard and no
 //!   parking: it sleeps for the wait the server computes.
 //!
@@ -9,8 +11,10 @@
 //! `scripts/<name>/`), its handle and guards, waiting through
 //! `parking::WaitingRoom` and keeping leases through `lease`.
 
+pub(crate) mod latch;
 pub(crate) mod lock;
 pub(crate) mod rate_limit;
 
+pub use latch::CountDownLatch;
 pub use lock::{Holder, Lock, LockGuard, Owner};
 pub use rate_limit::{Rate, RateLimiter, RateMode};

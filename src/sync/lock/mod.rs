@@ -8,6 +8,7 @@ mod guard;
 mod quorum;
 mod raw;
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -280,18 +281,40 @@ impl Lock {
         };
         let waited = context.lock_room.wait_until(
             &self.keys.name,
-            &self.keys.baton,
+            &self.wait_key(&identity),
             claim,
             deadline,
             || self.attempt(&identity, true),
-        )?;
-        Ok(match waited {
+        );
+        if self.keys.fair && !matches!(waited, Ok(Waited::Acquired(_))) {
+            // A fair lock's waiter that leaves without the lock gives its
+            // place up at once, rather than blocking the queue until the
+            // place expires.
+            if let Err(err) = self.raw.leave_queue(&self.keys, &identity) {
+                log::debug!(
+                    "redbaton: leaving the queue of {:?} failed: {err}",
+                    self.name()
+                );
+            }
+        }
+        Ok(match waited? {
             Waited::Acquired(guard) => Some(guard),
             Waited::Granted(grant) => {
                 Some(self.guard(&identity, grant.fence, self.mode(), grant.sent))
             }
             Waited::TimedOut => None,
         })
+    }
+
+    /// The list a waiter parks on: the lock's baton, shared by all its
+    /// waiters; for a fair lock, the waiter's own list, which only a
+    /// release that makes it the next holder pushes.
+    fn wait_key(&self, identity: &str) -> Cow<'_, str> {
+        if self.keys.fair {
+            Cow::Owned(format!("{}:{identity}", self.keys.baton))
+        } else {
+            Cow::Borrowed(&self.keys.baton)
+        }
     }
 
     /// How this handle's acquisitions keep the lock alive.
@@ -342,6 +365,7 @@ impl Lock {
             fence_ttl: self.context.config.fence_ttl,
             request,
             waited,
+            place_ttl: self.context.config.place_ttl(),
         };
         let sent = Instant::now();
         match self.raw.attempt(&self.keys, args) {

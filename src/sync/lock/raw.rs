@@ -115,6 +115,13 @@ pub(crate) trait RawLock: RenewLeases {
 
     /// Removes it whoever holds it; whether there was one.
     fn force_unlock(&self, keys: &LockKeys) -> Result<bool, Error>;
+
+    /// A fair lock's waiter `identity` that leaves without the lock gives
+    /// its place in the queue up. Nothing for other locks.
+    fn leave_queue(&self, keys: &LockKeys, identity: &str) -> Result<(), Error> {
+        let _ = (keys, identity);
+        Ok(())
+    }
 }
 
 /// A clean-up that sends the last release of an ownership again until
@@ -331,6 +338,17 @@ impl RawLock for DeploymentLock {
             .backend
             .run(&keys.lock, &keys.name, |c| call.invoke(c))?;
         Ok(removed)
+    }
+
+    fn leave_queue(&self, keys: &LockKeys, identity: &str) -> Result<(), Error> {
+        if !keys.fair {
+            return Ok(());
+        }
+        let call = calls::leave_queue(keys, identity, self.baton_ttl);
+        let Done(_) = self
+            .backend
+            .run(&keys.lock, &keys.name, |c| call.invoke(c))?;
+        Ok(())
     }
 }
 

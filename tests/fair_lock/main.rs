@@ -1,0 +1,405 @@
+//! The fair lock: acquisitions across processes in arrival order, a
+//! release waking exactly the next waiter, dead or impatient waiters never
+//! blocking the queue, crashed holders, what waiting costs, bad input.
+//! Child processes re-run this binary on `child_entry`.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redbaton::{Client, Error};
+use testkit::RedisServer;
+
+use crate::support::{spawn_child, JoinWithin};
+
+const THREADS_PER_CHILD: usize = 4;
+const ROUNDS_PER_THREAD: usize = 10;
+/// How much later a request may be served before an earlier one: its first
+/// look at the lock, before it takes its place, plus scheduling noise on a
+/// loaded machine.
+const ORDER_SLACK_US: u128 = 50_000;
+
+/// Microseconds since the epoch: one clock for every process of the test.
+fn epoch_us() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+}
+
+/// The queue of the fair lock `name` in Redis.
+fn queue_key(name: &str) -> String {
+    format!("redbaton:{{{name}}}:fair:lock:queue")
+}
+
+fn queue_len(server: &RedisServer, name: &str) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(queue_key(name))
+        .query(&mut server.connection())
+        .unwrap()
+}
+
+/// Entry point of the child processes; does nothing in a normal test run.
+#[test]
+#[ignore = "child-process entry point, started by the tests of this binary"]
+fn child_entry() {
+    support::run_child_role(&[|role, url| {
+        match role {
+            "fair_worker" => fair_worker(url),
+            "fair_waiter" => fair_waiter(url),
+            "fair_holder" => fair_holder(url),
+            _ => return false,
+        }
+        true
+    }]);
+}
+
+/// Threads take the fair lock in turns; each records, on the data server,
+/// when it asked (before its request) and checks an occupancy marker.
+fn fair_worker(url: &str) {
+    let client = Client::builder(url)
+        .max_park(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let mut control = redis::Client::open(url).unwrap().get_connection().unwrap();
+    println!("READY");
+    let _: (String, String) = redis::cmd("BLPOP")
+        .arg("go")
+        .arg(30)
+        .query(&mut control)
+        .unwrap();
+    let workers: Vec<_> = (0..THREADS_PER_CHILD)
+        .map(|_| {
+            let lock = client.fair_lock("turns").unwrap();
+            let url = url.to_owned();
+            thread::spawn(move || {
+                let mut raw = redis::Client::open(url).unwrap().get_connection().unwrap();
+                let mut overlaps = 0;
+                for _ in 0..ROUNDS_PER_THREAD {
+                    let asked = epoch_us();
+                    let guard = lock
+                        .try_lock_for(Duration::from_secs(60))
+                        .unwrap()
+                        .expect("acquired within a minute");
+                    let entered: bool = redis::cmd("SET")
+                        .arg("occupant")
+                        .arg(1)
+                        .arg("NX")
+                        .query(&mut raw)
+                        .unwrap();
+                    if !entered {
+                        overlaps += 1;
+                    }
+                    redis::cmd("RPUSH")
+                        .arg("served")
+                        .arg(asked.to_string())
+                        .query::<()>(&mut raw)
+                        .unwrap();
+                    // Long enough that a barging request would overtake
+                    // waiters by far more than the slack.
+                    thread::sleep(Duration::from_millis(10));
+                    redis::cmd("DEL")
+                        .arg("occupant")
+                        .query::<()>(&mut raw)
+                        .unwrap();
+                    guard.unlock().unwrap();
+                }
+                overlaps
+            })
+        })
+        .collect();
+    let overlaps: usize = workers.into_iter().map(JoinWithin::joined).sum();
+    println!("RESULT {overlaps}");
+}
+
+/// Waits for the fair lock "queue" (a place in its queue), saying so.
+fn fair_waiter(url: &str) {
+    let client = Client::builder(url)
+        .max_park(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let lock = client.fair_lock("queue").unwrap();
+    println!("WAITING");
+    let got = lock.try_lock_for(Duration::from_secs(60)).unwrap();
+    println!("GOT {}", got.is_some());
+}
+
+/// Takes the fair lock "crashed" with a fixed 1 s lease and says so.
+fn fair_holder(url: &str) {
+    let client = Client::open(url).unwrap();
+    let guard = client
+        .fair_lock("crashed")
+        .unwrap()
+        .with_fixed_lease(Duration::from_secs(1))
+        .unwrap()
+        .lock()
+        .unwrap();
+    println!("HOLDING {}", epoch_us());
+    thread::sleep(Duration::from_secs(60));
+    drop(guard);
+}
+
+#[test]
+fn three_processes_are_served_in_arrival_order_one_at_a_time() {
+    let server = RedisServer::start();
+    let mut children: Vec<_> = (0..3)
+        .map(|_| spawn_child("fair_worker", &server))
+        .collect();
+    for child in &mut children {
+        child.wait_for_line("READY", Duration::from_secs(30));
+    }
+    let mut raw = server.connection();
+    redis::cmd("RPUSH")
+        .arg("go")
+        .arg(&["1", "2", "3"][..])
+        .query::<()>(&mut raw)
+        .unwrap();
+    for child in &mut children {
+        let result = child.wait_for_line("RESULT", Duration::from_secs(120));
+        assert_eq!(result.trim(), "0", "no two holders at once");
+    }
+    let served: Vec<u128> = redis::cmd("LRANGE")
+        .arg("served")
+        .arg(0)
+        .arg(-1)
+        .query::<Vec<String>>(&mut raw)
+        .unwrap()
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    assert_eq!(served.len(), 3 * THREADS_PER_CHILD * ROUNDS_PER_THREAD);
+    // Served in the order asked: no request is served before one that
+    // asked earlier (by more than the slack of its first look).
+    let mut latest = 0;
+    let mut worst = 0;
+    for (i, asked) in served.iter().enumerate() {
+        if *asked + ORDER_SLACK_US < latest {
+            panic!(
+                "acquisition {i} asked at {asked} µs, {} µs before one served earlier",
+                latest - asked
+            );
+        }
+        worst = worst.max(latest.saturating_sub(*asked));
+        latest = latest.max(*asked);
+    }
+    println!("worst inversion: {worst} µs");
+    assert_eq!(queue_len(&server, "turns"), 0, "nobody left in the queue");
+}
+
+across_topologies! {
+    but_masters;
+    /// Waiters are served in the order they arrived, each by a release that
+    /// wakes exactly it: the waiters park for far longer than the test, so
+    /// only their own wake-up can get them the lock.
+    fn a_release_wakes_exactly_the_next_waiter_in_arrival_order(deployment) {
+        let client = deployment.builder().max_park(Duration::from_secs(30)).build().unwrap();
+        let lock = client.fair_lock("line").unwrap();
+        let held = lock.lock().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let inside = Arc::new(AtomicUsize::new(0));
+        let waiters: Vec<_> = (0..5)
+            .map(|i| {
+                let (lock, tx, inside) = (lock.clone(), tx.clone(), Arc::clone(&inside));
+                let waiter = thread::spawn(move || {
+                    let guard = lock.try_lock_for(Duration::from_secs(20)).unwrap().expect("served");
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                    tx.send(i).unwrap();
+                    thread::sleep(Duration::from_millis(20));
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    guard.unlock().unwrap();
+                });
+                // Each takes its place before the next starts (creating the
+                // order, not synchronising).
+                thread::sleep(Duration::from_millis(100));
+                waiter
+            })
+            .collect();
+        let released = Instant::now();
+        held.unlock().unwrap();
+        let order: Vec<i32> = (0..5).map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap()).collect();
+        for waiter in waiters {
+            waiter.joined();
+        }
+        assert_eq!(order, vec![0, 1, 2, 3, 4]);
+        // Five hand-overs of 20 ms each, woken at once: far below one park.
+        assert!(released.elapsed() < Duration::from_secs(5), "{:?}", released.elapsed());
+    }
+}
+
+across_topologies! {
+    but_masters;
+    /// `try_lock` never takes a place; a waiter that gives up leaves its
+    /// place at once, and the next one is served without waiting for it.
+    fn try_lock_takes_no_place_and_a_waiter_that_gives_up_leaves_at_once(deployment) {
+        let client = deployment.builder().max_park(Duration::from_secs(30)).build().unwrap();
+        let lock = client.fair_lock("patience").unwrap();
+        let held = lock.lock().unwrap();
+        let queue = || -> u64 {
+            redis::cmd("ZCARD")
+                .arg(queue_key("patience"))
+                .query(&mut deployment.server_for(&queue_key("patience")).connection())
+                .unwrap()
+        };
+        let other = lock.clone();
+        assert!(thread::spawn(move || other.try_lock().unwrap().is_none()).joined());
+        assert_eq!(queue(), 0, "try_lock took a place");
+        let other = lock.clone();
+        let impatient = thread::spawn(move || other.try_lock_for(Duration::from_millis(300)).unwrap().is_some());
+        thread::sleep(Duration::from_millis(100));
+        assert_eq!(queue(), 1, "a waiter has a place");
+        let other = lock.clone();
+        let patient = thread::spawn(move || {
+            let got = other.try_lock_for(Duration::from_secs(10)).unwrap();
+            (got.is_some(), Instant::now())
+        });
+        assert!(!impatient.joined(), "the impatient waiter gave up");
+        thread::sleep(Duration::from_millis(100));
+        assert_eq!(queue(), 1, "only the patient waiter is left");
+        let released = Instant::now();
+        held.unlock().unwrap();
+        let (got, at) = patient.joined();
+        assert!(got);
+        let after = at.duration_since(released);
+        assert!(after < Duration::from_secs(2), "served {after:?} after the release");
+        assert_eq!(queue(), 0);
+    }
+}
+
+#[test]
+fn a_killed_waiter_at_the_head_blocks_the_queue_for_one_park_slice_at_most() {
+    let server = RedisServer::start();
+    let client = Client::builder(server.url())
+        .max_park(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let lock = client.fair_lock("queue").unwrap();
+    let held = lock.lock().unwrap();
+    let mut doomed = spawn_child("fair_waiter", &server);
+    doomed.wait_for_line("WAITING", Duration::from_secs(30));
+    support::eventually(Duration::from_secs(10), "the child's place", || {
+        queue_len(&server, "queue") == 1
+    });
+    let other = lock.clone();
+    let next = thread::spawn(move || {
+        let got = other.try_lock_for(Duration::from_secs(20)).unwrap();
+        (got.is_some(), Instant::now())
+    });
+    support::eventually(Duration::from_secs(10), "the second place", || {
+        queue_len(&server, "queue") == 2
+    });
+    doomed.kill();
+    let released = Instant::now();
+    held.unlock().unwrap();
+    let (got, at) = next.joined();
+    assert!(got);
+    let after = at.duration_since(released);
+    // The dead head's place lives 1.5 park slices (+50 ms) without it.
+    println!("served {after:?} after the release, past a dead head");
+    assert!(after < Duration::from_millis(1_500), "{after:?}");
+}
+
+#[test]
+fn a_killed_holders_lock_goes_to_the_next_waiter_when_its_lease_ends() {
+    let server = RedisServer::start();
+    let mut holder = spawn_child("fair_holder", &server);
+    let line = holder.wait_for_line("HOLDING", Duration::from_secs(30));
+    let taken_us: u128 = line.trim().parse().unwrap();
+    holder.kill();
+    let client = support::client(&server);
+    let lock = client.fair_lock("crashed").unwrap();
+    let guard = lock
+        .try_lock_for(Duration::from_secs(10))
+        .unwrap()
+        .expect("acquired");
+    let at = epoch_us();
+    let after_ms = (at.saturating_sub(taken_us + 1_000_000)) / 1000;
+    println!("acquired {after_ms} ms after the lease ended");
+    assert!(at >= taken_us + 990_000, "before the lease ended");
+    assert!(after_ms < 500, "{after_ms} ms after the lease ended");
+    guard.unlock().unwrap();
+}
+
+#[test]
+fn waiting_costs_a_look_and_a_park_per_slice() {
+    const WAITERS: u64 = 10;
+    const HOLD: Duration = Duration::from_secs(3);
+    const MAX_PARK: Duration = Duration::from_secs(1);
+    let server = RedisServer::start();
+    let client = Client::builder(server.url())
+        .max_park(MAX_PARK)
+        .build()
+        .unwrap();
+    let lock = client.fair_lock("popular").unwrap();
+    let held = lock.lock().unwrap();
+    let before = server.command_calls();
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let lock = lock.clone();
+            thread::spawn(move || {
+                lock.try_lock_for(Duration::from_secs(60))
+                    .unwrap()
+                    .map(|g| g.unlock().unwrap())
+                    .is_some()
+            })
+        })
+        .collect();
+    thread::sleep(HOLD);
+    let during = server.commands_since(&before);
+    held.unlock().unwrap();
+    for waiter in waiters {
+        assert!(waiter.joined());
+    }
+    let sent = [
+        "evalsha",
+        "eval",
+        "script|load",
+        "blpop",
+        "incr",
+        "client|id",
+    ];
+    let total: u64 = sent.iter().filter_map(|c| during.get(*c)).sum();
+    let parks = HOLD.as_millis() as u64 / MAX_PARK.as_millis() as u64;
+    let bound = WAITERS * (4 + 2 * (parks + 1));
+    println!("commands during the hold: {total} (bound {bound}): {during:?}");
+    assert!(total <= bound, "{total} > {bound}: {during:?}");
+}
+
+#[test]
+fn bad_input_damaged_keys_and_a_quorum_are_clear_errors() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    assert!(matches!(
+        client.fair_lock(""),
+        Err(Error::InvalidName { .. })
+    ));
+    let lock = client.fair_lock("damaged").unwrap();
+    assert!(matches!(
+        lock.with_fixed_lease(Duration::ZERO),
+        Err(Error::InvalidLease { .. })
+    ));
+    redis::cmd("SET")
+        .arg(queue_key("damaged"))
+        .arg("not a queue")
+        .query::<()>(&mut server.connection())
+        .unwrap();
+    let err = lock.try_lock().map(|g| g.is_some()).unwrap_err();
+    assert!(matches!(err, Error::WrongType { .. }), "{err:?}");
+    // The plain lock of the same name is another object.
+    let plain = client.lock("damaged").unwrap().try_lock().unwrap();
+    assert!(plain.is_some());
+    #[cfg(feature = "redlock")]
+    {
+        let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+        let quorum = Client::builder(redbaton::Topology::masters(
+            masters.iter().map(RedisServer::url),
+        ))
+        .build()
+        .unwrap();
+        let err = quorum.fair_lock("q").unwrap_err();
+        assert!(matches!(err, Error::WrongTopology { .. }), "{err:?}");
+    }
+}
