@@ -33,7 +33,7 @@ fn charge(amount: u64) -> Result<u64, AppError> {
 }
 
 #[redbaton::locked(client = LOCKS, key = "order:{order_id}:{amount:>8}")]
-pub fn pay(order_id: u64, amount: u64) -> Result<Receipt, AppError> {
+fn pay(order_id: u64, amount: u64) -> Result<Receipt, AppError> {
     if order_id == 0 {
         return Err(AppError::Declined);
     }
