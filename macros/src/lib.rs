@@ -26,9 +26,9 @@ mod signature;
 
 use proc_macro::TokenStream;
 
-/// Runs a function holding the distributed lock its options name; see
-/// `redbaton::locked` (feature `macros` of redbaton) for the options and
-/// the rules.
+/// Defined in the `redbaton-macros` crate: use it as `redbaton::locked`,
+/// with redbaton's `macros` feature, whose documentation lists the options
+/// and the rules.
 #[proc_macro_attribute]
 pub fn locked(options: TokenStream, function: TokenStream) -> TokenStream {
     expand::locked(options.into(), function.into()).into()

@@ -34,6 +34,20 @@ impl Account {
     }
 }
 
+impl std::fmt::Display for Account {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "account:{}", self.id)
+    }
+}
+
+impl Account {
+    /// `self` is an argument too: a template may capture it.
+    #[redbaton::locked(client = self.locks, key = "{self}")]
+    fn displayed(&self) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
 trait Audited {
     fn audit(&self, year: u16) -> Result<(), Error>;
 }
@@ -46,7 +60,7 @@ impl Audited for Account {
 }
 
 fn main() {
-    let _ = (Account::balance, Account::deposit, Account::close);
+    let _ = (Account::balance, Account::deposit, Account::close, Account::displayed);
     let _ = Account::transfer::<u32>;
     let _ = <Account as Audited>::audit;
 }
