@@ -182,10 +182,7 @@ fn relocated(tokens: TokenStream, location: Span) -> TokenStream {
         .into_iter()
         .map(|mut token| {
             if let TokenTree::Group(group) = &token {
-                let mut inner = Group::new(
-                    group.delimiter(),
-                    relocated(group.stream(), location),
-                );
+                let mut inner = Group::new(group.delimiter(), relocated(group.stream(), location));
                 inner.set_span(group.span().located_at(location));
                 token = TokenTree::Group(inner);
             } else {
@@ -214,7 +211,12 @@ mod tests {
     #[test]
     fn the_guard_is_taken_before_the_body_which_is_kept_as_written() {
         let out = expand_to_string(
-            quote!(client = LOCKS, key = "order:{id}", wait = "5s", fencing = token),
+            quote!(
+                client = LOCKS,
+                key = "order:{id}",
+                wait = "5s",
+                fencing = token
+            ),
             quote!(
                 pub fn pay(id: u64) -> Result<u64, AppError> {
                     let x = id + 1;
@@ -226,8 +228,14 @@ mod tests {
         let body = out.find("let x = id + 1").unwrap();
         assert!(guard < body, "{out}");
         assert!(out.contains(":: redbaton :: __private :: lock"), "{out}");
-        assert!(out.contains(":: core :: time :: Duration :: from_millis (5000u64)"), "{out}");
-        assert!(out.contains("let token : u64 = __redbaton_guard . fencing_token ()"), "{out}");
+        assert!(
+            out.contains(":: core :: time :: Duration :: from_millis (5000u64)"),
+            "{out}"
+        );
+        assert!(
+            out.contains("let token : u64 = __redbaton_guard . fencing_token ()"),
+            "{out}"
+        );
         assert!(out.ends_with("Ok (x + token) }"), "{out}");
     }
 
@@ -235,16 +243,33 @@ mod tests {
     fn a_renamed_crate_is_used_for_every_path() {
         let out = expand_to_string(
             quote!(client = C, key = "k", crate = ::infra::locks, lease = "1s"),
-            quote!(fn f() -> Result<(), E> { Ok(()) }),
+            quote!(
+                fn f() -> Result<(), E> {
+                    Ok(())
+                }
+            ),
         );
         assert!(!out.contains(":: redbaton"), "{out}");
-        assert!(out.contains(":: infra :: locks :: __private :: Lease :: Renewed"), "{out}");
+        assert!(
+            out.contains(":: infra :: locks :: __private :: Lease :: Renewed"),
+            "{out}"
+        );
     }
 
     #[test]
     fn on_errors_the_function_is_kept_after_them() {
-        let out = expand_to_string(quote!(key = "k"), quote!(fn f() -> Result<(), E> { Ok(()) }));
+        let out = expand_to_string(
+            quote!(key = "k"),
+            quote!(
+                fn f() -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
         assert!(out.starts_with(":: core :: compile_error !"), "{out}");
-        assert!(out.ends_with("fn f () -> Result < () , E > { Ok (()) }"), "{out}");
+        assert!(
+            out.ends_with("fn f () -> Result < () , E > { Ok (()) }"),
+            "{out}"
+        );
     }
 }

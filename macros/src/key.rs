@@ -118,7 +118,10 @@ mod tests {
 
     #[test]
     fn templates_over_the_arguments_pass() {
-        assert_eq!(check("order:{order_id}:{amount:?}", &["order_id", "amount"]), Ok(()));
+        assert_eq!(
+            check("order:{order_id}:{amount:?}", &["order_id", "amount"]),
+            Ok(())
+        );
         assert_eq!(check("fixed-name {{literally}}", &[]), Ok(()));
     }
 
@@ -127,9 +130,11 @@ mod tests {
         let errors = check("order:{orderid}", &["order_id", "amount"]).unwrap_err();
         assert_eq!(
             errors,
-            ["the key template captures `orderid`, which is not an argument: the arguments \
+            [
+                "the key template captures `orderid`, which is not an argument: the arguments \
               of `pay` are `order_id`, `amount`; for anything else (a field of `self`, a \
-              constant), write `key = { … }`"]
+              constant), write `key = { … }`"
+            ]
         );
         let errors = check("{x}", &[]).unwrap_err();
         assert!(errors[0].contains("`pay` has no arguments"), "{errors:?}");

@@ -110,9 +110,7 @@ impl Options {
                     client,
                     key,
                     wait: given.wait,
-                    lease: given
-                        .lease
-                        .map_or(Lease::ClientDefault, |(_, lease)| lease),
+                    lease: given.lease.map_or(Lease::ClientDefault, |(_, lease)| lease),
                     fencing: given.fencing,
                     krate: given
                         .krate
@@ -310,7 +308,8 @@ impl Errors {
 
     /// Every error pushed, for a caller that has pushed at least one.
     pub(crate) fn into_error(self) -> syn::Error {
-        self.0.unwrap_or_else(|| syn::Error::new(Span::call_site(), "invalid attribute"))
+        self.0
+            .unwrap_or_else(|| syn::Error::new(Span::call_site(), "invalid attribute"))
     }
 }
 
@@ -326,10 +325,7 @@ mod tests {
         let Err(errors) = parse(tokens) else {
             panic!("the options were accepted");
         };
-        errors
-            .into_iter()
-            .map(|e| e.to_string())
-            .collect()
+        errors.into_iter().map(|e| e.to_string()).collect()
     }
 
     #[test]
@@ -347,7 +343,10 @@ mod tests {
         assert_eq!(options.wait, Some(Duration::from_secs(5)));
         assert_eq!(options.lease, Lease::Renewed(Duration::from_secs(30)));
         assert_eq!(options.fencing.unwrap().to_string(), "token");
-        assert_eq!(options.krate.to_string(), quote!(::my::redbaton).to_string());
+        assert_eq!(
+            options.krate.to_string(),
+            quote!(::my::redbaton).to_string()
+        );
 
         let options = parse(quote!(client = self.c, key = { x() }, fixed_lease = "2m"))
             .unwrap_or_else(|e| panic!("{e}"));
@@ -372,7 +371,12 @@ mod tests {
 
     #[test]
     fn every_mistake_of_a_list_is_reported_at_once() {
-        let errors = messages(quote!(wait = "5 s", lease = "0ms", fixed_lease = "1s", fencing = 3));
+        let errors = messages(quote!(
+            wait = "5 s",
+            lease = "0ms",
+            fixed_lease = "1s",
+            fencing = 3
+        ));
         assert_eq!(errors.len(), 6, "{errors:?}");
         assert!(errors[0].contains("\"5 s\" is not a duration"));
         assert!(errors[1].contains("between 1ms and a year"));
@@ -387,7 +391,10 @@ mod tests {
         let errors = messages(quote!(client = A, client = B, key = "k"));
         assert_eq!(errors, ["`client` is given twice; keep one"]);
         let errors = messages(quote!(client = A, key));
-        assert_eq!(errors[0], "`key` takes a value: `key = \"order:{order_id}\"`");
+        assert_eq!(
+            errors[0],
+            "`key` takes a value: `key = \"order:{order_id}\"`"
+        );
     }
 
     #[test]

@@ -162,18 +162,49 @@ mod tests {
     #[test]
     fn results_are_recognized_by_their_last_name() {
         for ok in [
-            quote::quote!(fn f() -> Result<(), E> {}),
-            quote::quote!(fn f() -> std::io::Result<()> {}),
-            quote::quote!(fn f() -> AppResult<u8> {}),
+            quote::quote!(
+                fn f() -> Result<(), E> {}
+            ),
+            quote::quote!(
+                fn f() -> std::io::Result<()> {}
+            ),
+            quote::quote!(
+                fn f() -> AppResult<u8> {}
+            ),
         ] {
             assert!(check(&signature(ok)).is_ok());
         }
         for (bad, expected) in [
-            (quote::quote!(fn f() {}), "`f` returns nothing"),
-            (quote::quote!(fn f() -> Option<u8> {}), "make `f` return a `Result`"),
-            (quote::quote!(fn f() -> Box<Result<u8, E>> {}), "make `f` return a `Result`"),
-            (quote::quote!(async fn f() -> Result<u8, E> {}), "cannot go on an `async fn`"),
-            (quote::quote!(const fn f() -> Result<u8, E> {}), "cannot go on a `const fn`"),
+            (
+                quote::quote!(
+                    fn f() {}
+                ),
+                "`f` returns nothing",
+            ),
+            (
+                quote::quote!(
+                    fn f() -> Option<u8> {}
+                ),
+                "make `f` return a `Result`",
+            ),
+            (
+                quote::quote!(
+                    fn f() -> Box<Result<u8, E>> {}
+                ),
+                "make `f` return a `Result`",
+            ),
+            (
+                quote::quote!(
+                    async fn f() -> Result<u8, E> {}
+                ),
+                "cannot go on an `async fn`",
+            ),
+            (
+                quote::quote!(
+                    const fn f() -> Result<u8, E> {}
+                ),
+                "cannot go on a `const fn`",
+            ),
         ] {
             let error = check(&signature(bad)).unwrap_err().to_string();
             assert!(error.contains(expected), "{error}");
@@ -182,7 +213,10 @@ mod tests {
 
     #[test]
     fn an_async_fn_without_a_result_gets_both_errors() {
-        let error = check(&signature(quote::quote!(async fn f() {}))).unwrap_err();
+        let error = check(&signature(quote::quote!(
+            async fn f() {}
+        )))
+        .unwrap_err();
         assert_eq!(error.into_iter().count(), 2);
     }
 }

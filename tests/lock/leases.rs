@@ -109,7 +109,10 @@ fn a_handle_with_its_own_renewed_lease_keeps_the_lock_past_that_lease() {
     let left = guard.remaining_lease().unwrap();
     assert!(left <= lease && left > Duration::ZERO, "{left:?}");
     let stats = client.watchdog_stats();
-    assert!(stats.renewals >= 3, "renewed every third of 600 ms: {stats:?}");
+    assert!(
+        stats.renewals >= 3,
+        "renewed every third of 600 ms: {stats:?}"
+    );
     assert_eq!(stats.losses, 0);
     guard.unlock().unwrap();
     assert!(!lock.is_locked().unwrap());
@@ -119,9 +122,16 @@ fn a_handle_with_its_own_renewed_lease_keeps_the_lock_past_that_lease() {
 fn with_lease_refuses_a_lease_outside_1ms_to_a_year() {
     let client = Client::open("redis://127.0.0.1:1/").unwrap(); // never contacted
     let lock = client.lock("bounds").unwrap();
-    for lease in [Duration::ZERO, Duration::from_micros(999), Duration::from_secs(366 * 24 * 3600)] {
+    for lease in [
+        Duration::ZERO,
+        Duration::from_micros(999),
+        Duration::from_secs(366 * 24 * 3600),
+    ] {
         let err = lock.with_lease(lease).unwrap_err();
-        assert!(matches!(err, Error::InvalidLease { lease: refused } if refused == lease), "{err}");
+        assert!(
+            matches!(err, Error::InvalidLease { lease: refused } if refused == lease),
+            "{err}"
+        );
     }
     assert!(lock.with_lease(Duration::from_millis(1)).is_ok());
 }

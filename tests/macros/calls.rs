@@ -42,7 +42,10 @@ fn inspect(client: &Client, tenant: &str, order: u64) -> Result<Holder, AppError
     body_runs();
     let other = client.lock(&format!("tenant:{tenant}:order:{}", order + 1))?;
     assert!(!other.is_locked()?, "only the named lock is taken");
-    Ok(holder_of(client, &format!("tenant:{tenant}:order:{order}"))?)
+    Ok(holder_of(
+        client,
+        &format!("tenant:{tenant}:order:{order}"),
+    )?)
 }
 
 #[test]
@@ -64,7 +67,10 @@ struct Account {
 impl Account {
     #[redbaton::locked(client = self.locks, key = { format!("account:{}", self.id) }, fencing = token)]
     fn audit(&self) -> Result<(Holder, u64), AppError> {
-        Ok((holder_of(&self.locks, &format!("account:{}", self.id))?, token))
+        Ok((
+            holder_of(&self.locks, &format!("account:{}", self.id))?,
+            token,
+        ))
     }
 }
 
@@ -76,10 +82,18 @@ fn a_method_takes_its_client_and_key_from_self() {
         id: 7,
     };
     let (holder, token) = account.audit().unwrap();
-    assert_eq!(holder.fencing_token, token, "`fencing` binds the holder's token");
+    assert_eq!(
+        holder.fencing_token, token,
+        "`fencing` binds the holder's token"
+    );
     let (_, next) = account.audit().unwrap();
     assert!(next > token, "a fresh acquisition gets a larger token");
-    assert!(!account.locks.lock("account:7").unwrap().is_locked().unwrap());
+    assert!(!account
+        .locks
+        .lock("account:7")
+        .unwrap()
+        .is_locked()
+        .unwrap());
 }
 
 #[redbaton::locked(client = client, key = "order:{id}", fencing = outer_token)]
@@ -90,7 +104,10 @@ fn outer(client: &Client, id: u64) -> Result<(u64, u64, u32), AppError> {
 
 #[redbaton::locked(client = client, key = "order:{id}", fencing = inner_token)]
 fn inner(client: &Client, id: u64) -> Result<(u64, u32), AppError> {
-    Ok((inner_token, holder_of(client, &format!("order:{id}"))?.depth))
+    Ok((
+        inner_token,
+        holder_of(client, &format!("order:{id}"))?.depth,
+    ))
 }
 
 #[test]
