@@ -29,8 +29,9 @@ use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::{Ident, Item, ItemFn, Stmt};
 
+use crate::errors::Errors;
 use crate::key;
-use crate::options::{Errors, Key, Lease, Options};
+use crate::options::{Key, Lease, Options};
 use crate::signature::{self, Checked};
 
 /// The attribute's expansion: the locked function, or the errors followed
@@ -67,7 +68,10 @@ fn expand(options: TokenStream, function: TokenStream) -> syn::Result<TokenStrea
             if checked.arguments.iter().any(|a| a == fencing) {
                 errors.push(syn::Error::new(
                     fencing.span(),
-                    format!("`fencing = {fencing}` would hide the argument `{fencing}`; name the token otherwise"),
+                    format!(
+                        "`fencing = {fencing}` would hide the argument `{fencing}`; \
+                         name the token otherwise"
+                    ),
                 ));
             }
         }

@@ -10,7 +10,7 @@
 
 use syn::{Ident, LitStr};
 
-use crate::options::Errors;
+use crate::errors::Errors;
 
 /// One `{…}` of a template: the text before `:` (a name, a position, or
 /// nothing).

@@ -13,12 +13,14 @@
 //! - `signature`: what the function must look like, and the names its
 //!   arguments bind;
 //! - `key`: the key template's `{…}` captures, checked against those names;
-//! - `expand`: the function again, with the guard taken before its body.
+//! - `expand`: the function again, with the guard taken before its body;
+//! - `errors`: every mistake reported at once.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations, rust_2018_idioms)]
 
 mod duration;
+mod errors;
 mod expand;
 mod key;
 mod options;

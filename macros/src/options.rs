@@ -18,6 +18,7 @@ use syn::parse::{ParseStream, Parser};
 use syn::{Expr, Ident, Lit, LitStr, Path, Token};
 
 use crate::duration;
+use crate::errors::Errors;
 
 /// Every option, with how it is written, for error messages.
 const OPTIONS: &[(&str, &str)] = &[
@@ -287,30 +288,6 @@ fn unknown_option(name: &Ident) -> syn::Error {
             known.join(", ")
         ),
     )
-}
-
-/// Errors gathered so that all are reported together.
-#[derive(Default)]
-pub(crate) struct Errors(Option<syn::Error>);
-
-impl Errors {
-    pub(crate) fn push(&mut self, error: syn::Error) {
-        match &mut self.0 {
-            Some(all) => all.combine(error),
-            None => self.0 = Some(error),
-        }
-    }
-
-    /// `Err` with every error pushed, if any.
-    pub(crate) fn finish(self) -> syn::Result<()> {
-        self.0.map_or(Ok(()), Err)
-    }
-
-    /// Every error pushed, for a caller that has pushed at least one.
-    pub(crate) fn into_error(self) -> syn::Error {
-        self.0
-            .unwrap_or_else(|| syn::Error::new(Span::call_site(), "invalid attribute"))
-    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use proc_macro2::Span;
 use syn::spanned::Spanned;
 use syn::{FnArg, Ident, Pat, ReturnType, Signature, Type};
 
-use crate::options::Errors;
+use crate::errors::Errors;
 
 /// What the rest of the expansion needs from a checked signature.
 #[derive(Debug)]

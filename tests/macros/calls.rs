@@ -59,6 +59,18 @@ fn the_key_is_built_from_the_arguments_and_held_for_the_body() {
     assert!(!lock.is_held_by_current_thread());
 }
 
+#[redbaton::locked(client = client, key = "nightly {{report}}")]
+fn nightly(client: &Client) -> Result<Holder, AppError> {
+    Ok(holder_of(client, "nightly {report}")?)
+}
+
+#[test]
+fn a_key_without_captures_is_used_as_written() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    assert_eq!(nightly(&client).unwrap().depth, 1);
+}
+
 struct Account {
     locks: Client,
     id: u64,
