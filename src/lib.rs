@@ -74,6 +74,14 @@
 //! A single Redis is not safe across failover: a replica promoted before it
 //! received the lock can grant it again. See the README for the limits.
 //!
+//! # Declarative locking
+//!
+//! With the `macros` feature, an attribute makes a function hold the lock
+//! its arguments name for its whole body, and return `Error::Busy` through
+//! its own `Result` when someone else holds it:
+//! `#[redbaton::locked(client = LOCKS, key = "order:{order_id}", wait = "5s")]`.
+//! See `locked` for the options and the rules.
+//!
 //! # How the crate is built
 //!
 //! Layers, each importing only from those below it: the facade
