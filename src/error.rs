@@ -3,6 +3,9 @@
 //! "Someone else holds the lock" is not an error: `try_lock` returns
 //! `Ok(None)`; neither is "no permits left": `try_acquire` returns
 //! `Ok(false)`. Errors are bad input, Redis failures, and lost ownership.
+//! The one exception is [`Error::Busy`], for `#[redbaton::locked]`
+//! functions: they return the function's own `Result`, which has no room
+//! for "not acquired" but an error.
 
 use std::time::Duration;
 
@@ -150,6 +153,16 @@ pub enum Error {
         name: String,
         /// What Redis reported.
         detail: String,
+    },
+
+    /// A `#[redbaton::locked]` function did not run because another thread
+    /// or process held its lock: at once (the default, one attempt), or
+    /// until its `wait` ran out. The lock API itself never returns this: its
+    /// `try_lock*` answer `Ok(None)`.
+    #[error("lock {name:?} is held by another thread or process, so the locked function did not run; call it again later, or let it wait for the lock (`wait = \"5s\"` on `#[redbaton::locked]`)")]
+    Busy {
+        /// The lock name (the function's key).
+        name: String,
     },
 
     /// The guard's lock is no longer this thread's: its lease ran out (a
@@ -309,6 +322,14 @@ impl Error {
                 | Error::NotReplicated { .. }
                 | Error::NoQuorum { .. }
         )
+    }
+
+    /// True when a `#[redbaton::locked]` function did not run because its
+    /// lock was held by someone else ([`Error::Busy`]). Not counted as
+    /// [`is_transient`](Error::is_transient), which is about Redis failing:
+    /// contention is the lock working.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, Error::Busy { .. })
     }
 
     /// True when the lock was lost: this thread no longer owns it.

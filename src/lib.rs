@@ -74,6 +74,14 @@
 //! A single Redis is not safe across failover: a replica promoted before it
 //! received the lock can grant it again. See the README for the limits.
 //!
+//! # Declarative locking
+//!
+//! With the `macros` feature, an attribute makes a function hold the lock
+//! its arguments name for its whole body, and return `Error::Busy` through
+//! its own `Result` when someone else holds it:
+//! `#[redbaton::locked(client = LOCKS, key = "order:{order_id}", wait = "5s")]`.
+//! See `locked` for the options and the rules.
+//!
 //! # How the crate is built
 //!
 //! Layers, each importing only from those below it: the facade
@@ -102,6 +110,8 @@ mod error;
 mod identity;
 mod keys;
 mod lease;
+#[cfg(feature = "macros")]
+mod locked;
 mod parking;
 mod scripts;
 mod sync;
@@ -110,6 +120,145 @@ pub use client::{Client, ClientBuilder, Topology};
 pub use error::Error;
 pub use lease::WatchdogStats;
 pub use sync::{CountDownLatch, Holder, Lock, LockGuard, Owner, Rate, RateLimiter, RateMode};
+
+/// Runs a function holding the distributed lock named by its `key`, built
+/// from its arguments: `#[redbaton::locked(client = …, key = "order:{order_id}")]`.
+///
+/// Feature `macros`. The lock is taken before the body runs, and released
+/// when the function ends: by its last expression, a `return`, a `?`, or a
+/// panic. When the lock cannot be taken the body does not run, and the
+/// function returns [`Error::Busy`] (someone else holds it) or the Redis
+/// error, converted into its own error type.
+///
+/// By default the function makes one attempt (`try_lock`) and is busy at
+/// once; `wait = "5s"` waits up to that long (`try_lock_for`). Contention
+/// is an error here, unlike in the lock API, because the function's
+/// `Result` has no other way to say that it did not run.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::sync::LazyLock;
+/// use redbaton::Client;
+///
+/// static LOCKS: LazyLock<Client> =
+///     LazyLock::new(|| Client::open("redis://127.0.0.1/").expect("a valid URL"));
+///
+/// #[derive(Debug)]
+/// enum AppError {
+///     Lock(redbaton::Error),
+///     Declined,
+/// }
+///
+/// impl From<redbaton::Error> for AppError {
+///     fn from(error: redbaton::Error) -> Self {
+///         AppError::Lock(error)
+///     }
+/// }
+///
+/// /// One payment per order at a time, across every process: one attempt.
+/// #[redbaton::locked(client = LOCKS, key = "order:{order_id}")]
+/// fn pay(order_id: u64, amount: u64) -> Result<u64, AppError> {
+///     if amount == 0 {
+///         return Err(AppError::Declined); // releases the lock, like any return
+///     }
+///     Ok(amount) // charge, record, ...
+/// }
+///
+/// /// Waits up to 5 s for the lock; a renewed 30 s lease; the fencing
+/// /// token of this ownership as `token`.
+/// #[redbaton::locked(client = LOCKS, key = "report:{day}", wait = "5s", lease = "30s", fencing = token)]
+/// fn build_report(day: &str) -> Result<(), AppError> {
+///     println!("building the report of {day} under fencing token {token}");
+///     Ok(())
+/// }
+///
+/// fn main() {
+///     match pay(7, 100) {
+///         Ok(paid) => println!("paid {paid}"),
+///         Err(AppError::Lock(error)) if error.is_busy() => println!("order 7 is being paid elsewhere"),
+///         Err(other) => println!("failed: {other:?}"),
+///     }
+///     build_report("2024-06-01").expect("the report was built");
+/// }
+/// ```
+///
+/// Methods work, and anything in reach can give the client or the key:
+///
+/// ```no_run
+/// # #[derive(Debug)]
+/// # struct AppError;
+/// # impl From<redbaton::Error> for AppError {
+/// #     fn from(_: redbaton::Error) -> Self { AppError }
+/// # }
+/// struct Accounts {
+///     locks: redbaton::Client,
+///     region: String,
+/// }
+///
+/// impl Accounts {
+///     #[redbaton::locked(client = self.locks, key = { format!("{}:account:{}", self.region, id) })]
+///     fn close(&self, id: u64) -> Result<(), AppError> {
+///         Ok(())
+///     }
+/// }
+/// ```
+///
+/// # Options
+///
+/// | option | meaning |
+/// |---|---|
+/// | `client = EXPR` | Required. The [`Client`]: any expression that gives one by reference (`&(EXPR)` must coerce to `&Client`): a static `Client` or `LazyLock<Client>`, an `Arc<Client>`, `self.locks`, a function call. |
+/// | `key = "…{arg}…"` | Required (this or the next). The lock's name, a `format!` string whose `{…}` capture the function's arguments by name (`{order_id}`, `{day:?}`); a name that is not an argument, or a positional `{}`, is a compile error. |
+/// | `key = { … }` | The lock's name from any expression (a `String`, `&str`, `Cow<str>`, `Box<str>` or `Arc<str>`): fields of `self`, constants, computed names. |
+/// | `wait = "5s"` | Wait up to this long for the lock ([`Lock::try_lock_for`]), then return [`Error::Busy`]. Without it: one attempt ([`Lock::try_lock`]). |
+/// | `lease = "30s"` | A renewed lease of this length ([`Lock::with_lease`]): renewed every third of it while the function runs; a crashed holder frees the lock within it. Without it: the client's `default_lease`. |
+/// | `fixed_lease = "30s"` | A fixed lease ([`Lock::with_fixed_lease`]): the lock ends after it even if the function still runs. Excludes `lease`. |
+/// | `fencing = name` | Binds the ownership's fencing token ([`LockGuard::fencing_token`], a `u64`) to the local `name`, for the body to pass to storage. |
+/// | `crate = path` | Where redbaton is, when it is renamed or re-exported (`crate = ::infra::redbaton`). Defaults to `::redbaton`. |
+///
+/// Durations are a whole number and a unit, `"250ms"`, `"5s"`, `"2m"` or
+/// `"1h"`, read at compile time: a malformed one, a zero `wait`, or a
+/// lease outside 1 ms to a year is a compile error at the literal. So is
+/// an option given twice, or one that does not exist (the message lists
+/// the options).
+///
+/// # The function
+///
+/// - It returns `Result<T, E>` with `E: From<redbaton::Error>`, written as
+///   a path ending in `Result` (`Result<T, E>`, `io::Result<T>`,
+///   `AppResult<T>`); anything else is a compile error at the return type,
+///   and so is an error type without the `From`.
+/// - It is neither `async` (the lock blocks the thread, and its guard
+///   cannot cross an `.await`: call the function from `spawn_blocking`)
+///   nor `const`.
+/// - Free functions, methods (`self`, `&self`, `&mut self`) and generic
+///   functions work. The guard is a local taken before the body's first
+///   statement, not a closure, so `return` and `?` in the body keep their
+///   meaning; the body cannot see or shadow the macro's own locals.
+/// - Locks are re-entrant per thread: a locked function may call another
+///   on the same key (or take the same lock by hand); the inner call joins
+///   the outer ownership and its fencing token.
+/// - The guard is released like any [`LockGuard`] dropped: a failed release
+///   is logged, not returned (the function's value was already computed).
+///
+/// # Errors
+///
+/// Through the function's error type: [`Error::Busy`] when another thread
+/// or process held the lock for the attempt (or the whole `wait`);
+/// [`Error::InvalidName`] for an empty key or one over 4096 bytes; and the
+/// Redis failures of [`Lock::try_lock`].
+#[cfg(feature = "macros")]
+#[doc(inline)]
+pub use redbaton_macros::locked;
+
+/// What the code generated by [`locked`] calls. Not public API: it may
+/// change in any release.
+#[cfg(feature = "macros")]
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::locked::{fail, lock, FromLockError, Lease, LockName, LockOptions};
+}
 
 /// Compiles the README's examples as doctests, so the front door stays true.
 #[cfg(doctest)]

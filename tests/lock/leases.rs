@@ -91,6 +91,52 @@ fn a_renewed_guard_outlives_three_leases_and_keeps_another_process_out() {
 }
 
 #[test]
+fn a_handle_with_its_own_renewed_lease_keeps_the_lock_past_that_lease() {
+    // The client's default lease (30 s) would hide a watchdog that renews
+    // with it instead of the ownership's lease: the lock would then never
+    // show a TTL under 600 ms, nor need renewing within 2 s.
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lease = Duration::from_millis(600);
+    let lock = client.lock("renewed").unwrap().with_lease(lease).unwrap();
+    let guard = lock.lock().unwrap();
+    let left = guard.remaining_lease().unwrap();
+    assert!(left <= lease && left > Duration::ZERO, "{left:?}");
+    let mut other = spawn_child("try-for-two-seconds", &server);
+    // The child tries for 2 s (over 3 leases); we hold for all of it.
+    assert_eq!(other.wait_for_line("GOT", Duration::from_secs(30)), "false");
+    assert!(!guard.is_lost());
+    let left = guard.remaining_lease().unwrap();
+    assert!(left <= lease && left > Duration::ZERO, "{left:?}");
+    let stats = client.watchdog_stats();
+    assert!(
+        stats.renewals >= 3,
+        "renewed every third of 600 ms: {stats:?}"
+    );
+    assert_eq!(stats.losses, 0);
+    guard.unlock().unwrap();
+    assert!(!lock.is_locked().unwrap());
+}
+
+#[test]
+fn with_lease_refuses_a_lease_outside_1ms_to_a_year() {
+    let client = Client::open("redis://127.0.0.1:1/").unwrap(); // never contacted
+    let lock = client.lock("bounds").unwrap();
+    for lease in [
+        Duration::ZERO,
+        Duration::from_micros(999),
+        Duration::from_secs(366 * 24 * 3600),
+    ] {
+        let err = lock.with_lease(lease).unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidLease { lease: refused } if refused == lease),
+            "{err}"
+        );
+    }
+    assert!(lock.with_lease(Duration::from_millis(1)).is_ok());
+}
+
+#[test]
 fn with_a_fixed_lease_another_process_takes_the_lock_and_the_old_guard_reports_lost() {
     let deployment = Deployment::start(Topology::Single);
     let (server, client) = (deployment.server(), deployment.client());

@@ -1,0 +1,279 @@
+//! The function again, with its lock taken before its body:
+//!
+//! ```text
+//! fn pay(order_id: u64, amount: u64) -> Result<Receipt, AppError> {
+//!     let guard = {
+//!         let client: &::redbaton::Client = &(LOCKS);
+//!         let name = ::std::format!("order:{order_id}");
+//!         match ::redbaton::__private::lock(client, name.lock_name(), options) {
+//!             Ok(guard) => guard,
+//!             Err(error) => return ::redbaton::__private::fail(error),
+//!         }
+//!     };
+//!     let token: u64 = guard.fencing_token();   // with `fencing = token`
+//!     /* the body's statements, unchanged */
+//! }
+//! ```
+//!
+//! No closure: `return` and `?` in the body keep their meaning, and the
+//! guard, the first local, is dropped last, after the value is computed,
+//! on return and on panic alike. The macro's own locals have mixed-site
+//! hygiene, so the body can neither see nor shadow them; the caller's
+//! tokens (the client expression, the key) keep their spans, so a type
+//! error points at what the caller wrote.
+
+use std::time::Duration;
+
+use proc_macro2::{Group, Span, TokenStream, TokenTree};
+use quote::{quote, quote_spanned, ToTokens};
+use syn::spanned::Spanned;
+use syn::{Ident, Item, ItemFn, Stmt};
+
+use crate::errors::Errors;
+use crate::key;
+use crate::options::{Key, Lease, Options};
+use crate::signature::{self, Checked};
+
+/// The attribute's expansion: the locked function, or the errors followed
+/// by the function as written (so that its callers do not fail too).
+pub(crate) fn locked(options: TokenStream, function: TokenStream) -> TokenStream {
+    match expand(options, function.clone()) {
+        Ok(tokens) => tokens,
+        Err(error) => {
+            // The function as written, so that its callers compile; its
+            // arguments may now look unused (the attribute was to use
+            // them), which is no news next to the error.
+            let error = error.into_compile_error();
+            quote!(#error #[allow(unused_variables)] #function)
+        }
+    }
+}
+
+fn expand(options: TokenStream, function: TokenStream) -> syn::Result<TokenStream> {
+    let mut function = parse_function(function)?;
+    let mut errors = Errors::default();
+    let options = Options::parse(options).map_err(|e| errors.push(e)).ok();
+    let checked = signature::check(&function.sig)
+        .map_err(|e| errors.push(e))
+        .ok();
+    if let (Some(options), Some(checked)) = (&options, &checked) {
+        if let Key::Template(template) = &options.key {
+            if let Err(error) =
+                key::check_template(template, &function.sig.ident, &checked.arguments)
+            {
+                errors.push(error);
+            }
+        }
+        if let Some(fencing) = &options.fencing {
+            if checked.arguments.iter().any(|a| a == fencing) {
+                errors.push(syn::Error::new(
+                    fencing.span(),
+                    format!(
+                        "`fencing = {fencing}` would hide the argument `{fencing}`; \
+                         name the token otherwise"
+                    ),
+                ));
+            }
+        }
+    }
+    errors.finish()?;
+    let (Some(options), Some(checked)) = (options, checked) else {
+        return Err(syn::Error::new(Span::call_site(), "invalid attribute"));
+    };
+    let prologue = prologue(&options, &checked);
+    let body = std::mem::take(&mut function.block.stmts);
+    function.block.stmts = prologue;
+    function.block.stmts.extend(body);
+    Ok(function.into_token_stream())
+}
+
+/// The function the attribute is on, or an error that says where the
+/// attribute goes.
+fn parse_function(function: TokenStream) -> syn::Result<ItemFn> {
+    match syn::parse2::<Item>(function)? {
+        Item::Fn(function) => Ok(function),
+        other => Err(syn::Error::new_spanned(
+            other,
+            "`#[redbaton::locked]` goes on a function with a body: a free function, or a \
+             method in an `impl` block",
+        )),
+    }
+}
+
+/// The statements that take the lock, before the body's.
+fn prologue(options: &Options, checked: &Checked) -> Vec<Stmt> {
+    let krate = &options.krate;
+    // The macro's locals: invisible to the body (mixed-site hygiene).
+    let local = |name: &str| Ident::new(name, Span::mixed_site());
+    let (guard, client, name, error) = (
+        local("__redbaton_guard"),
+        local("__redbaton_client"),
+        local("__redbaton_name"),
+        local("__redbaton_error"),
+    );
+
+    // `&(EXPR)` coerces a `Client`, a `LazyLock<Client>`, an `Arc<Client>`
+    // (through `Deref`) and a temporary from a call (kept alive to the end
+    // of the block) to `&Client`; a mismatch points at the expression.
+    let client_expr = &options.client;
+    let client_ref = quote_spanned!(client_expr.span()=> &(#client_expr));
+
+    let (name_value, name_span) = match &options.key {
+        // The literal keeps the caller's span, so its captures resolve
+        // among the function's arguments.
+        Key::Template(template) => (quote!(::std::format!(#template)), template.span()),
+        Key::Expr(expr) => (expr.to_token_stream(), expr.span()),
+    };
+    // Located at the key, so that a block of the wrong type is reported
+    // there.
+    let lock_name = relocated(
+        quote!(#krate::__private::LockName::lock_name(&#name)),
+        name_span,
+    );
+
+    let wait = match options.wait {
+        Some(wait) => {
+            let wait = duration(wait);
+            quote!(::core::option::Option::Some(#wait))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let lease = match options.lease {
+        Lease::ClientDefault => quote!(#krate::__private::Lease::ClientDefault),
+        Lease::Renewed(lease) => {
+            let lease = duration(lease);
+            quote!(#krate::__private::Lease::Renewed(#lease))
+        }
+        Lease::Fixed(lease) => {
+            let lease = duration(lease);
+            quote!(#krate::__private::Lease::Fixed(#lease))
+        }
+    };
+
+    // Located at the return type, so that an error type without
+    // `From<redbaton::Error>` is reported there.
+    let fail = relocated(quote!(#krate::__private::fail(#error)), checked.output);
+
+    let take = quote! {
+        let #guard = {
+            let #client: &#krate::Client = #client_ref;
+            let #name = #name_value;
+            match #krate::__private::lock(
+                #client,
+                #lock_name,
+                #krate::__private::LockOptions { wait: #wait, lease: #lease },
+            ) {
+                ::core::result::Result::Ok(#guard) => #guard,
+                ::core::result::Result::Err(#error) => return #fail,
+            }
+        };
+    };
+    let fencing = options.fencing.as_ref().map(|token| {
+        quote! {
+            let #token: u64 = #guard.fencing_token();
+        }
+    });
+    // Statements by construction: `parse_quote!` cannot fail on them.
+    syn::parse_quote!(#take #fencing)
+}
+
+/// `tokens`, shown at `location` in error messages: every token (the
+/// caller's too) keeps the names it resolves to, and only where the
+/// compiler points changes. A path the macro writes would otherwise point
+/// at the whole attribute.
+fn relocated(tokens: TokenStream, location: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut token| {
+            if let TokenTree::Group(group) = &token {
+                let mut inner = Group::new(group.delimiter(), relocated(group.stream(), location));
+                inner.set_span(group.span().located_at(location));
+                token = TokenTree::Group(inner);
+            } else {
+                token.set_span(token.span().located_at(location));
+            }
+            token
+        })
+        .collect()
+}
+
+/// `duration` as an expression (every duration the grammar allows is
+/// whole milliseconds).
+fn duration(duration: Duration) -> TokenStream {
+    let millis = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+    quote!(::core::time::Duration::from_millis(#millis))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expand_to_string(options: TokenStream, function: TokenStream) -> String {
+        locked(options, function).to_string()
+    }
+
+    #[test]
+    fn the_guard_is_taken_before_the_body_which_is_kept_as_written() {
+        let out = expand_to_string(
+            quote!(
+                client = LOCKS,
+                key = "order:{id}",
+                wait = "5s",
+                fencing = token
+            ),
+            quote!(
+                pub fn pay(id: u64) -> Result<u64, AppError> {
+                    let x = id + 1;
+                    Ok(x + token)
+                }
+            ),
+        );
+        let guard = out.find("__redbaton_guard").unwrap();
+        let body = out.find("let x = id + 1").unwrap();
+        assert!(guard < body, "{out}");
+        assert!(out.contains(":: redbaton :: __private :: lock"), "{out}");
+        assert!(
+            out.contains(":: core :: time :: Duration :: from_millis (5000u64)"),
+            "{out}"
+        );
+        assert!(
+            out.contains("let token : u64 = __redbaton_guard . fencing_token ()"),
+            "{out}"
+        );
+        assert!(out.ends_with("Ok (x + token) }"), "{out}");
+    }
+
+    #[test]
+    fn a_renamed_crate_is_used_for_every_path() {
+        let out = expand_to_string(
+            quote!(client = C, key = "k", crate = ::infra::locks, lease = "1s"),
+            quote!(
+                fn f() -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(!out.contains(":: redbaton"), "{out}");
+        assert!(
+            out.contains(":: infra :: locks :: __private :: Lease :: Renewed"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn on_errors_the_function_is_kept_after_them() {
+        let out = expand_to_string(
+            quote!(key = "k"),
+            quote!(
+                fn f() -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(out.starts_with(":: core :: compile_error !"), "{out}");
+        assert!(
+            out.ends_with("fn f () -> Result < () , E > { Ok (()) }"),
+            "{out}"
+        );
+    }
+}

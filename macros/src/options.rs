@@ -1,0 +1,386 @@
+//! The attribute's options: `#[locked(client = …, key = …, wait = "5s")]`.
+//!
+//! Each option is a `name = value` pair, parsed by one arm of
+//! [`Options::parse_option`] into one field. A new option (`rw = read`,
+//! `semaphore = …`, `fair = true`, once those synchronizers exist) is an
+//! entry in [`OPTIONS`], a field, and an arm; `expand` then decides what it
+//! calls at run time. A name not in [`OPTIONS`] is refused with the list.
+//!
+//! Parsing never stops at the first mistake it can step over: every
+//! problem of the list is reported at once, each at its own tokens.
+
+use std::time::Duration;
+
+use proc_macro2::{Span, TokenStream};
+use quote::quote;
+use syn::ext::IdentExt;
+use syn::parse::{ParseStream, Parser};
+use syn::{Expr, Ident, Lit, LitStr, Path, Token};
+
+use crate::duration;
+use crate::errors::Errors;
+
+/// Every option, with how it is written, for error messages.
+const OPTIONS: &[(&str, &str)] = &[
+    ("client", "client = LOCKS"),
+    ("key", "key = \"order:{order_id}\""),
+    ("wait", "wait = \"5s\""),
+    ("lease", "lease = \"30s\""),
+    ("fixed_lease", "fixed_lease = \"30s\""),
+    ("fencing", "fencing = token"),
+    ("crate", "crate = ::redbaton"),
+];
+
+/// The longest lease the lock accepts (a year, as `Lock::with_lease`
+/// checks again at run time).
+const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The options of one attribute, checked.
+pub(crate) struct Options {
+    /// What gives the `redbaton::Client`.
+    pub(crate) client: Expr,
+    /// The lock's name.
+    pub(crate) key: Key,
+    /// `None`: one attempt.
+    pub(crate) wait: Option<Duration>,
+    pub(crate) lease: Lease,
+    /// The local the body sees the fencing token as.
+    pub(crate) fencing: Option<Ident>,
+    /// The path of the redbaton crate in the caller's code.
+    pub(crate) krate: TokenStream,
+}
+
+/// Where the lock's name comes from.
+pub(crate) enum Key {
+    /// `key = "order:{order_id}"`: a `format!` string over the arguments.
+    Template(LitStr),
+    /// `key = { … }` (or any other expression): its value.
+    Expr(Expr),
+}
+
+/// The lease the function's lock is kept with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lease {
+    /// The client's `default_lease`, renewed.
+    ClientDefault,
+    /// `lease = "…"`: renewed.
+    Renewed(Duration),
+    /// `fixed_lease = "…"`: not renewed.
+    Fixed(Duration),
+}
+
+/// The options as written, each kept with the name that set it.
+#[derive(Default)]
+struct Given {
+    client: Option<Expr>,
+    key: Option<Key>,
+    wait: Option<Duration>,
+    lease: Option<(Ident, Lease)>,
+    fencing: Option<Ident>,
+    krate: Option<Path>,
+    /// The names seen so far, to refuse one given twice.
+    seen: Vec<String>,
+}
+
+impl Options {
+    /// Parses and checks the attribute's tokens.
+    pub(crate) fn parse(tokens: TokenStream) -> syn::Result<Options> {
+        let mut given = Given::default();
+        let mut errors = Errors::default();
+        let parser = |input: ParseStream<'_>| {
+            while !input.is_empty() {
+                Options::parse_option(input, &mut given, &mut errors)?;
+                if input.is_empty() {
+                    break;
+                }
+                input.parse::<Token![,]>()?;
+            }
+            Ok(())
+        };
+        let read_whole_list = match parser.parse2(tokens) {
+            Ok(()) => true,
+            Err(error) => {
+                errors.push(error);
+                false
+            }
+        };
+        match (given.client, given.key) {
+            (Some(client), Some(key)) => {
+                errors.finish()?;
+                Ok(Options {
+                    client,
+                    key,
+                    wait: given.wait,
+                    lease: given.lease.map_or(Lease::ClientDefault, |(_, lease)| lease),
+                    fencing: given.fencing,
+                    krate: given
+                        .krate
+                        .map_or_else(|| quote!(::redbaton), |path| quote!(#path)),
+                })
+            }
+            // What the list did not get to read is not known to be missing.
+            (_, _) if !read_whole_list => Err(errors.into_error()),
+            (client, key) => {
+                if client.is_none() {
+                    errors.push(syn::Error::new(
+                        Span::call_site(),
+                        "`#[redbaton::locked]` needs `client = …`: the `redbaton::Client` to \
+                         lock with (a static such as `client = LOCKS`, a field such as \
+                         `client = self.locks`, or a function call)",
+                    ));
+                }
+                if key.is_none() {
+                    errors.push(syn::Error::new(
+                        Span::call_site(),
+                        "`#[redbaton::locked]` needs `key = …`: the lock's name, as a template \
+                         of the arguments (`key = \"order:{order_id}\"`) or a block \
+                         (`key = { … }`)",
+                    ));
+                }
+                Err(errors.into_error())
+            }
+        }
+    }
+
+    /// One `name = value`. A value that is wrong is recorded in `errors`
+    /// and parsing goes on; a list that cannot be read further is `Err`.
+    fn parse_option(
+        input: ParseStream<'_>,
+        given: &mut Given,
+        errors: &mut Errors,
+    ) -> syn::Result<()> {
+        // `crate` is a keyword: read any identifier.
+        let name = input.call(Ident::parse_any)?;
+        let text = name.to_string();
+        if !OPTIONS.iter().any(|(known, _)| *known == text) {
+            return Err(unknown_option(&name));
+        }
+        if !input.peek(Token![=]) {
+            return Err(syn::Error::new(
+                name.span(),
+                format!("`{text}` takes a value: `{}`", example(&name)),
+            ));
+        }
+        input.parse::<Token![=]>()?;
+        if given.seen.contains(&text) {
+            errors.push(syn::Error::new(
+                name.span(),
+                format!("`{text}` is given twice; keep one"),
+            ));
+        }
+        given.seen.push(text.clone());
+        match text.as_str() {
+            "client" => given.client = Some(input.parse()?),
+            "key" => {
+                given.key = Some(match input.parse()? {
+                    Expr::Lit(syn::ExprLit {
+                        lit: Lit::Str(template),
+                        ..
+                    }) => Key::Template(template),
+                    expr => Key::Expr(expr),
+                });
+            }
+            "wait" => {
+                let wait = duration_value(input, &name)?;
+                match wait {
+                    Ok((_, wait)) => given.wait = Some(wait),
+                    Err(error) => errors.push(error),
+                }
+            }
+            "lease" | "fixed_lease" => match duration_value(input, &name)? {
+                Ok((literal, lease)) => {
+                    if lease.is_zero() || lease > MAX_LEASE {
+                        errors.push(syn::Error::new(
+                            literal.span(),
+                            format!(
+                                "a lease must be between 1ms and a year, not {:?}",
+                                literal.value()
+                            ),
+                        ));
+                    }
+                    if let Some((other, _)) = &given.lease {
+                        errors.push(syn::Error::new(
+                            name.span(),
+                            format!(
+                                "`{text}` and `{other}` exclude each other (`lease` is renewed \
+                                 while the function runs, `fixed_lease` ends on time); keep one"
+                            ),
+                        ));
+                    }
+                    let lease = if text == "lease" {
+                        Lease::Renewed(lease)
+                    } else {
+                        Lease::Fixed(lease)
+                    };
+                    given.lease = Some((name, lease));
+                }
+                Err(error) => errors.push(error),
+            },
+            "fencing" => {
+                let value: Expr = input.parse()?;
+                match &value {
+                    Expr::Path(path) if path.qself.is_none() && path.path.get_ident().is_some() => {
+                        given.fencing = path.path.get_ident().cloned();
+                    }
+                    _ => errors.push(syn::Error::new_spanned(
+                        value,
+                        "`fencing` takes the name of a local for the fencing token, \
+                         as in `fencing = token`",
+                    )),
+                }
+            }
+            "crate" => given.krate = Some(input.call(Path::parse_mod_style)?),
+            _ => unreachable!("every name of OPTIONS has an arm"),
+        }
+        Ok(())
+    }
+}
+
+/// A duration option's value: the literal and its duration, or the error
+/// to report at it. `Err` only when the list cannot be read further.
+fn duration_value(
+    input: ParseStream<'_>,
+    name: &Ident,
+) -> syn::Result<Result<(LitStr, Duration), syn::Error>> {
+    let value: Expr = input.parse()?;
+    let Expr::Lit(syn::ExprLit {
+        lit: Lit::Str(literal),
+        ..
+    }) = value
+    else {
+        return Ok(Err(syn::Error::new_spanned(
+            value,
+            format!(
+                "`{name}` takes a duration in quotes, as in `{}`; {}",
+                example(name),
+                duration::GRAMMAR
+            ),
+        )));
+    };
+    Ok(match duration::parse(&literal.value()) {
+        Ok(duration) if duration.is_zero() && name == "wait" => Err(syn::Error::new(
+            literal.span(),
+            "a wait of zero is one attempt, which is what leaving `wait` out does: remove it",
+        )),
+        Ok(duration) => Ok((literal, duration)),
+        Err(message) => Err(syn::Error::new(literal.span(), message)),
+    })
+}
+
+/// How option `name` (one of [`OPTIONS`]) is written.
+fn example(name: &Ident) -> &'static str {
+    OPTIONS
+        .iter()
+        .find(|(known, _)| name == known)
+        .map_or("", |(_, example)| example)
+}
+
+/// The error for a name that is not an option.
+fn unknown_option(name: &Ident) -> syn::Error {
+    let known: Vec<String> = OPTIONS
+        .iter()
+        .map(|(known, _)| format!("`{known}`"))
+        .collect();
+    syn::Error::new(
+        name.span(),
+        format!(
+            "unknown option `{name}` of `#[redbaton::locked]`; the options are {}",
+            known.join(", ")
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(tokens: TokenStream) -> syn::Result<Options> {
+        Options::parse(tokens)
+    }
+
+    fn messages(tokens: TokenStream) -> Vec<String> {
+        let Err(errors) = parse(tokens) else {
+            panic!("the options were accepted");
+        };
+        errors.into_iter().map(|e| e.to_string()).collect()
+    }
+
+    #[test]
+    fn every_option_is_read() {
+        let options = parse(quote!(
+            client = LOCKS,
+            key = "order:{id}",
+            wait = "5s",
+            lease = "30s",
+            fencing = token,
+            crate = ::my::redbaton,
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(options.key, Key::Template(_)));
+        assert_eq!(options.wait, Some(Duration::from_secs(5)));
+        assert_eq!(options.lease, Lease::Renewed(Duration::from_secs(30)));
+        assert_eq!(options.fencing.unwrap().to_string(), "token");
+        assert_eq!(
+            options.krate.to_string(),
+            quote!(::my::redbaton).to_string()
+        );
+
+        let options = parse(quote!(client = self.c, key = { x() }, fixed_lease = "2m"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(options.key, Key::Expr(Expr::Block(_))));
+        assert_eq!(options.wait, None);
+        assert_eq!(options.lease, Lease::Fixed(Duration::from_secs(120)));
+        assert_eq!(options.krate.to_string(), quote!(::redbaton).to_string());
+    }
+
+    #[test]
+    fn an_unknown_option_lists_the_known_ones() {
+        for name in ["fair", "rw", "semaphore", "timeout"] {
+            let name = Ident::new(name, Span::call_site());
+            let errors = messages(quote!(client = C, key = "k", #name = true));
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert!(errors[0].starts_with(&format!("unknown option `{name}`")));
+            for (known, _) in OPTIONS {
+                assert!(errors[0].contains(&format!("`{known}`")), "{errors:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_mistake_of_a_list_is_reported_at_once() {
+        let errors = messages(quote!(
+            wait = "5 s",
+            lease = "0ms",
+            fixed_lease = "1s",
+            fencing = 3
+        ));
+        assert_eq!(errors.len(), 6, "{errors:?}");
+        assert!(errors[0].contains("\"5 s\" is not a duration"));
+        assert!(errors[1].contains("between 1ms and a year"));
+        assert!(errors[2].contains("exclude each other"));
+        assert!(errors[3].contains("name of a local"));
+        assert!(errors[4].contains("needs `client = …`"));
+        assert!(errors[5].contains("needs `key = …`"));
+    }
+
+    #[test]
+    fn an_option_given_twice_or_without_a_value_is_refused() {
+        let errors = messages(quote!(client = A, client = B, key = "k"));
+        assert_eq!(errors, ["`client` is given twice; keep one"]);
+        let errors = messages(quote!(client = A, key));
+        assert_eq!(
+            errors[0],
+            "`key` takes a value: `key = \"order:{order_id}\"`"
+        );
+    }
+
+    #[test]
+    fn durations_must_be_quoted_and_waits_not_zero() {
+        let errors = messages(quote!(client = A, key = "k", wait = 5));
+        assert!(errors[0].starts_with("`wait` takes a duration in quotes"));
+        let errors = messages(quote!(client = A, key = "k", wait = "0ms"));
+        assert!(errors[0].starts_with("a wait of zero is one attempt"));
+        let errors = messages(quote!(client = A, key = "k", lease = "9000h"));
+        assert!(errors[0].contains("between 1ms and a year"));
+    }
+}

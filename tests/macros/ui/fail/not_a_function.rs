@@ -1,0 +1,4 @@
+#[redbaton::locked(client = C, key = "k")]
+struct Order;
+
+fn main() {}

@@ -1,0 +1,13 @@
+use redbaton::{Client, Error};
+
+#[redbaton::locked(client = c, key = "k", fair = true)]
+fn fair(c: &Client) -> Result<(), Error> {
+    Ok(())
+}
+
+#[redbaton::locked(client = c, key = "k", timeout = "5s")]
+fn timeout(c: &Client) -> Result<(), Error> {
+    Ok(())
+}
+
+fn main() {}
