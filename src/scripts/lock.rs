@@ -27,6 +27,9 @@ pub(crate) struct AcquireArgs<'a> {
     /// A fair lock's: how long a waiter's place in the queue lives unless
     /// the waiter comes back.
     pub(crate) place_ttl: Duration,
+    /// A quorum's proposed fencing token (0: none): the token is at least
+    /// this.
+    pub(crate) proposed_token: u64,
 }
 
 /// The acquisition script of `keys`'s lock (a fair lock's takes or keeps
@@ -45,7 +48,7 @@ pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
     if keys.fair {
         call.arg(millis(args.place_ttl))
     } else {
-        call
+        call.arg(args.proposed_token)
     }
 }
 
@@ -58,6 +61,8 @@ pub(crate) struct HandoffArgs<'a> {
     pub(crate) lease: Duration,
     pub(crate) fence_ttl: Duration,
     pub(crate) request: u64,
+    /// A quorum's proposed fencing token (0: none).
+    pub(crate) proposed_token: u64,
 }
 
 pub(crate) fn handoff(keys: &LockKeys, args: HandoffArgs<'_>) -> Call {
@@ -70,6 +75,7 @@ pub(crate) fn handoff(keys: &LockKeys, args: HandoffArgs<'_>) -> Call {
         .arg(millis(args.lease))
         .arg(millis(args.fence_ttl))
         .arg(args.request)
+        .arg(args.proposed_token)
 }
 
 /// Releases one level of the ownership `fence` of `identity`, which keeps

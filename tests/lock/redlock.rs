@@ -288,6 +288,30 @@ fn fencing_tokens_are_one_per_holder_on_every_master_and_keep_growing() {
     }
 }
 
+/// Uncontended, a cycle is one round to take the lock (the masters take
+/// the proposed fencing token as it is: no second round) and one to
+/// release it: two script calls on each master.
+#[test]
+fn an_uncontended_cycle_is_two_script_calls_per_master() {
+    let masters = start_masters();
+    let client = quorum_client(&urls(&masters));
+    let lock = client.lock("cheap").unwrap();
+    lock.lock().unwrap().unlock().unwrap(); // loads the scripts
+    let before: Vec<_> = masters.iter().map(RedisServer::command_calls).collect();
+    let mut last = 0;
+    for _ in 0..10 {
+        let guard = lock.lock().unwrap();
+        assert!(guard.fencing_token() > last);
+        last = guard.fencing_token();
+        guard.unlock().unwrap();
+    }
+    for (master, before) in masters.iter().zip(&before) {
+        let used = master.commands_since(before);
+        assert_eq!(used.get("evalsha"), Some(&20), "{used:?}");
+        assert_eq!(used.get("eval"), None, "{used:?}");
+    }
+}
+
 #[test]
 fn a_renewed_lock_outlives_its_lease_and_a_released_one_wakes_a_waiter() {
     let masters = start_masters();

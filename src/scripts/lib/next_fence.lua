@@ -1,5 +1,11 @@
--- next_fence(key, ttl): the next fencing token of a lock, or nil and an
--- error reply. Prepended to the scripts that start an ownership.
+-- next_fence(key, ttl, proposed): the next fencing token of a lock, or nil
+-- and an error reply. Prepended to the scripts that start an ownership.
+--
+-- `proposed` (a string, or nil: none) is a Redlock client's proposal: the
+-- token is never below it either, so that when every master of a majority
+-- answers exactly the proposal, that majority's counters all hold it and
+-- the quorum needs no second round to agree on a token (see
+-- adopt_fence.lua for the general case).
 --
 -- The token is max(stored counter + 1, server clock in microseconds), on
 -- every issue. So tokens keep increasing even when Redis loses the counter
@@ -12,7 +18,7 @@
 -- Doubles hold integers exactly up to 2^53 (about 285 years of
 -- microseconds), and the token is written back with '%.0f', never in
 -- exponent form.
-local function next_fence(key, ttl)
+local function next_fence(key, ttl, proposed)
   local stored = redis.call('GET', key)
   local counter = 0
   if stored then
@@ -23,7 +29,7 @@ local function next_fence(key, ttl)
   end
   local now = redis.call('TIME')
   local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local fence = math.max(counter + 1, clock)
+  local fence = math.max(counter + 1, clock, tonumber(proposed or '0') or 0)
   redis.call('SET', key, string.format('%.0f', fence), 'PX', ttl)
   return fence
 end

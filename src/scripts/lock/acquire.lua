@@ -15,6 +15,7 @@
 --          request whose reply was lost be undone (release_request.lua)
 -- ARGV[7]  "1" when the caller has been waiting for the lock (others may
 --          wait behind it), else "0"
+-- ARGV[8]  a quorum's proposed fencing token ("0": none), see next_fence
 --
 -- Returns {1, fence, depth}  acquired: fresh (depth 1) or re-entered
 --         {0, pttl}          held by another identity; pttl is the lock key's
@@ -46,7 +47,7 @@ if held[1] == ARGV[1] and held[2] == ARGV[3] then
 end
 
 if held[1] == false or held[1] == ARGV[1] then
-  local fence, err = next_fence(KEYS[2], ARGV[5])
+  local fence, err = next_fence(KEYS[2], ARGV[5], ARGV[8])
   if err then
     return err
   end

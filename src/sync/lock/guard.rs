@@ -289,6 +289,7 @@ impl LockGuard {
             lease: reservation.claim.mode.lease(),
             fence_ttl: self.context.config.fence_ttl,
             request,
+            proposed_token: 0,
         };
         let sent = Instant::now();
         match self.raw.hand_off(&self.keys, args) {

@@ -401,6 +401,7 @@ impl Lock {
             request,
             waited,
             place_ttl: self.context.config.place_ttl(),
+            proposed_token: 0,
         };
         let sent = Instant::now();
         match self.raw.attempt(&self.keys, args) {

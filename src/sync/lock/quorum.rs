@@ -219,6 +219,38 @@ pub(crate) fn validity(lease: Duration, elapsed: Duration, drift: ClockDrift) ->
         .filter(|left| !left.is_zero())
 }
 
+/// How far ahead of this process's clock a proposed token is: enough to be
+/// above every master's clock (tokens are at least the server's clock in
+/// µs) when clocks disagree by less than this, so that the masters take
+/// the proposal as it is.
+const PROPOSAL_LEAD: Duration = Duration::from_secs(1);
+
+/// The token a fresh quorum acquisition proposes: this process's clock in
+/// µs plus [`PROPOSAL_LEAD`]. Each master issues at least it (and above its
+/// own counter), so masters whose clocks and counters are behind the
+/// proposal all answer exactly it, and [`one_token`] spares the second
+/// round. 0 (no proposal) if the clock reads before 1970.
+fn first_proposal() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |now| {
+            u64::try_from((now + PROPOSAL_LEAD).as_micros()).unwrap_or(0)
+        })
+}
+
+/// The quorum's token without a second round, when every granting master
+/// (a majority) issued the same one: each issued it above its own counter
+/// and now holds it there, which is what the second round
+/// (`adopt_fence.lua`) would establish. A master never issues a token
+/// twice, so no other majority can get this one, and any later majority
+/// meets this one in a master whose counter is at least it. `None` when
+/// the masters' tokens differ (a counter or clock ahead of the proposal):
+/// the second round then agrees on the highest + 1.
+pub(crate) fn one_token(granted: &[u64]) -> Option<u64> {
+    let first = *granted.first()?;
+    granted.iter().all(|token| *token == first).then_some(first)
+}
+
 /// The quorum's token from the granting masters' own tokens: above all of
 /// them.
 pub(crate) fn proposed_token(granted: &[u64]) -> Option<u64> {
@@ -234,6 +266,12 @@ impl RawLock for QuorumLock {
                 outcome_unknown: false,
             });
         }
+        let fresh = args.held_fence == 0;
+        let proposal = if fresh { first_proposal() } else { 0 };
+        let args = AcquireArgs {
+            proposed_token: proposal,
+            ..args
+        };
         let started = Instant::now();
         let replies = self.round_reporting::<AcquireReply>(
             &keys.lock,
@@ -255,13 +293,18 @@ impl RawLock for QuorumLock {
                 }
             }
         }
-        let fresh = args.held_fence == 0;
         let valid = validity(args.lease, elapsed, self.drift).is_some();
         if granted.len() >= self.quorum() && valid {
             if !fresh {
                 return Ok(AcquireReply::Acquired {
                     fence: args.held_fence,
                     depth: args.depth as u64,
+                });
+            }
+            if let Some(token) = one_token(&granted) {
+                return Ok(AcquireReply::Acquired {
+                    fence: token,
+                    depth: 1,
                 });
             }
             match self.agree_on_token(keys, args.identity, &granted, args.lease, started) {
@@ -377,6 +420,11 @@ impl RawLock for QuorumLock {
         keys: &LockKeys,
         args: HandoffArgs<'_>,
     ) -> Result<Sent<HandoffReply>, Failed> {
+        let proposal = first_proposal();
+        let args = HandoffArgs {
+            proposed_token: proposal,
+            ..args
+        };
         let started = Instant::now();
         let replies = self.round_reporting::<HandoffReply>(
             &keys.lock,
@@ -402,6 +450,12 @@ impl RawLock for QuorumLock {
         let error = if handed.len() >= self.quorum()
             && validity(args.lease, started.elapsed(), self.drift).is_some()
         {
+            if let Some(token) = one_token(&handed) {
+                return Ok(Sent {
+                    value: HandoffReply(Some(token)),
+                    resent: false,
+                });
+            }
             match self.agree_on_token(keys, args.to, &handed, args.lease, started) {
                 Ok(token) => {
                     return Ok(Sent {
@@ -563,5 +617,18 @@ mod tests {
         assert_eq!(proposed_token(&[7, 12, 9]), Some(13));
         assert_eq!(proposed_token(&[]), None);
         assert_eq!(proposed_token(&[u64::MAX]), None);
+    }
+
+    #[test]
+    fn one_round_suffices_only_when_every_granting_master_issued_one_token() {
+        assert_eq!(one_token(&[41, 41, 41]), Some(41));
+        assert_eq!(one_token(&[41, 42, 41]), None);
+        assert_eq!(one_token(&[]), None);
+        let proposal = first_proposal();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64;
+        assert!(proposal >= now + 900_000 && proposal <= now + 1_100_000);
     }
 }
