@@ -19,22 +19,7 @@ use redbaton::Client;
 const CLIENTS: usize = 6;
 
 fn main() -> ExitCode {
-    let redis = match testkit::DemoRedis::from_env() {
-        Ok(redis) => redis,
-        Err(message) => {
-            eprintln!("{message}");
-            return ExitCode::FAILURE;
-        }
-    };
-    println!("redbaton fair lock demo (Redis: {})", redis.describe());
-    match run(&redis.url) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(err) => {
-            eprintln!("error: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    testkit::DemoRedis::run_demo("redbaton fair lock demo", run)
 }
 
 fn run(url: &str) -> Result<bool, redbaton::Error> {

@@ -19,25 +19,7 @@ const WORKERS: u64 = 4;
 const WATCHERS: usize = 3;
 
 fn main() -> ExitCode {
-    let redis = match testkit::DemoRedis::from_env() {
-        Ok(redis) => redis,
-        Err(message) => {
-            eprintln!("{message}");
-            return ExitCode::FAILURE;
-        }
-    };
-    println!(
-        "redbaton count-down latch demo (Redis: {})",
-        redis.describe()
-    );
-    match run(&redis.url) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(err) => {
-            eprintln!("error: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    testkit::DemoRedis::run_demo("redbaton count-down latch demo", run)
 }
 
 fn run(url: &str) -> Result<bool, redbaton::Error> {

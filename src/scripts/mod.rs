@@ -71,11 +71,11 @@ scripts! {
     /// A fair lock's waiter that gave up leaves the queue.
     FAIR_LEAVE => "fair/leave.lua" with ["lib/fair_queue.lua"];
     /// A count-down latch's new round.
-    LATCH_SET_COUNT => "latch/set_count.lua";
+    LATCH_SET_COUNT => "latch/set_count.lua" with ["lib/latch.lua"];
     /// One count down; zero opens the latch and wakes every waiter.
-    LATCH_COUNT_DOWN => "latch/count_down.lua";
+    LATCH_COUNT_DOWN => "latch/count_down.lua" with ["lib/latch.lua"];
     /// Whether a latch is open, passing the wake-up token on.
-    LATCH_WAIT => "latch/wait.lua";
+    LATCH_WAIT => "latch/wait.lua" with ["lib/latch.lua"];
     /// Take permits from a rate limiter's bucket, or say how long until they
     /// exist; reads the server's clock, never the client's.
     RATE_ACQUIRE => "rate/acquire.lua";

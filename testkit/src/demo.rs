@@ -28,6 +28,34 @@ impl DemoRedis {
         })
     }
 
+    /// The body of an example's `main`: prints `title` and which Redis it
+    /// uses, runs `demo` against it, and turns the outcome into the exit
+    /// code (failure when it could not start, returned `false` — a wrong
+    /// result — or failed).
+    pub fn run_demo<E: std::fmt::Display>(
+        title: &str,
+        demo: impl FnOnce(&str) -> Result<bool, E>,
+    ) -> std::process::ExitCode {
+        use std::process::ExitCode;
+        // Keeps a throwaway server alive until the demo ends.
+        let redis = match DemoRedis::from_env() {
+            Ok(redis) => redis,
+            Err(message) => {
+                eprintln!("{message}");
+                return ExitCode::FAILURE;
+            }
+        };
+        println!("{title} (Redis: {})", redis.describe());
+        match demo(&redis.url) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(err) => {
+                eprintln!("error: {err}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+
     /// A line saying which Redis this is, for the program's output.
     pub fn describe(&self) -> String {
         match &self.server {

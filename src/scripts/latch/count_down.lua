@@ -12,13 +12,13 @@
 --
 -- Returns the count left (0 once open; a count-down of an open latch
 -- changes nothing).
-local current = redis.call('GET', KEYS[1])
-if not current then
-  return 0
+-- latch_count comes from lib/.
+local count, err = latch_count(KEYS[1])
+if err then
+  return err
 end
-local count = tonumber(current)
-if count == nil then
-  return redis.error_reply('WRONGTYPE latch key ' .. KEYS[1] .. ' holds a value that is not a count')
+if count == 0 then
+  return 0
 end
 if redis.call('SADD', KEYS[3], ARGV[1]) == 0 then
   return count

@@ -9,11 +9,12 @@
 -- Returns 1 when the round started, 0 when the count is still above zero
 -- (nothing changed). A leftover token of the previous round is removed, so
 -- that it wakes no waiter of this one.
-local current = redis.call('GET', KEYS[1])
-if current and tonumber(current) == nil then
-  return redis.error_reply('WRONGTYPE latch key ' .. KEYS[1] .. ' holds a value that is not a count')
+-- latch_count comes from lib/.
+local count, err = latch_count(KEYS[1])
+if err then
+  return err
 end
-if current and tonumber(current) > 0 then
+if count > 0 then
   return 0
 end
 redis.call('DEL', KEYS[2], KEYS[3])

@@ -14,11 +14,12 @@
 -- so on through every process. A waiter that checks just as the count hits
 -- zero either sees zero here or finds the token when it parks: no wake-up
 -- is lost.
-local current = redis.call('GET', KEYS[1])
-if current and tonumber(current) == nil then
-  return redis.error_reply('WRONGTYPE latch key ' .. KEYS[1] .. ' holds a value that is not a count')
+-- latch_count comes from lib/.
+local count, err = latch_count(KEYS[1])
+if err then
+  return err
 end
-if current and tonumber(current) > 0 then
+if count > 0 then
   return 0
 end
 if ARGV[1] == '1' then
