@@ -91,3 +91,59 @@ across_topologies! {
         lock.try_write().unwrap().expect("free").unlock().unwrap();
     }
 }
+
+/// The write script itself refuses an upgrade: run as sent (with its
+/// helpers) for an identity whose read hold Redis has, it answers `{-2}`
+/// and changes nothing; the same call without the read token takes the
+/// write hold (the read hold was a leftover).
+#[test]
+fn the_write_script_refuses_an_upgrade_too() {
+    let server = testkit::RedisServer::start();
+    let mut raw = server.connection();
+    let scripts = concat!(env!("CARGO_MANIFEST_DIR"), "/src/scripts/");
+    let source: String = [
+        "lib/rw.lua",
+        "lib/next_fence.lua",
+        "lib/lease.lua",
+        "rwlock/write.lua",
+    ]
+    .iter()
+    .map(|file| std::fs::read_to_string(format!("{scripts}{file}")).unwrap())
+    .collect();
+    let name = "scripted";
+    let far: u64 = redis::cmd("TIME")
+        .query::<(u64, u64)>(&mut raw)
+        .map(|(s, _)| s * 1000 + 60_000)
+        .unwrap();
+    redis::cmd("ZADD")
+        .arg(rw_key(name, "readers"))
+        .arg(far)
+        .arg("me")
+        .query::<()>(&mut raw)
+        .unwrap();
+    redis::cmd("HSET")
+        .arg(rw_key(name, "depths"))
+        .arg("me")
+        .arg("1:7")
+        .query::<()>(&mut raw)
+        .unwrap();
+    let before = rw_state(&mut raw, name);
+    let write = |raw: &mut redis::Connection, read_token: u64| -> Vec<i64> {
+        redis::cmd("EVAL")
+            .arg(&source)
+            .arg(5)
+            .arg(&["write", "readers", "depths", "writers", "fence"].map(|part| rw_key(name, part)))
+            .arg(&["me", "30000", "0", "1", "60000", "1", "2500"])
+            .arg(read_token)
+            .query(raw)
+            .unwrap()
+    };
+    assert_eq!(write(&mut raw, 7), vec![-2], "an upgrade");
+    assert_eq!(rw_state(&mut raw, name), before, "nothing changed");
+    let taken = write(&mut raw, 0);
+    assert_eq!(
+        (taken[0], taken[2]),
+        (1, 1),
+        "a leftover read hold does not block its own thread: {taken:?}"
+    );
+}
