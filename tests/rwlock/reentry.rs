@@ -147,3 +147,43 @@ fn the_write_script_refuses_an_upgrade_too() {
         "a leftover read hold does not block its own thread: {taken:?}"
     );
 }
+
+/// A writer whose own process has readers waiting for it may still read
+/// (it does not queue behind them): no self-deadlock.
+#[test]
+fn a_writer_reads_at_once_while_readers_of_its_process_wait_for_it() {
+    let server = testkit::RedisServer::start();
+    let client = crate::support::client(&server);
+    let lock = client.rw_lock("busy-writer").unwrap();
+    let write = lock.write().unwrap();
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let lock = lock.clone();
+            std::thread::spawn(move || {
+                lock.try_read_for(Duration::from_secs(20))
+                    .unwrap()
+                    .is_some()
+            })
+        })
+        .collect();
+    // Let them queue up behind the write hold (one parks, two wait locally).
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let read = lock
+        .try_read_for(Duration::from_secs(5))
+        .unwrap()
+        .expect("the writer reads");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    write.unlock().unwrap();
+    for reader in readers {
+        assert!(
+            crate::support::JoinWithin::joined(reader),
+            "readers get in after the write"
+        );
+    }
+    read.unlock().unwrap();
+}

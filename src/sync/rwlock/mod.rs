@@ -267,8 +267,9 @@ impl RwLock {
         let identity =
             parking::ride_out(deadline, context.config.io_timeout, || context.identity())?;
         // A newcomer queues behind this process's waiting readers; a
-        // reader re-entering never queues.
-        let holds = self.holds(Kind::Read, &identity);
+        // reader re-entering never queues, nor does the writer (those
+        // readers may be waiting for its write to end).
+        let holds = self.holds(Kind::Read, &identity) || self.holds(Kind::Write, &identity);
         if holds || !context.room.has_waiters(&self.keys.read_baton) {
             match self.attempt_read(&identity, false) {
                 Ok(Attempt::Acquired(guard)) => return Ok(Some(guard)),
