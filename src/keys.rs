@@ -112,7 +112,7 @@ pub(crate) struct RwKeys {
     pub(crate) write: String,
     /// Sorted set: reader identity → end of its lease (server ms).
     pub(crate) readers: String,
-    /// Hash: reader identity → its read depth.
+    /// Hash: reader identity → `<depth>:<token>` of its read hold.
     pub(crate) read_depths: String,
     /// Sorted set: waiting writer → end of its place (server ms), renewed
     /// at each of its attempts; while one lives, new readers wait.
@@ -125,10 +125,6 @@ pub(crate) struct RwKeys {
     pub(crate) fence: String,
 }
 
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "its synchronizer (issue 14) lands next")
-)]
 impl RwKeys {
     /// Lays out the keys of read-write lock `name` under `prefix`.
     pub(crate) fn new(prefix: &str, name: &str) -> Result<Self, Error> {
@@ -144,6 +140,14 @@ impl RwKeys {
             write_baton: format!("{rw}:wbaton"),
             fence: format!("{rw}:fence"),
         })
+    }
+
+    /// The depths key beside the readers key `readers` (what the watchdog
+    /// knows of a read hold is the key its lease lives on).
+    pub(crate) fn depths_beside(readers: &str) -> Option<String> {
+        readers
+            .strip_suffix(":rw:readers")
+            .map(|tagged| format!("{tagged}:rw:depths"))
     }
 }
 
@@ -307,6 +311,10 @@ mod tests {
         let lock = LockKeys::new("p", name).unwrap();
         let fair = LockKeys::fair("p", name).unwrap();
         let rw = RwKeys::new("p", name).unwrap();
+        assert_eq!(
+            RwKeys::depths_beside(&rw.readers).as_deref(),
+            Some(rw.read_depths.as_str())
+        );
         let sem = SemaphoreKeys::new("p", name).unwrap();
         let latch = LatchKeys::new("p", name).unwrap();
         let mut all = vec![

@@ -120,6 +120,7 @@ pub use client::{Client, ClientBuilder, Topology};
 pub use error::Error;
 pub use lease::WatchdogStats;
 pub use sync::{CountDownLatch, Holder, Lock, LockGuard, Owner, Rate, RateLimiter, RateMode};
+pub use sync::{ReadGuard, RwLock, WriteGuard};
 
 /// Runs a function holding the distributed lock named by its `key`, built
 /// from its arguments: `#[redbaton::locked(client = …, key = "order:{order_id}")]`.

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use crate::context::Context;
 use crate::error::Error;
-use crate::keys::{LatchKeys, LimiterKeys, LockKeys};
+use crate::keys::{LatchKeys, LimiterKeys, LockKeys, RwKeys};
 use crate::lease::WatchdogStats;
 use crate::sync::lock::RawLock;
-use crate::sync::{CountDownLatch, Lock, RateLimiter};
+use crate::sync::{CountDownLatch, Lock, RateLimiter, RwLock};
 
 pub use builder::{ClientBuilder, Topology};
 
@@ -151,6 +151,21 @@ impl Client {
         let context = &self.context;
         let keys = LimiterKeys::new(&context.config.prefix, name, context.identities.instance())?;
         Ok(RateLimiter::new(Arc::clone(context), keys))
+    }
+
+    /// A handle on the read-write lock called `name`: many readers or one
+    /// writer at a time, writer-preferring. Cheap; makes no network call.
+    ///
+    /// Names follow the rules of lock names, and a read-write lock never
+    /// shares keys with a lock or limiter of the same name. It needs one
+    /// deployment (a server, a cluster, a master behind sentinels): on a
+    /// quorum of masters its calls return [`Error::WrongTopology`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] when `name` is empty or too long.
+    pub fn rw_lock(&self, name: &str) -> Result<RwLock, Error> {
+        let keys = RwKeys::new(&self.context.config.prefix, name)?;
+        Ok(RwLock::new(Arc::clone(&self.context), keys))
     }
 
     /// What the watchdog has done so far: renewal rounds (one round trip

@@ -11,6 +11,7 @@ use redis::{ConnectionLike, FromRedisValue, RedisResult, Script};
 pub(crate) mod latch;
 pub(crate) mod lock;
 pub(crate) mod reply;
+pub(crate) mod rwlock;
 
 /// Declares every script once: its `static`, and its entry in the table
 /// that traces errors back to a file and line. A script may list helpers
@@ -81,6 +82,22 @@ scripts! {
     RATE_ACQUIRE => "rate/acquire.lua";
     /// Write a rate limiter's configuration, when absent or unconditionally.
     RATE_CONFIG => "rate/config.lua";
+    /// Read-write lock: take or re-enter a read hold, or say how long to wait.
+    RW_READ => "rwlock/read.lua" with ["lib/rw.lua", "lib/baton.lua"];
+    /// Read-write lock: take or re-enter the write hold, keeping a place
+    /// among the waiting writers when refused; refuse an upgrade.
+    RW_WRITE => "rwlock/write.lua" with ["lib/rw.lua", "lib/next_fence.lua", "lib/lease.lua"];
+    /// Read-write lock: release one read guard; the last reader wakes a writer.
+    RW_RELEASE_READ => "rwlock/release_read.lua" with ["lib/rw.lua", "lib/baton.lua"];
+    /// Read-write lock: release one write guard; the last wakes readers and a writer.
+    RW_RELEASE_WRITE => "rwlock/release_write.lua" with ["lib/rw.lua", "lib/lease.lua", "lib/baton.lua"];
+    /// Read-write lock: a waiting writer that gives up leaves its place.
+    RW_WITHDRAW => "rwlock/withdraw.lua" with ["lib/rw.lua", "lib/baton.lua"];
+    /// Read-write lock: the watchdog's owner-checked, never-shortening
+    /// renewal of a read hold (write holds renew with `RENEW`).
+    RW_RENEW_READ => "rwlock/renew_read.lua" with ["lib/rw.lua"];
+    /// Read-write lock: free what a request whose reply was lost took.
+    RW_UNDO => "rwlock/undo.lua" with ["lib/rw.lua", "lib/baton.lua"];
 }
 
 /// One script call with its KEYS and ARGV, encoded once so that a single

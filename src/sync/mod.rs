@@ -6,6 +6,8 @@
 //!   lease: waiters park until a token says the count reached zero.
 //! - `rate_limit`: the token bucket ([`RateLimiter`]); no guard and no
 //!   parking: it sleeps for the wait the server computes.
+//! - `rwlock/`: the read-write lock ([`RwLock`], [`ReadGuard`],
+//!   [`WriteGuard`]), writer-preferring.
 //!
 //! A new synchronizer is a new folder here: its raw protocol (scripts in
 //! `scripts/<name>/`), its handle and guards, waiting through
@@ -14,7 +16,9 @@
 pub(crate) mod latch;
 pub(crate) mod lock;
 pub(crate) mod rate_limit;
+pub(crate) mod rwlock;
 
 pub use latch::CountDownLatch;
 pub use lock::{Holder, Lock, LockGuard, Owner};
 pub use rate_limit::{Rate, RateLimiter, RateMode};
+pub use rwlock::{ReadGuard, RwLock, WriteGuard};

@@ -1,0 +1,61 @@
+-- Helpers of the read-write lock's scripts (rwlock/*.lua): the server's
+-- clock, forgetting ended leases and places, expiries that follow them,
+-- and a reader's stored hold.
+--
+-- Readers live in a sorted set (identity -> end of its lease, server ms)
+-- with a hash beside it (identity -> "<depth>:<token>"); waiting writers in
+-- a sorted set (identity -> end of its place, server ms). Every script
+-- purges what has ended before it looks, so a dead reader or a dead waiting
+-- writer stops counting when its lease or place ends, without anyone's
+-- release.
+
+-- now_ms(): the server's clock in milliseconds (TIME), never a client's.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- purge(readers, depths, writers, now): forget readers whose lease has
+-- ended (and their depth), and waiting writers whose place has ended.
+-- Reads the readers set first, so a damaged key fails before any write.
+local function purge(readers, depths, writers, now)
+  local ended = redis.call('ZRANGEBYSCORE', readers, '-inf', now)
+  for i = 1, #ended, 100 do
+    redis.call('HDEL', depths, unpack(ended, i, math.min(i + 99, #ended)))
+  end
+  if #ended > 0 then
+    redis.call('ZREMRANGEBYSCORE', readers, '-inf', now)
+  end
+  redis.call('ZREMRANGEBYSCORE', writers, '-inf', now)
+end
+
+-- expire_with(zset, other, now): the sorted set (and `other`, when given)
+-- expire when the set's last score passes: the keys never outlive the
+-- longest lease or place they hold.
+local function expire_with(zset, other, now)
+  local last = redis.call('ZRANGE', zset, -1, -1, 'WITHSCORES')
+  if #last == 0 then
+    return
+  end
+  local ms = math.max(tonumber(last[2]) - now, 1)
+  redis.call('PEXPIRE', zset, string.format('%.0f', ms))
+  if other then
+    redis.call('PEXPIRE', other, string.format('%.0f', ms))
+  end
+end
+
+-- read_hold(depths, identity): the depth and token (a string) of
+-- identity's read hold, or nil.
+local function read_hold(depths, identity)
+  local stored = redis.call('HGET', depths, identity)
+  if not stored then
+    return nil, nil
+  end
+  local depth, token = string.match(stored, '^(%d+):(%d+)$')
+  return tonumber(depth), token
+end
+
+-- ms_score(now, ms): a lease or place end as a score string.
+local function ms_score(now, ms)
+  return string.format('%.0f', now + tonumber(ms))
+end

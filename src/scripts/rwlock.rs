@@ -1,0 +1,238 @@
+//! The read-write lock's scripts (`rwlock/*.lua`): their KEYS and ARGV,
+//! each encoded in one place, and their replies, decoded in one place. The
+//! `.lua` files document what each argument means and what comes back;
+//! releases answer like the lock's (`reply::ReleaseReply`), renewals and
+//! give-ups with `reply::Done`.
+
+use std::time::Duration;
+
+use redis::{FromRedisValue, ParsingError, Value};
+
+use super::{
+    millis, Call, RW_READ, RW_RELEASE_READ, RW_RELEASE_WRITE, RW_RENEW_READ, RW_UNDO, RW_WITHDRAW,
+    RW_WRITE,
+};
+use crate::keys::RwKeys;
+
+/// What [`read`] asks for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReadArgs<'a> {
+    pub(crate) identity: &'a str,
+    /// The lease of a fresh hold, or of the hold re-entered.
+    pub(crate) lease: Duration,
+    /// The token of the caller's live read guards, 0 when it has none.
+    pub(crate) held_token: u64,
+    /// The depth after this acquisition.
+    pub(crate) depth: usize,
+    /// The request's number: a fresh hold's token.
+    pub(crate) request: u64,
+    /// Whether the caller comes from waiting (it passes a baton on).
+    pub(crate) waited: bool,
+    pub(crate) baton_ttl: Duration,
+}
+
+pub(crate) fn read(keys: &RwKeys, args: ReadArgs<'_>) -> Call {
+    Call::new(&RW_READ)
+        .key(&keys.write)
+        .key(&keys.readers)
+        .key(&keys.read_depths)
+        .key(&keys.waiting_writers)
+        .key(&keys.read_baton)
+        .arg(args.identity)
+        .arg(millis(args.lease))
+        .arg(args.held_token)
+        .arg(args.depth)
+        .arg(args.request)
+        .arg(if args.waited { "1" } else { "0" })
+        .arg(millis(args.baton_ttl))
+}
+
+/// What [`write`] asks for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WriteArgs<'a> {
+    pub(crate) identity: &'a str,
+    /// The lease of a fresh hold, or of the hold re-entered.
+    pub(crate) lease: Duration,
+    /// The fencing token of the caller's live write guards, 0 when none.
+    pub(crate) held_fence: u64,
+    /// The depth after this acquisition.
+    pub(crate) depth: usize,
+    pub(crate) fence_ttl: Duration,
+    /// The request's number, for undoing it if its reply is lost.
+    pub(crate) request: u64,
+    /// When refused, keep a place among the waiting writers this long
+    /// (`None`: the caller will not wait).
+    pub(crate) place: Option<Duration>,
+    /// The token of the caller's live read guards, 0 when it has none.
+    pub(crate) read_token: u64,
+}
+
+pub(crate) fn write(keys: &RwKeys, args: WriteArgs<'_>) -> Call {
+    Call::new(&RW_WRITE)
+        .key(&keys.write)
+        .key(&keys.readers)
+        .key(&keys.read_depths)
+        .key(&keys.waiting_writers)
+        .key(&keys.fence)
+        .arg(args.identity)
+        .arg(millis(args.lease))
+        .arg(args.held_fence)
+        .arg(args.depth)
+        .arg(millis(args.fence_ttl))
+        .arg(args.request)
+        .arg(args.place.map_or(0, millis))
+        .arg(args.read_token)
+}
+
+/// Releases one level of the read hold `token` of `identity`, which keeps
+/// `guards_left` guards; `lease` is the hold's.
+pub(crate) fn release_read(
+    keys: &RwKeys,
+    identity: &str,
+    token: u64,
+    guards_left: usize,
+    lease: Duration,
+    baton_ttl: Duration,
+) -> Call {
+    Call::new(&RW_RELEASE_READ)
+        .key(&keys.write)
+        .key(&keys.readers)
+        .key(&keys.read_depths)
+        .key(&keys.waiting_writers)
+        .key(&keys.write_baton)
+        .arg(identity)
+        .arg(token)
+        .arg(guards_left)
+        .arg(millis(lease))
+        .arg(millis(baton_ttl))
+}
+
+/// Releases one level of the write hold `fence` of `identity`.
+pub(crate) fn release_write(
+    keys: &RwKeys,
+    identity: &str,
+    fence: u64,
+    guards_left: usize,
+    lease: Duration,
+    baton_ttl: Duration,
+) -> Call {
+    Call::new(&RW_RELEASE_WRITE)
+        .key(&keys.write)
+        .key(&keys.readers)
+        .key(&keys.read_depths)
+        .key(&keys.waiting_writers)
+        .key(&keys.read_baton)
+        .key(&keys.write_baton)
+        .arg(identity)
+        .arg(fence)
+        .arg(guards_left)
+        .arg(millis(lease))
+        .arg(millis(baton_ttl))
+}
+
+/// Removes the waiting writer `identity`'s place.
+pub(crate) fn withdraw(keys: &RwKeys, identity: &str, baton_ttl: Duration) -> Call {
+    Call::new(&RW_WITHDRAW)
+        .key(&keys.waiting_writers)
+        .key(&keys.read_baton)
+        .arg(identity)
+        .arg(millis(baton_ttl))
+}
+
+/// Renews the read hold `token` of `identity` in `readers` (with its
+/// `depths` beside it).
+pub(crate) fn renew_read(
+    readers: &str,
+    depths: &str,
+    identity: &str,
+    token: u64,
+    lease: Duration,
+) -> Call {
+    Call::new(&RW_RENEW_READ)
+        .key(readers)
+        .key(depths)
+        .arg(identity)
+        .arg(token)
+        .arg(millis(lease))
+}
+
+/// Frees what request `request` of `identity` may have taken.
+pub(crate) fn undo(keys: &RwKeys, identity: &str, request: u64, baton_ttl: Duration) -> Call {
+    Call::new(&RW_UNDO)
+        .key(&keys.write)
+        .key(&keys.readers)
+        .key(&keys.read_depths)
+        .key(&keys.waiting_writers)
+        .key(&keys.read_baton)
+        .key(&keys.write_baton)
+        .arg(identity)
+        .arg(request)
+        .arg(millis(baton_ttl))
+}
+
+/// What `rwlock/read.lua` or `rwlock/write.lua` answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RwAcquireReply {
+    /// Taken afresh (depth 1) or re-entered, under `token` (a write hold's
+    /// fencing token, a read hold's token).
+    Acquired { token: u64, depth: u64 },
+    /// Refused; worth looking again after `lease_left` (`None`: only a
+    /// release will change anything).
+    Held { lease_left: Option<Duration> },
+    /// The caller reads and asked to write.
+    UpgradeRefused,
+}
+
+impl FromRedisValue for RwAcquireReply {
+    fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
+        let reply: Vec<i64> = FromRedisValue::from_redis_value(value)?;
+        match reply[..] {
+            [1, token, depth] => Ok(RwAcquireReply::Acquired {
+                token: token.unsigned_abs(),
+                depth: depth.unsigned_abs(),
+            }),
+            [0, wait] => Ok(RwAcquireReply::Held {
+                lease_left: u64::try_from(wait).ok().map(Duration::from_millis),
+            }),
+            [-2] => Ok(RwAcquireReply::UpgradeRefused),
+            _ => {
+                Err(format!("unexpected reply {reply:?} from rwlock/read.lua or write.lua").into())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(values: &[i64]) -> Value {
+        Value::Array(values.iter().map(|&v| Value::Int(v)).collect())
+    }
+
+    #[test]
+    fn acquire_replies_decode_every_documented_shape() {
+        assert_eq!(
+            RwAcquireReply::from_redis_value(ints(&[1, 42, 2])).unwrap(),
+            RwAcquireReply::Acquired {
+                token: 42,
+                depth: 2
+            }
+        );
+        assert_eq!(
+            RwAcquireReply::from_redis_value(ints(&[0, 250])).unwrap(),
+            RwAcquireReply::Held {
+                lease_left: Some(Duration::from_millis(250))
+            }
+        );
+        assert_eq!(
+            RwAcquireReply::from_redis_value(ints(&[0, -1])).unwrap(),
+            RwAcquireReply::Held { lease_left: None }
+        );
+        assert_eq!(
+            RwAcquireReply::from_redis_value(ints(&[-2])).unwrap(),
+            RwAcquireReply::UpgradeRefused
+        );
+        assert!(RwAcquireReply::from_redis_value(ints(&[3])).is_err());
+    }
+}

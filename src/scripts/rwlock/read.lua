@@ -1,0 +1,71 @@
+-- read: take a read hold, re-enter one this thread holds, or report how
+-- long until it is worth looking again.
+--
+-- KEYS[1]  write key      (hash: flag, count, fence, req, rwait)
+-- KEYS[2]  readers key    (sorted set: identity -> lease end, server ms)
+-- KEYS[3]  depths key     (hash: identity -> "<depth>:<token>")
+-- KEYS[4]  writers key    (sorted set: waiting writer -> place end, server ms)
+-- KEYS[5]  read baton key (list holding at most one "ok" token)
+-- ARGV[1]  identity of the caller
+-- ARGV[2]  lease in milliseconds: of this hold when fresh, of the hold the
+--          caller's live guards belong to when re-entering
+-- ARGV[3]  token of the hold the caller's live read guards belong to, or
+--          "0" when it has none
+-- ARGV[4]  the caller's depth after this acquisition (its live guards + 1)
+-- ARGV[5]  this request's number: the token of a fresh hold (and what
+--          undo.lua matches when the reply is lost)
+-- ARGV[6]  "1" when the caller has been waiting: it passes a read baton on,
+--          so that a parked reader of another process wakes in turn
+-- ARGV[7]  baton TTL in milliseconds
+--
+-- Returns {1, token, depth}  acquired: fresh (depth 1) or re-entered
+--         {0, wait_ms}       refused: a writer holds the lock (wait_ms = its
+--                            remaining lease, -1 when it has none), or a
+--                            writer waits (wait_ms = until the earliest
+--                            waiting writer's place ends)
+--
+-- Writer preference: while a writer waits, a fresh reader is refused; a
+-- reader re-entering its own hold, and the writer itself (which may take
+-- read: downgrade), are not. A refusal by a holding writer sets `rwait` on
+-- the write key, so that its release pushes a read baton.
+-- now_ms, purge, expire_with, read_hold, ms_score (lib/rw.lua), baton_error
+-- and push_baton (lib/baton.lua) are prepended.
+local writer = redis.call('HMGET', KEYS[1], 'flag')[1]
+local now = now_ms()
+purge(KEYS[2], KEYS[3], KEYS[4], now)
+local id = ARGV[1]
+local _, token = read_hold(KEYS[3], id)
+
+if token and token == ARGV[3] then
+  redis.call('HSET', KEYS[3], id, ARGV[4] .. ':' .. token)
+  redis.call('ZADD', KEYS[2], 'GT', ms_score(now, ARGV[2]), id)
+  expire_with(KEYS[2], KEYS[3], now)
+  return {1, tonumber(token), tonumber(ARGV[4])}
+end
+
+if writer and writer ~= id then
+  redis.call('HSET', KEYS[1], 'rwait', 1)
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+if not writer then
+  local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+  if #first > 0 then
+    return {0, math.max(tonumber(first[2]) - now, 0)}
+  end
+end
+
+if ARGV[6] == '1' then
+  local err = baton_error(KEYS[5])
+  if err then
+    return err
+  end
+end
+-- A hold of this identity under another token is a leftover (its guards
+-- are gone): replaced by the fresh one.
+redis.call('ZADD', KEYS[2], ms_score(now, ARGV[2]), id)
+redis.call('HSET', KEYS[3], id, '1:' .. ARGV[5])
+expire_with(KEYS[2], KEYS[3], now)
+if ARGV[6] == '1' then
+  push_baton(KEYS[5], ARGV[7])
+end
+return {1, tonumber(ARGV[5]), 1}

@@ -1,0 +1,48 @@
+-- undo: free what a request whose reply was lost may have taken (a read
+-- or write acquisition that timed out), so that it does not block others
+-- until its lease ends. Sent by the client's background thread once Redis
+-- answers again; safe to send any number of times.
+--
+-- KEYS[1]  write key       (hash: flag, req, ...)
+-- KEYS[2]  readers key     (sorted set)
+-- KEYS[3]  depths key      (hash: identity -> "<depth>:<token>")
+-- KEYS[4]  writers key     (sorted set)
+-- KEYS[5]  read baton key  (list)
+-- KEYS[6]  write baton key (list)
+-- ARGV[1]  identity the request was made for
+-- ARGV[2]  the request's number (a fresh read hold's token; `req` of a
+--          write hold)
+-- ARGV[3]  baton TTL in milliseconds
+--
+-- Returns 1 when a hold of that request was found and freed (waiters
+-- woken as by a release), 0 otherwise.
+-- now_ms, purge, expire_with, read_hold (lib/rw.lua), baton_error and
+-- push_baton (lib/baton.lua) are prepended.
+for _, baton in ipairs({KEYS[5], KEYS[6]}) do
+  local err = baton_error(baton)
+  if err then
+    return err
+  end
+end
+local now = now_ms()
+purge(KEYS[2], KEYS[3], KEYS[4], now)
+local id = ARGV[1]
+local freed = 0
+local held = redis.call('HMGET', KEYS[1], 'flag', 'req')
+if held[1] == id and held[2] == ARGV[2] then
+  redis.call('DEL', KEYS[1])
+  push_baton(KEYS[5], ARGV[3])
+  freed = 1
+end
+local _, token = read_hold(KEYS[3], id)
+if token == ARGV[2] then
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('HDEL', KEYS[3], id)
+  expire_with(KEYS[2], KEYS[3], now)
+  freed = 1
+end
+if freed == 1 and redis.call('ZCARD', KEYS[2]) == 0 and redis.call('ZCARD', KEYS[4]) > 0
+    and redis.call('EXISTS', KEYS[1]) == 0 then
+  push_baton(KEYS[6], ARGV[3])
+end
+return freed

@@ -1,0 +1,83 @@
+-- write: take the write hold, re-enter the one this thread holds, or
+-- report how long until it is worth looking again (and keep a place in the
+-- queue of waiting writers).
+--
+-- KEYS[1]  write key    (hash: flag = owner identity, count = depth,
+--                        fence = token, req = the request that created it,
+--                        rwait = a reader was refused meanwhile)
+-- KEYS[2]  readers key  (sorted set: identity -> lease end, server ms)
+-- KEYS[3]  depths key   (hash: identity -> "<depth>:<token>")
+-- KEYS[4]  writers key  (sorted set: waiting writer -> place end, server ms)
+-- KEYS[5]  fence key    (string: the fencing counter of write holds)
+-- ARGV[1]  identity of the caller
+-- ARGV[2]  lease in milliseconds (of this hold, or of the one re-entered)
+-- ARGV[3]  fencing token of the caller's live write guards, or "0"
+-- ARGV[4]  the caller's depth after this acquisition (its live guards + 1)
+-- ARGV[5]  TTL of the fence counter in milliseconds
+-- ARGV[6]  this request's number (see undo.lua)
+-- ARGV[7]  when refused, keep a place among the waiting writers for this
+--          many milliseconds (from the server's clock); "0": no place (the
+--          caller will not wait)
+-- ARGV[8]  token of the caller's live read guards, or "0"
+--
+-- Returns {1, fence, depth}  acquired: fresh (depth 1) or re-entered
+--         {0, wait_ms}       refused: wait_ms until the writer's lease ends
+--                            (-1: it has none) or, while readers hold it,
+--                            until the last reader's lease ends
+--         {-2}               the caller holds this lock for reading only:
+--                            an upgrade, refused (nothing was changed)
+--
+-- A writer that acquires after keeping a place marks `rwait`, for readers
+-- may have been refused on its account: its release pushes a read baton.
+-- Errors come before any write: HMGET fails with WRONGTYPE when the write
+-- key is not a hash, purge when the readers key is not a sorted set.
+-- now_ms, purge, expire_with, read_hold, ms_score (lib/rw.lua), next_fence
+-- and extend_lease (lib/) are prepended.
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence')
+local now = now_ms()
+purge(KEYS[2], KEYS[3], KEYS[4], now)
+local id = ARGV[1]
+
+if held[1] == id and held[2] == ARGV[3] then
+  redis.call('HSET', KEYS[1], 'count', ARGV[4])
+  extend_lease(KEYS[1], ARGV[2])
+  return {1, tonumber(held[2]), tonumber(ARGV[4])}
+end
+
+local _, token = read_hold(KEYS[3], id)
+if token then
+  if token == ARGV[8] then
+    return {-2}
+  end
+  -- A leftover read hold of this identity (its guards are gone).
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('HDEL', KEYS[3], id)
+end
+
+if (held[1] == false or held[1] == id) and redis.call('ZCARD', KEYS[2]) == 0 then
+  local fence, err = next_fence(KEYS[5], ARGV[5])
+  if err then
+    return err
+  end
+  local token = string.format('%.0f', fence)
+  if redis.call('ZREM', KEYS[4], id) == 1 then
+    redis.call('HSET', KEYS[1], 'flag', id, 'count', 1, 'fence', token, 'req', ARGV[6], 'rwait', 1)
+    expire_with(KEYS[4], nil, now)
+  else
+    -- A leftover of this identity keeps its `rwait`: readers it refused
+    -- still wait for this release.
+    redis.call('HSET', KEYS[1], 'flag', id, 'count', 1, 'fence', token, 'req', ARGV[6])
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, fence, 1}
+end
+
+if ARGV[7] ~= '0' then
+  redis.call('ZADD', KEYS[4], ms_score(now, ARGV[7]), id)
+  expire_with(KEYS[4], nil, now)
+end
+if held[1] and held[1] ~= id then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+return {0, math.max(tonumber(last[2]) - now, 0)}

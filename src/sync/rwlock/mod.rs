@@ -1,0 +1,515 @@
+//! The read-write lock: [`RwLock`] (the handle on one name, and the ways to
+//! read or write under it), its guards (`guard.rs`), and the Redis
+//! protocol under both (`raw.rs`). Imports run one way: handle → guard →
+//! raw.
+//!
+//! Readers share the lock, a writer has it alone. Writer-preferring: once
+//! a writer waits (it keeps a place in Redis, renewed at each of its
+//! attempts), fresh readers queue behind it, so a stream of readers cannot
+//! starve writers; a reader already holding may re-enter. No local
+//! hand-off: waiting threads of one process share one parked connection
+//! per baton (one for readers, one for writers) through the client's
+//! plain waiting room.
+
+mod guard;
+mod raw;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::validate_lease;
+use crate::context::Context;
+use crate::error::Error;
+use crate::keys::RwKeys;
+use crate::lease::{LeaseMode, Leased, RenewLeases};
+use crate::parking::{self, Attempt, Waited};
+use crate::scripts::rwlock::{ReadArgs, RwAcquireReply, WriteArgs};
+
+pub use guard::{ReadGuard, WriteGuard};
+
+use guard::Hold;
+use raw::{Kind, RawRwLock, RwRenewer};
+
+/// A handle on one distributed read-write lock, made by
+/// [`Client::rw_lock`].
+///
+/// Any number of threads (of any processes) may hold it for reading at
+/// once; a writer holds it alone. Cheap to clone, `Send + Sync`. Both
+/// modes are re-entrant per thread, and a thread that writes may also take
+/// read guards (a downgrade: once its write guards are gone, it still
+/// reads). A thread that only reads may not ask to write: that is
+/// [`Error::UpgradeRefused`], at once, instead of a deadlock.
+///
+/// **Writer-preferring.** Once a writer waits, fresh readers wait behind
+/// it, so that readers coming and going cannot keep a writer out forever.
+/// A waiting writer that dies stops holding readers back within one
+/// maximum park time; one that gives up, at once. A steady stream of
+/// writers can keep readers waiting.
+///
+/// Every hold has a lease, renewed by the client's watchdog (or fixed,
+/// with [`with_fixed_lease`](RwLock::with_fixed_lease)): a reader or
+/// writer that dies frees its part when its lease ends.
+///
+/// [`Client::rw_lock`]: crate::Client::rw_lock
+///
+/// # Examples
+///
+/// ```no_run
+/// # fn main() -> Result<(), redbaton::Error> {
+/// let client = redbaton::Client::open("redis://127.0.0.1/")?;
+/// let config = client.rw_lock("config:pricing")?;
+///
+/// let reading = config.read()?; // shared with other readers
+/// // ... read the configuration ...
+/// reading.unlock()?;
+///
+/// let writing = config.write()?; // alone
+/// let token = writing.fencing_token(); // pass to storage that checks it
+/// // ... write the configuration ...
+/// writing.unlock()?;
+/// # let _ = token;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RwLock {
+    context: Arc<Context>,
+    raw: Arc<RawRwLock>,
+    keys: Arc<RwKeys>,
+    /// A read hold's lease lives on the readers set, a write hold's on the
+    /// write key; each is renewed by its kind's renewer.
+    read_leased: Leased,
+    write_leased: Leased,
+    /// `None`: renewed by the watchdog while a guard lives.
+    fixed_lease: Option<Duration>,
+}
+
+impl RwLock {
+    pub(crate) fn new(context: Arc<Context>, keys: RwKeys) -> RwLock {
+        let raw = Arc::new(RawRwLock::new(
+            Arc::clone(&context.backend),
+            &context.config,
+        ));
+        let leased = |key: &str, kind| Leased {
+            name: keys.name.as_str().into(),
+            key: key.into(),
+            renewer: Arc::new(RwRenewer {
+                raw: Arc::clone(&raw),
+                kind,
+            }) as Arc<dyn RenewLeases>,
+        };
+        let read_leased = leased(&keys.readers, Kind::Read);
+        let write_leased = leased(&keys.write, Kind::Write);
+        RwLock {
+            context,
+            raw,
+            keys: Arc::new(keys),
+            read_leased,
+            write_leased,
+            fixed_lease: None,
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.keys.name
+    }
+
+    /// A handle on the same lock whose acquisitions (read and write) have a
+    /// fixed `lease`: no renewal; a hold ends when its lease does, even if
+    /// its guard still lives (the guard then reports `is_lost`). As with
+    /// [`Lock::with_fixed_lease`](crate::Lock::with_fixed_lease), the mode
+    /// belongs to the hold: re-entry joins a hold as it is.
+    ///
+    /// # Errors
+    /// [`Error::InvalidLease`] for a lease under 1 ms or over a year.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn main() -> Result<(), redbaton::Error> {
+    /// # let client = redbaton::Client::open("redis://127.0.0.1/")?;
+    /// let lock = client.rw_lock("catalog")?.with_fixed_lease(Duration::from_secs(60))?;
+    /// let guard = lock.write()?; // gone after 60 s, whatever happens
+    /// # drop(guard);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_fixed_lease(&self, lease: Duration) -> Result<RwLock, Error> {
+        validate_lease(lease)?;
+        Ok(RwLock {
+            fixed_lease: Some(lease),
+            ..self.clone()
+        })
+    }
+
+    /// Blocks until the calling thread holds the lock for reading.
+    ///
+    /// While a writer holds it, or waits for it, the thread waits without
+    /// spinning: in a `BLPOP` on the lock's read baton until the writer
+    /// releases (or gives up), or its lease (or its place) ends; one
+    /// thread per process parks in Redis, the others wait locally.
+    /// Uncontended, this is one script call (plus one `INCR` on a thread's
+    /// first call).
+    ///
+    /// # Errors
+    /// Redis failures ([`Error::Unreachable`], [`Error::PoolTimeout`],
+    /// [`Error::WrongType`], [`Error::Redis`]);
+    /// [`Error::WrongTopology`] on a quorum of masters. Contention is never
+    /// an error.
+    pub fn read(&self) -> Result<ReadGuard, Error> {
+        loop {
+            if let Some(guard) = self.acquire_read(None)? {
+                return Ok(guard);
+            }
+        }
+    }
+
+    /// One attempt to read: the guard if no writer holds or waits (or the
+    /// thread already reads, or writes), `None` otherwise. Never waits.
+    /// One script call.
+    ///
+    /// # Errors
+    /// As [`read`](RwLock::read).
+    pub fn try_read(&self) -> Result<Option<ReadGuard>, Error> {
+        let identity = self.context.identity()?;
+        match self.attempt_read(&identity, false)? {
+            Attempt::Acquired(guard) => Ok(Some(guard)),
+            Attempt::Held { .. } => Ok(None),
+        }
+    }
+
+    /// Like [`read`](RwLock::read), but gives up after `timeout` and
+    /// returns `None`. A timeout too large to be a point in time means no
+    /// deadline.
+    ///
+    /// # Errors
+    /// As [`read`](RwLock::read).
+    pub fn try_read_for(&self, timeout: Duration) -> Result<Option<ReadGuard>, Error> {
+        match Instant::now().checked_add(timeout) {
+            Some(deadline) => self.try_read_until(deadline),
+            None => self.read().map(Some),
+        }
+    }
+
+    /// Like [`read`](RwLock::read), but gives up at `deadline` and returns
+    /// `None`.
+    ///
+    /// # Errors
+    /// As [`read`](RwLock::read).
+    pub fn try_read_until(&self, deadline: Instant) -> Result<Option<ReadGuard>, Error> {
+        self.acquire_read(Some(deadline))
+    }
+
+    /// Blocks until the calling thread holds the lock for writing: no
+    /// other thread reads or writes.
+    ///
+    /// While others hold it, the writer keeps a place in Redis (renewed at
+    /// each of its attempts, at least once per maximum park time) that
+    /// makes fresh readers wait, and parks in a `BLPOP` on the write baton
+    /// until the last reader or the writer releases, or their leases end.
+    /// Uncontended, this is one script call.
+    ///
+    /// # Errors
+    /// [`Error::UpgradeRefused`] when the calling thread holds the lock
+    /// for reading only (found locally, before any network call: waiting
+    /// would deadlock); otherwise as [`read`](RwLock::read).
+    pub fn write(&self) -> Result<WriteGuard, Error> {
+        loop {
+            if let Some(guard) = self.acquire_write(None)? {
+                return Ok(guard);
+            }
+        }
+    }
+
+    /// One attempt to write: the guard if nobody else reads or writes,
+    /// `None` otherwise. Never waits, and keeps no place among the waiting
+    /// writers. One script call.
+    ///
+    /// # Errors
+    /// As [`write`](RwLock::write).
+    pub fn try_write(&self) -> Result<Option<WriteGuard>, Error> {
+        let identity = self.context.identity()?;
+        match self.attempt_write(&identity, false)? {
+            Attempt::Acquired(guard) => Ok(Some(guard)),
+            Attempt::Held { .. } => Ok(None),
+        }
+    }
+
+    /// Like [`write`](RwLock::write), but gives up after `timeout` and
+    /// returns `None`. A timeout too large to be a point in time means no
+    /// deadline.
+    ///
+    /// # Errors
+    /// As [`write`](RwLock::write).
+    pub fn try_write_for(&self, timeout: Duration) -> Result<Option<WriteGuard>, Error> {
+        match Instant::now().checked_add(timeout) {
+            Some(deadline) => self.try_write_until(deadline),
+            None => self.write().map(Some),
+        }
+    }
+
+    /// Like [`write`](RwLock::write), but gives up at `deadline` and
+    /// returns `None`. A writer that gives up leaves its place at once (one
+    /// more script call), so readers it held back go on.
+    ///
+    /// # Errors
+    /// As [`write`](RwLock::write).
+    pub fn try_write_until(&self, deadline: Instant) -> Result<Option<WriteGuard>, Error> {
+        self.acquire_write(Some(deadline))
+    }
+
+    /// The first read attempt, then the wait loop until `deadline`.
+    fn acquire_read(&self, deadline: Option<Instant>) -> Result<Option<ReadGuard>, Error> {
+        let context = &self.context;
+        let identity =
+            parking::ride_out(deadline, context.config.io_timeout, || context.identity())?;
+        // A newcomer queues behind this process's waiting readers; a
+        // reader re-entering never queues, nor does the writer (those
+        // readers may be waiting for its write to end).
+        let holds = self.holds(Kind::Read, &identity) || self.holds(Kind::Write, &identity);
+        if holds || !context.room.has_waiters(&self.keys.read_baton) {
+            match self.attempt_read(&identity, false) {
+                Ok(Attempt::Acquired(guard)) => return Ok(Some(guard)),
+                Ok(Attempt::Held { .. }) => {}
+                Err(err) if err.is_transient() => {
+                    log::debug!(
+                        "redbaton: first read attempt on {:?} failed: {err}",
+                        self.name()
+                    );
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        loop {
+            let waited = context.room.wait_until(
+                &self.keys.name,
+                &self.keys.read_baton,
+                (),
+                deadline,
+                || self.attempt_read(&identity, true),
+            )?;
+            match waited {
+                Waited::Acquired(guard) => return Ok(Some(guard)),
+                Waited::TimedOut => return Ok(None),
+                // Nothing is handed over locally in this room.
+                Waited::Granted(()) => {}
+            }
+        }
+    }
+
+    /// The first write attempt, then the wait loop until `deadline`; a
+    /// writer that gives up leaves its place.
+    fn acquire_write(&self, deadline: Option<Instant>) -> Result<Option<WriteGuard>, Error> {
+        let context = &self.context;
+        let identity =
+            parking::ride_out(deadline, context.config.io_timeout, || context.identity())?;
+        self.refuse_upgrade(&identity)?;
+        let holds = self.holds(Kind::Write, &identity);
+        // Whether this writer may have a place to leave when it gives up.
+        let mut placed = false;
+        if holds || !context.room.has_waiters(&self.keys.write_baton) {
+            // A writer that will wait takes its place with this attempt.
+            let queue = deadline.is_none_or(|deadline| deadline > Instant::now());
+            placed = queue;
+            match self.attempt_write(&identity, queue) {
+                Ok(Attempt::Acquired(guard)) => return Ok(Some(guard)),
+                Ok(Attempt::Held { .. }) => {}
+                Err(err) if err.is_transient() => {
+                    log::debug!(
+                        "redbaton: first write attempt on {:?} failed: {err}",
+                        self.name()
+                    );
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        let waited = loop {
+            let waited = context.room.wait_until(
+                &self.keys.name,
+                &self.keys.write_baton,
+                (),
+                deadline,
+                || {
+                    placed = true;
+                    self.attempt_write(&identity, true)
+                },
+            );
+            match waited {
+                Ok(Waited::Granted(())) => {}
+                other => break other,
+            }
+        };
+        match waited {
+            Ok(Waited::Acquired(guard)) => Ok(Some(guard)),
+            other => {
+                if placed {
+                    // Best effort: a place left behind ends by itself
+                    // within one park time.
+                    if let Err(err) = self.raw.withdraw(&self.keys, &identity) {
+                        log::debug!(
+                            "redbaton: leaving the writers' queue of {:?} failed: {err}",
+                            self.name()
+                        );
+                    }
+                }
+                other.map(|_| None)
+            }
+        }
+    }
+
+    /// Whether `identity` holds this lock in `kind` through live guards.
+    fn holds(&self, kind: Kind, identity: &Arc<str>) -> bool {
+        self.held(kind, identity).is_some()
+    }
+
+    /// The token, live guards and lease mode of `identity`'s hold of
+    /// `kind`, if it has one.
+    fn held(&self, kind: Kind, identity: &Arc<str>) -> Option<(u64, usize, LeaseMode)> {
+        let key = match kind {
+            Kind::Read => &self.keys.readers,
+            Kind::Write => &self.keys.write,
+        };
+        let held = self.context.leases.registry.held(key, identity)?;
+        Some((held.fence, held.guards, held.mode))
+    }
+
+    /// A thread that reads without writing may not ask to write.
+    fn refuse_upgrade(&self, identity: &Arc<str>) -> Result<(), Error> {
+        if self.holds(Kind::Read, identity) && !self.holds(Kind::Write, identity) {
+            return Err(self.upgrade_refused());
+        }
+        Ok(())
+    }
+
+    fn upgrade_refused(&self) -> Error {
+        Error::UpgradeRefused {
+            name: self.keys.name.clone(),
+        }
+    }
+
+    /// How this handle's fresh acquisitions keep their hold alive.
+    fn mode(&self) -> LeaseMode {
+        match self.fixed_lease {
+            Some(lease) => LeaseMode::Fixed(lease),
+            None => LeaseMode::Renewed(self.context.config.default_lease),
+        }
+    }
+
+    /// One run of the read script; `waited` when the caller comes from the
+    /// wait loop (it then passes a read baton on).
+    fn attempt_read(&self, identity: &Arc<str>, waited: bool) -> Result<Attempt<ReadGuard>, Error> {
+        let held = self.held(Kind::Read, identity);
+        let (held_token, guards, mode) = held.unwrap_or((0, 0, self.mode()));
+        let request = self.context.next_request();
+        let args = ReadArgs {
+            identity,
+            lease: mode.lease(),
+            held_token,
+            depth: guards + 1,
+            request,
+            waited,
+            baton_ttl: self.raw.baton_ttl(),
+        };
+        let sent = Instant::now();
+        let reply = self.raw.read(&self.keys, args);
+        self.settle(Kind::Read, identity, mode, request, sent, reply)
+            .map(|attempt| match attempt {
+                Attempt::Acquired(hold) => Attempt::Acquired(ReadGuard::new(hold)),
+                Attempt::Held { lease_left } => Attempt::Held { lease_left },
+            })
+    }
+
+    /// One run of the write script; `queue` when the caller will wait if
+    /// refused (it keeps, or renews, its place among the waiting writers).
+    fn attempt_write(
+        &self,
+        identity: &Arc<str>,
+        queue: bool,
+    ) -> Result<Attempt<WriteGuard>, Error> {
+        self.refuse_upgrade(identity)?;
+        let held = self.held(Kind::Write, identity);
+        let (held_fence, guards, mode) = held.unwrap_or((0, 0, self.mode()));
+        let read_token = self.held(Kind::Read, identity).map_or(0, |held| held.0);
+        let request = self.context.next_request();
+        let args = WriteArgs {
+            identity,
+            lease: mode.lease(),
+            held_fence,
+            depth: guards + 1,
+            fence_ttl: self.raw.fence_ttl(),
+            request,
+            place: queue.then(|| self.raw.place()),
+            read_token,
+        };
+        let sent = Instant::now();
+        let reply = self.raw.write(&self.keys, args);
+        self.settle(Kind::Write, identity, mode, request, sent, reply)
+            .map(|attempt| match attempt {
+                Attempt::Acquired(hold) => Attempt::Acquired(WriteGuard::new(hold)),
+                Attempt::Held { lease_left } => Attempt::Held { lease_left },
+            })
+    }
+
+    /// What an acquisition of `kind` sent at `sent` as request `request`
+    /// came to: a hold recorded in the registry (and renewed by the
+    /// watchdog), a refusal, or an error (a request whose reply was lost
+    /// is undone in the background).
+    fn settle(
+        &self,
+        kind: Kind,
+        identity: &Arc<str>,
+        mode: LeaseMode,
+        request: u64,
+        sent: Instant,
+        reply: Result<RwAcquireReply, crate::backend::Failed>,
+    ) -> Result<Attempt<Hold>, Error> {
+        match reply {
+            Ok(RwAcquireReply::Acquired { token, .. }) => {
+                let leased = match kind {
+                    Kind::Read => &self.read_leased,
+                    Kind::Write => &self.write_leased,
+                };
+                let (status, mode) = self.context.enter(leased, identity, token, mode, sent);
+                Ok(Attempt::Acquired(Hold {
+                    context: Arc::clone(&self.context),
+                    raw: Arc::clone(&self.raw),
+                    keys: Arc::clone(&self.keys),
+                    kind,
+                    identity: Arc::clone(identity),
+                    token,
+                    mode,
+                    status,
+                    released: false,
+                }))
+            }
+            Ok(RwAcquireReply::Held { lease_left }) => Ok(Attempt::Held { lease_left }),
+            Ok(RwAcquireReply::UpgradeRefused) => Err(self.upgrade_refused()),
+            Err(failed) => {
+                if failed.outcome_unknown {
+                    let undo = raw::undo_later(
+                        &self.raw,
+                        &self.keys,
+                        identity,
+                        request,
+                        mode.lease(),
+                        sent,
+                    );
+                    self.context.finish_later(undo);
+                }
+                Err(failed.error)
+            }
+        }
+    }
+}
+
+impl fmt::Debug for RwLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RwLock")
+            .field("name", &self.keys.name)
+            .field("fixed_lease", &self.fixed_lease)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,291 @@
+//! The read-write lock's Redis protocol: every exchange returns data
+//! (acquired with a token, refused with a time to wait, a depth left),
+//! never a guard. [`RawRwLock`] speaks it to one deployment's [`Backend`]
+//! through the scripts of `scripts/rwlock/`; [`RwRenewer`] is how the
+//! watchdog renews read and write holds.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::{ServerErrorKind, Value};
+
+use crate::backend::{is_transient_reply, Backend, Failed, Sent};
+use crate::config::Config;
+use crate::error::Error;
+use crate::keys::RwKeys;
+use crate::lease::{Cleanup, RenewLeases, RenewOutcome, RenewRequest};
+use crate::scripts::lock as lock_calls;
+use crate::scripts::reply::{Done, ReleaseReply};
+use crate::scripts::rwlock::{self as calls, ReadArgs, RwAcquireReply, WriteArgs};
+use crate::scripts::Call;
+
+/// How much longer than one park a waiting writer's place lasts: time for
+/// the park to end late (on the server's timer tick) and for the next
+/// attempt, which renews the place, to arrive.
+pub(crate) const PLACE_MARGIN: Duration = Duration::from_millis(500);
+
+/// Which kind of hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Read,
+    Write,
+}
+
+/// The read-write lock protocol on one Redis deployment (one server, a
+/// cluster, a master behind sentinels): the backend routes by the lock's
+/// keys, which share a slot.
+#[derive(Debug)]
+pub(crate) struct RawRwLock {
+    backend: Arc<Backend>,
+    baton_ttl: Duration,
+    fence_ttl: Duration,
+    /// How long a waiting writer's place lasts from each attempt.
+    place: Duration,
+    /// Whether the read renewal script is known to be loaded: a round
+    /// loads it up front instead of failing once per hold.
+    renew_loaded: AtomicBool,
+}
+
+impl RawRwLock {
+    pub(crate) fn new(backend: Arc<Backend>, config: &Config) -> Self {
+        RawRwLock {
+            backend,
+            baton_ttl: config.baton_ttl,
+            fence_ttl: config.fence_ttl,
+            place: config.max_park.saturating_add(PLACE_MARGIN),
+            renew_loaded: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn baton_ttl(&self) -> Duration {
+        self.baton_ttl
+    }
+
+    pub(crate) fn fence_ttl(&self) -> Duration {
+        self.fence_ttl
+    }
+
+    /// How long a waiting writer's place lasts from each of its attempts.
+    pub(crate) fn place(&self) -> Duration {
+        self.place
+    }
+
+    fn call<T: redis::FromRedisValue>(
+        &self,
+        keys: &RwKeys,
+        call: &Call,
+    ) -> Result<Sent<T>, Failed> {
+        self.backend
+            .exchange(&keys.write, &keys.name, |c| call.invoke(c))
+    }
+
+    /// Takes, re-enters, or reports how long to wait for a read hold.
+    pub(crate) fn read(&self, keys: &RwKeys, args: ReadArgs<'_>) -> Result<RwAcquireReply, Failed> {
+        self.call(keys, &calls::read(keys, args))
+            .map(|sent| sent.value)
+    }
+
+    /// Takes, re-enters, or reports how long to wait for the write hold.
+    pub(crate) fn write(
+        &self,
+        keys: &RwKeys,
+        args: WriteArgs<'_>,
+    ) -> Result<RwAcquireReply, Failed> {
+        self.call(keys, &calls::write(keys, args))
+            .map(|sent| sent.value)
+    }
+
+    /// Releases one level of a hold of `kind` (`token`: its token or
+    /// fencing token) that keeps `guards_left` guards.
+    pub(crate) fn release(
+        &self,
+        keys: &RwKeys,
+        kind: Kind,
+        identity: &str,
+        token: u64,
+        guards_left: usize,
+        lease: Duration,
+    ) -> Result<Sent<ReleaseReply>, Failed> {
+        let call = match kind {
+            Kind::Read => {
+                calls::release_read(keys, identity, token, guards_left, lease, self.baton_ttl)
+            }
+            Kind::Write => {
+                calls::release_write(keys, identity, token, guards_left, lease, self.baton_ttl)
+            }
+        };
+        self.call(keys, &call)
+    }
+
+    /// Removes the waiting writer `identity`'s place; whether it was there.
+    pub(crate) fn withdraw(&self, keys: &RwKeys, identity: &str) -> Result<bool, Error> {
+        let call = calls::withdraw(keys, identity, self.baton_ttl);
+        let Done(removed) = self
+            .backend
+            .run(&keys.write, &keys.name, |c| call.invoke(c))?;
+        Ok(removed)
+    }
+
+    /// Frees what request `request` of `identity` may have taken.
+    fn undo(&self, keys: &RwKeys, identity: &str, request: u64) -> Result<(), Error> {
+        let call = calls::undo(keys, identity, request, self.baton_ttl);
+        let Done(_) = self
+            .backend
+            .run(&keys.write, &keys.name, |c| call.invoke(c))?;
+        Ok(())
+    }
+
+    /// Renews `requests` (all of `kind`, on one server) in one pipeline.
+    fn renew_shard(&self, kind: Kind, requests: &[&RenewRequest<'_>]) -> Vec<RenewOutcome> {
+        let calls: Vec<Option<Call>> = requests.iter().map(|r| renew_call(kind, r)).collect();
+        let mut outcomes = vec![RenewOutcome::Lost; requests.len()];
+        let sendable: Vec<(usize, &Call)> = calls
+            .iter()
+            .enumerate()
+            .filter_map(|(i, call)| call.as_ref().map(|call| (i, call)))
+            .collect();
+        let Some(&(first_index, first)) = sendable.first() else {
+            return outcomes;
+        };
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for (_, call) in &sendable {
+            call.add_to(&mut pipe);
+        }
+        let forgot = |values: &[Value]| {
+            values.iter().any(|value| {
+                matches!(value, Value::ServerError(err) if err.kind() == Some(ServerErrorKind::NoScript))
+            })
+        };
+        let loaded = match kind {
+            Kind::Read => Some(&self.renew_loaded),
+            // The lock's renewal script: loaded by the first NOSCRIPT.
+            Kind::Write => None,
+        };
+        let replies = self
+            .backend
+            .run(requests[first_index].key, "(watchdog renewal)", |c| {
+                if let Some(loaded) = loaded.filter(|l| !l.load(Ordering::Relaxed)) {
+                    first.load(c)?;
+                    loaded.store(true, Ordering::Relaxed);
+                }
+                let values: Vec<Value> = pipe.query(c)?;
+                if !forgot(&values) {
+                    return Ok(values);
+                }
+                first.load(c)?;
+                pipe.query(c)
+            });
+        let values = match replies {
+            Ok(values) => values,
+            Err(err) => {
+                log::warn!("redbaton: watchdog renewal of read-write locks failed: {err}");
+                return vec![RenewOutcome::Retry; requests.len()];
+            }
+        };
+        for ((i, call), value) in sendable.iter().zip(values) {
+            outcomes[*i] = if is_redirection(&value) {
+                // The slot moved: this one alone, following the redirection.
+                self.backend.redirected();
+                let r = requests[*i];
+                match self.backend.run(r.key, r.name, |c| call.invoke::<Done>(c)) {
+                    Ok(Done(true)) => RenewOutcome::Renewed,
+                    Ok(Done(false)) => RenewOutcome::Lost,
+                    Err(_) => RenewOutcome::Retry,
+                }
+            } else {
+                renew_outcome(&value)
+            };
+        }
+        outcomes
+    }
+}
+
+/// The renewal of one hold; `None` when its key is not one of ours.
+fn renew_call(kind: Kind, r: &RenewRequest<'_>) -> Option<Call> {
+    match kind {
+        Kind::Read => {
+            let depths = RwKeys::depths_beside(r.key)?;
+            Some(calls::renew_read(
+                r.key, &depths, r.identity, r.fence, r.lease,
+            ))
+        }
+        // A write hold is a lock hash (flag, fence): the lock's renewal.
+        Kind::Write => Some(lock_calls::renew(r.key, r.identity, r.fence, r.lease)),
+    }
+}
+
+/// A clean-up that undoes request `request` of `identity` until Redis
+/// answers (or the lease it may have set, `lease` from `sent`, has ended).
+pub(crate) fn undo_later(
+    raw: &Arc<RawRwLock>,
+    keys: &Arc<RwKeys>,
+    identity: &Arc<str>,
+    request: u64,
+    lease: Duration,
+    sent: Instant,
+) -> Cleanup {
+    let (raw, keys, identity) = (Arc::clone(raw), Arc::clone(keys), Arc::clone(identity));
+    Cleanup::new(&keys.name.clone(), sent, lease, move || {
+        raw.undo(&keys, &identity, request)
+    })
+}
+
+/// A clean-up that sends the last release of a hold again until Redis
+/// answers (or its lease, at most `lease` from `sent`, has ended).
+pub(crate) fn release_later(
+    raw: &Arc<RawRwLock>,
+    keys: &Arc<RwKeys>,
+    kind: Kind,
+    identity: &Arc<str>,
+    token: u64,
+    lease: Duration,
+    sent: Instant,
+) -> Cleanup {
+    let (raw, keys, identity) = (Arc::clone(raw), Arc::clone(keys), Arc::clone(identity));
+    Cleanup::new(&keys.name.clone(), sent, lease, move || {
+        raw.release(&keys, kind, &identity, token, 0, lease)
+            .map(drop)
+            .map_err(|failed| failed.error)
+    })
+}
+
+/// How the watchdog renews the holds of one kind: a read hold's lease is
+/// its score in the readers set, a write hold's the write key's TTL.
+#[derive(Debug)]
+pub(crate) struct RwRenewer {
+    pub(crate) raw: Arc<RawRwLock>,
+    pub(crate) kind: Kind,
+}
+
+impl RenewLeases for RwRenewer {
+    /// One pipeline per server for the whole round. Renewal is
+    /// idempotent, so sending it again is safe.
+    fn renew_round(&self, requests: &[RenewRequest<'_>]) -> Vec<RenewOutcome> {
+        let keys: Vec<&str> = requests.iter().map(|r| r.key).collect();
+        let mut outcomes = vec![RenewOutcome::Retry; requests.len()];
+        for shard in self.raw.backend.shards(&keys) {
+            let batch: Vec<&RenewRequest<'_>> = shard.iter().map(|&i| &requests[i]).collect();
+            for (i, outcome) in shard.iter().zip(self.raw.renew_shard(self.kind, &batch)) {
+                outcomes[*i] = outcome;
+            }
+        }
+        outcomes
+    }
+}
+
+/// A cluster's `MOVED` or `ASK` inside a pipeline.
+fn is_redirection(value: &Value) -> bool {
+    matches!(value, Value::ServerError(err) if matches!(err.kind(), Some(ServerErrorKind::Moved | ServerErrorKind::Ask)))
+}
+
+fn renew_outcome(value: &Value) -> RenewOutcome {
+    match value {
+        Value::Int(1) => RenewOutcome::Renewed,
+        Value::ServerError(err) if is_transient_reply(Some(err.code())) => RenewOutcome::Retry,
+        // 0: not this hold any more; any other error (WRONGTYPE: something
+        // else overwrote the key) means the same.
+        _ => RenewOutcome::Lost,
+    }
+}

@@ -1,0 +1,91 @@
+//! Bad input is an error, never a hang: names, leases, damaged keys, and a
+//! deployment the read-write lock does not run on.
+
+use std::time::Duration;
+
+use redbaton::{Client, Error};
+
+use crate::across_topologies;
+use crate::rw_key;
+
+#[test]
+fn empty_and_overlong_names_are_invalid() {
+    let client = Client::open("redis://127.0.0.1:1/").unwrap();
+    for name in [String::new(), "x".repeat(4097)] {
+        let err = client.rw_lock(&name).unwrap_err();
+        assert!(matches!(err, Error::InvalidName { .. }), "{err}");
+    }
+    assert!(client.rw_lock(&"x".repeat(4096)).is_ok());
+}
+
+#[test]
+fn zero_and_absurd_fixed_leases_are_invalid() {
+    let client = Client::open("redis://127.0.0.1:1/").unwrap();
+    let lock = client.rw_lock("leases").unwrap();
+    for lease in [
+        Duration::ZERO,
+        Duration::from_micros(999),
+        Duration::from_secs(366 * 24 * 3600),
+        Duration::MAX,
+    ] {
+        let err = lock.with_fixed_lease(lease).unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidLease { lease: l } if l == lease),
+            "{err}"
+        );
+    }
+    assert!(lock.with_fixed_lease(Duration::from_millis(1)).is_ok());
+}
+
+across_topologies! {
+    but_masters;
+    /// A string under the write key or the readers key is reported as
+    /// `WrongType` by every call, and left as it is.
+    fn a_string_under_the_write_or_readers_key_is_a_wrong_type_error(deployment) {
+        let client = deployment.client();
+        let lock = client.rw_lock("damaged").unwrap();
+        for part in ["write", "readers"] {
+            let key = rw_key("damaged", part);
+            let mut raw = deployment.server_for(&key).connection();
+            redis::cmd("SET").arg(&key).arg("not redbaton's").query::<()>(&mut raw).unwrap();
+            let errors = [
+                lock.read().map(drop).unwrap_err(),
+                lock.try_read().map(drop).unwrap_err(),
+                lock.try_read_for(Duration::from_secs(1)).map(drop).unwrap_err(),
+                lock.write().map(drop).unwrap_err(),
+                lock.try_write().map(drop).unwrap_err(),
+                lock.try_write_for(Duration::from_secs(1)).map(drop).unwrap_err(),
+            ];
+            for err in errors {
+                assert!(matches!(&err, Error::WrongType { name, .. } if name == "damaged"), "{part}: {err:?}");
+            }
+            let value: String = redis::cmd("GET").arg(&key).query(&mut raw).unwrap();
+            assert_eq!(value, "not redbaton's", "left alone");
+            redis::cmd("DEL").arg(&key).query::<()>(&mut raw).unwrap();
+        }
+        lock.try_write().unwrap().expect("fine once the keys are clean").unlock().unwrap();
+    }
+}
+
+#[cfg(feature = "redlock")]
+#[test]
+fn a_quorum_client_says_the_read_write_lock_needs_one_deployment() {
+    let masters: Vec<_> = (0..3).map(|_| testkit::RedisServer::start()).collect();
+    let client = Client::builder(redbaton::Topology::masters(
+        masters.iter().map(testkit::RedisServer::url),
+    ))
+    .build()
+    .unwrap();
+    let lock = client.rw_lock("quorum").unwrap();
+    let errors = [
+        lock.read().map(drop).unwrap_err(),
+        lock.try_read().map(drop).unwrap_err(),
+        lock.write().map(drop).unwrap_err(),
+        lock.try_write_for(Duration::from_secs(1))
+            .map(drop)
+            .unwrap_err(),
+    ];
+    for err in errors {
+        assert!(matches!(err, Error::WrongTopology { .. }), "{err:?}");
+    }
+}

@@ -1,0 +1,69 @@
+//! The read-write lock's tests: one binary, one module per area. Child
+//! processes re-run this binary on `child_entry`, which hands the role to
+//! the module that owns it.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod cleanup;
+mod errors;
+mod leases;
+mod preference;
+mod processes;
+mod reentry;
+mod waiting;
+
+/// Entry point of the child processes; does nothing in a normal test run.
+#[test]
+#[ignore = "child-process entry point, started by the tests of this binary"]
+fn child_entry() {
+    support::run_child_role(&[processes::run_child]);
+}
+
+/// A key of read-write lock `name` under the default prefix, as the
+/// README's key layout gives it: `part` is `write`, `readers`, `depths`,
+/// `writers`, `rbaton`, `wbaton` or `fence`.
+pub fn rw_key(name: &str, part: &str) -> String {
+    format!("redbaton:{{{}}}:rw:{part}", support::hash_tag(name))
+}
+
+/// Everything Redis holds for read-write lock `name` (but its fencing
+/// counter and batons), in a form to compare.
+pub fn rw_state(conn: &mut redis::Connection, name: &str) -> Vec<String> {
+    let mut state = Vec::new();
+    let write: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(rw_key(name, "write"))
+        .query(conn)
+        .unwrap();
+    state.push(format!("write {write:?}"));
+    let readers: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(rw_key(name, "readers"))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(conn)
+        .unwrap();
+    state.push(format!("readers {readers:?}"));
+    let depths: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(rw_key(name, "depths"))
+        .query(conn)
+        .unwrap();
+    state.push(format!("depths {depths:?}"));
+    let writers: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(rw_key(name, "writers"))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(conn)
+        .unwrap();
+    state.push(format!("writers {writers:?}"));
+    state
+}
+
+/// How many writers keep a place in the queue of `name`.
+pub fn waiting_writers(conn: &mut redis::Connection, name: &str) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(rw_key(name, "writers"))
+        .query(conn)
+        .unwrap()
+}
