@@ -11,6 +11,7 @@ use crate::error::Error;
 use crate::keys::{LatchKeys, LimiterKeys, LockKeys, RwKeys};
 use crate::lease::WatchdogStats;
 use crate::sync::lock::RawLock;
+use crate::sync::rwlock::RwProtocol;
 use crate::sync::{CountDownLatch, Lock, RateLimiter, RwLock};
 
 pub use builder::{ClientBuilder, Topology};
@@ -39,11 +40,18 @@ pub struct Client {
     context: Arc<Context>,
     /// The lock protocol for this client's deployment.
     lock_raw: Arc<dyn RawLock>,
+    /// The read-write lock's protocol, shared by all its handles.
+    rw: Arc<RwProtocol>,
 }
 
 impl Client {
     fn new(context: Arc<Context>, lock_raw: Arc<dyn RawLock>) -> Client {
-        Client { context, lock_raw }
+        let rw = Arc::new(RwProtocol::new(&context));
+        Client {
+            context,
+            lock_raw,
+            rw,
+        }
     }
 
     /// Makes a client for the Redis at `url` with every setting at its
@@ -165,7 +173,7 @@ impl Client {
     /// [`Error::InvalidName`] when `name` is empty or too long.
     pub fn rw_lock(&self, name: &str) -> Result<RwLock, Error> {
         let keys = RwKeys::new(&self.context.config.prefix, name)?;
-        Ok(RwLock::new(Arc::clone(&self.context), keys))
+        Ok(RwLock::new(Arc::clone(&self.context), &self.rw, keys))
     }
 
     /// What the watchdog has done so far: renewal rounds (one round trip

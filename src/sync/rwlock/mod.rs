@@ -85,25 +85,48 @@ pub struct RwLock {
     fixed_lease: Option<Duration>,
 }
 
-impl RwLock {
-    pub(crate) fn new(context: Arc<Context>, keys: RwKeys) -> RwLock {
+/// The read-write lock's protocol and its two renewers, one per client,
+/// so that the watchdog renews the holds of every read-write lock of the
+/// client in one round per kind.
+#[derive(Debug)]
+pub(crate) struct RwProtocol {
+    raw: Arc<RawRwLock>,
+    read: Arc<dyn RenewLeases>,
+    write: Arc<dyn RenewLeases>,
+}
+
+impl RwProtocol {
+    pub(crate) fn new(context: &Context) -> Self {
         let raw = Arc::new(RawRwLock::new(
             Arc::clone(&context.backend),
             &context.config,
         ));
-        let leased = |key: &str, kind| Leased {
-            name: keys.name.as_str().into(),
-            key: key.into(),
-            renewer: Arc::new(RwRenewer {
+        let renewer = |kind| {
+            Arc::new(RwRenewer {
                 raw: Arc::clone(&raw),
                 kind,
-            }) as Arc<dyn RenewLeases>,
+            }) as Arc<dyn RenewLeases>
         };
-        let read_leased = leased(&keys.readers, Kind::Read);
-        let write_leased = leased(&keys.write, Kind::Write);
+        RwProtocol {
+            read: renewer(Kind::Read),
+            write: renewer(Kind::Write),
+            raw,
+        }
+    }
+}
+
+impl RwLock {
+    pub(crate) fn new(context: Arc<Context>, protocol: &RwProtocol, keys: RwKeys) -> RwLock {
+        let leased = |key: &str, renewer: &Arc<dyn RenewLeases>| Leased {
+            name: keys.name.as_str().into(),
+            key: key.into(),
+            renewer: Arc::clone(renewer),
+        };
+        let read_leased = leased(&keys.readers, &protocol.read);
+        let write_leased = leased(&keys.write, &protocol.write);
         RwLock {
             context,
-            raw,
+            raw: Arc::clone(&protocol.raw),
             keys: Arc::new(keys),
             read_leased,
             write_leased,
