@@ -26,7 +26,6 @@ pub(crate) struct Context {
     /// Where threads wait for what is never handed over locally (read
     /// holds, permits, a latch): a process still parks one connection per
     /// baton key, however many of its threads wait.
-    #[expect(dead_code, reason = "the synchronizers of issue 14 land next")]
     pub(crate) room: WaitingRoom<(), ()>,
     /// The ownership table and the watchdog; the watchdog thread holds a
     /// `Weak` to this alone.

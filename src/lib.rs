@@ -110,6 +110,7 @@ pub use client::{Client, ClientBuilder, Topology};
 pub use error::Error;
 pub use lease::WatchdogStats;
 pub use sync::{Holder, Lock, LockGuard, Owner, Rate, RateLimiter, RateMode};
+pub use sync::{Semaphore, SemaphorePermit};
 
 /// Compiles the README's examples as doctests, so the front door stays true.
 #[cfg(doctest)]

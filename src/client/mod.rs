@@ -8,10 +8,11 @@ use std::sync::Arc;
 
 use crate::context::Context;
 use crate::error::Error;
-use crate::keys::{LimiterKeys, LockKeys};
+use crate::keys::{LimiterKeys, LockKeys, SemaphoreKeys};
 use crate::lease::WatchdogStats;
 use crate::sync::lock::RawLock;
-use crate::sync::{Lock, RateLimiter};
+use crate::sync::semaphore::{DeploymentSemaphore, RawSemaphore};
+use crate::sync::{Lock, RateLimiter, Semaphore};
 
 pub use builder::{ClientBuilder, Topology};
 
@@ -39,11 +40,22 @@ pub struct Client {
     context: Arc<Context>,
     /// The lock protocol for this client's deployment.
     lock_raw: Arc<dyn RawLock>,
+    /// The semaphore protocol: one per client, so that the watchdog renews
+    /// all of its permits in one round.
+    semaphore_raw: Arc<dyn RawSemaphore>,
 }
 
 impl Client {
     fn new(context: Arc<Context>, lock_raw: Arc<dyn RawLock>) -> Client {
-        Client { context, lock_raw }
+        let semaphore_raw = Arc::new(DeploymentSemaphore::new(
+            Arc::clone(&context.backend),
+            &context.config,
+        ));
+        Client {
+            context,
+            lock_raw,
+            semaphore_raw,
+        }
     }
 
     /// Makes a client for the Redis at `url` with every setting at its
@@ -95,6 +107,26 @@ impl Client {
         let context = &self.context;
         let keys = LimiterKeys::new(&context.config.prefix, name, context.identities.instance())?;
         Ok(RateLimiter::new(Arc::clone(context), keys))
+    }
+
+    /// A handle on the counting semaphore called `name`. Cheap; makes no
+    /// network call. Its total is stored in Redis: set it with
+    /// [`Semaphore::try_set_permits`] before acquiring.
+    ///
+    /// Names follow the rules of lock names, and a semaphore never shares
+    /// keys with a lock or a rate limiter of the same name. A semaphore
+    /// needs one deployment: on a client of independent masters
+    /// (`Topology::masters`) its calls fail with [`Error::WrongTopology`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] when `name` is empty or too long.
+    pub fn semaphore(&self, name: &str) -> Result<Semaphore, Error> {
+        let keys = SemaphoreKeys::new(&self.context.config.prefix, name)?;
+        Ok(Semaphore::new(
+            Arc::clone(&self.context),
+            Arc::clone(&self.semaphore_raw),
+            keys,
+        ))
     }
 
     /// What the watchdog has done so far: renewal rounds (one round trip

@@ -4,6 +4,8 @@
 //! - `lock/`: the re-entrant mutex ([`Lock`], [`LockGuard`]).
 //! - `rate_limit`: the token bucket ([`RateLimiter`]); no guard and no
 //!   parking: it sleeps for the wait the server computes.
+//! - `semaphore/`: the counting semaphore with leased permits
+//!   ([`Semaphore`], [`SemaphorePermit`]).
 //!
 //! A new synchronizer is a new folder here: its raw protocol (scripts in
 //! `scripts/<name>/`), its handle and guards, waiting through
@@ -11,6 +13,8 @@
 
 pub(crate) mod lock;
 pub(crate) mod rate_limit;
+pub(crate) mod semaphore;
 
 pub use lock::{Holder, Lock, LockGuard, Owner};
 pub use rate_limit::{Rate, RateLimiter, RateMode};
+pub use semaphore::{Semaphore, SemaphorePermit};
