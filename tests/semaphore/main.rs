@@ -1,0 +1,27 @@
+//! The semaphore's tests: one binary, one module per area. Child processes
+//! re-run this binary on `child_entry`, which hands the role to the module
+//! that owns it.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod counting;
+mod errors;
+mod leases;
+mod processes;
+mod waiting;
+
+/// Entry point of the child processes; does nothing in a normal test run.
+#[test]
+#[ignore = "child-process entry point, started by the tests of this binary"]
+fn child_entry() {
+    support::run_child_role(&[processes::run_child]);
+}
+
+/// The keys of semaphore `name` under the default prefix, as the README
+/// documents them (names used in tests contain no `%`, `{` or `}`):
+/// state, holders, counts, waiters, baton.
+pub(crate) fn sem_keys(name: &str) -> [String; 5] {
+    ["state", "holders", "counts", "waiters", "baton"]
+        .map(|part| format!("redbaton:{{{}}}:sem:{part}", support::hash_tag(name)))
+}
