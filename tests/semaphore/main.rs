@@ -9,7 +9,18 @@ mod counting;
 mod errors;
 mod leases;
 mod processes;
+#[cfg(feature = "sentinel")]
+mod replicas;
 mod waiting;
+
+/// Handles go to threads; permits may be released from another thread.
+#[allow(dead_code)]
+fn handles_are_send_and_sync_and_permits_are_send() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<redbaton::Semaphore>();
+    send::<redbaton::SemaphorePermit>();
+}
 
 /// Entry point of the child processes; does nothing in a normal test run.
 #[test]
