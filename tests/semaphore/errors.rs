@@ -214,3 +214,64 @@ fn a_quorum_client_refuses_semaphores_as_the_wrong_topology() {
         assert!(matches!(err, Error::WrongTopology { .. }), "{err}");
     }
 }
+
+/// The commands the README's semaphore section adds to the lock's ACL line.
+const SEMAPHORE_ACL: &str =
+    "+hget +hdel +hvals +llen +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zscore";
+
+/// The README's ACL line plus the semaphore's commands, as the README
+/// states them: every call works under a user limited to them.
+#[test]
+fn everything_works_under_a_user_limited_to_the_documented_acl() {
+    let readme = include_str!("../../README.md");
+    let flat: String = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains(SEMAPHORE_ACL),
+        "the README lists {SEMAPHORE_ACL}"
+    );
+    let lock_acl = readme
+        .lines()
+        .find_map(|line| line.strip_prefix("ACL SETUSER locker on >long-random-password "))
+        .expect("the README documents the ACL line");
+    let rules: Vec<&str> = lock_acl
+        .split_whitespace()
+        .chain(SEMAPHORE_ACL.split_whitespace())
+        .collect();
+    let server = RedisServer::start();
+    let mut raw = server.connection();
+    let mut setuser = redis::cmd("ACL");
+    setuser.arg("SETUSER").arg("sem").arg("on").arg(">pw");
+    for rule in rules {
+        setuser.arg(rule);
+    }
+    setuser.query::<()>(&mut raw).unwrap();
+    let client = redbaton::Client::builder(format!("redis://sem:pw@127.0.0.1:{}/", server.port()))
+        .default_lease(Duration::from_millis(300))
+        .max_park(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let sem = client.semaphore("acl").unwrap();
+    assert_eq!(sem.try_set_permits(1).unwrap(), 1);
+    let permit = sem.acquire().unwrap();
+    // A waiter that gives up (parks, then leaves its place), and one that
+    // is woken by the release, while the watchdog renews.
+    assert!(sem
+        .try_acquire_for(Duration::from_millis(300))
+        .unwrap()
+        .is_none());
+    let waiter = sem.clone();
+    let handle = std::thread::spawn(move || {
+        waiter
+            .try_acquire_for(Duration::from_secs(5))
+            .map(|p| p.is_some())
+    });
+    crate::support::eventually(Duration::from_secs(3), "a renewal", || {
+        client.watchdog_stats().renewals >= 2
+    });
+    permit.release().unwrap();
+    assert!(crate::support::JoinWithin::joined(handle).unwrap());
+    assert_eq!(sem.add_permits(1).unwrap(), 2);
+    assert_eq!(sem.reduce_permits(1).unwrap(), 1);
+    assert_eq!(sem.available_permits().unwrap(), 1);
+    assert_eq!(client.watchdog_stats().losses, 0);
+}
