@@ -36,8 +36,9 @@ across_topologies! { but_masters;
         let mut last_release = Instant::now();
         for permit in held {
             assert!(receive.try_recv().is_err(), "acquired before the third release");
-            permit.release().unwrap();
+            // Before the call: the waiter may be served before it returns.
             last_release = Instant::now();
+            permit.release().unwrap();
             thread::sleep(Duration::from_millis(400));
         }
         let acquired = receive.recv_timeout(Duration::from_secs(30)).expect("acquired");
@@ -212,9 +213,10 @@ fn a_token_for_a_waiter_that_has_gone_does_not_make_the_others_spin() {
     let during = server.commands_since(&before);
     let scripts = during.get("evalsha").copied().unwrap_or(0);
     println!("during 2 s: {during:?}");
-    // The release, then at most an attempt per waiter (two) per pass and
-    // the first: a handful, not thousands.
-    assert!(scripts <= 6, "{scripts} script calls in 2 s: {during:?}");
+    // The release (and its script's load), the waiter's attempt after each
+    // of the two tokens passed on and after the first, and its first two
+    // attempts if a loaded machine delayed them: a handful, not thousands.
+    assert!(scripts <= 8, "{scripts} script calls in 2 s: {during:?}");
     assert!(!handle.joined(), "three never became free");
     drop(held);
 }
