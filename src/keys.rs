@@ -162,16 +162,13 @@ pub(crate) struct SemaphoreKeys {
     pub(crate) holders: String,
     /// Hash: permit id → how many permits it holds.
     pub(crate) counts: String,
-    /// Sorted set: waiting identity → end of its place (server ms).
+    /// Sorted set: `<k>:<waiting identity>` (a waiter and the permits it
+    /// wants) → end of its place (server ms).
     pub(crate) waiters: String,
     /// List: batons, one per permit released, up to the number waiting.
     pub(crate) baton: String,
 }
 
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "its synchronizer (issue 14) lands next")
-)]
 impl SemaphoreKeys {
     /// Lays out the keys of semaphore `name` under `prefix`.
     pub(crate) fn new(prefix: &str, name: &str) -> Result<Self, Error> {

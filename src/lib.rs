@@ -71,6 +71,25 @@
 //! # }
 //! ```
 //!
+//! # Semaphores
+//!
+//! A [`Semaphore`] caps how many holders share something at once, across
+//! processes. Its total lives in Redis; each [`SemaphorePermit`] is leased
+//! like a lock (renewed while it lives, returned when its process dies),
+//! and waiters park in `BLPOP` until a release may serve them.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), redbaton::Error> {
+//! let client = redbaton::Client::open("redis://127.0.0.1/")?;
+//! let connections = client.semaphore("partner-api:connections")?;
+//! connections.try_set_permits(3)?; // first writer wins
+//! let permit = connections.acquire()?; // at most 3 at once, across every process
+//! // ... call the partner ...
+//! permit.release()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! A single Redis is not safe across failover: a replica promoted before it
 //! received the lock can grant it again. See the README for the limits.
 //!
@@ -121,6 +140,7 @@ pub use error::Error;
 pub use lease::WatchdogStats;
 pub use sync::{CountDownLatch, Holder, Lock, LockGuard, Owner, Rate, RateLimiter, RateMode};
 pub use sync::{ReadGuard, RwLock, WriteGuard};
+pub use sync::{Semaphore, SemaphorePermit};
 
 /// Runs a function holding the distributed lock named by its `key`, built
 /// from its arguments: `#[redbaton::locked(client = …, key = "order:{order_id}")]`.

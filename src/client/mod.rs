@@ -8,11 +8,12 @@ use std::sync::Arc;
 
 use crate::context::Context;
 use crate::error::Error;
-use crate::keys::{LatchKeys, LimiterKeys, LockKeys, RwKeys};
+use crate::keys::{LatchKeys, LimiterKeys, LockKeys, RwKeys, SemaphoreKeys};
 use crate::lease::WatchdogStats;
 use crate::sync::lock::RawLock;
 use crate::sync::rwlock::RwProtocol;
-use crate::sync::{CountDownLatch, Lock, RateLimiter, RwLock};
+use crate::sync::semaphore::{DeploymentSemaphore, RawSemaphore};
+use crate::sync::{CountDownLatch, Lock, RateLimiter, RwLock, Semaphore};
 
 pub use builder::{ClientBuilder, Topology};
 
@@ -42,15 +43,23 @@ pub struct Client {
     lock_raw: Arc<dyn RawLock>,
     /// The read-write lock's protocol, shared by all its handles.
     rw: Arc<RwProtocol>,
+    /// The semaphore protocol: one per client, so that the watchdog renews
+    /// all of its permits in one round.
+    semaphore_raw: Arc<dyn RawSemaphore>,
 }
 
 impl Client {
     fn new(context: Arc<Context>, lock_raw: Arc<dyn RawLock>) -> Client {
         let rw = Arc::new(RwProtocol::new(&context));
+        let semaphore_raw = Arc::new(DeploymentSemaphore::new(
+            Arc::clone(&context.backend),
+            &context.config,
+        ));
         Client {
             context,
             lock_raw,
             rw,
+            semaphore_raw,
         }
     }
 
@@ -174,6 +183,26 @@ impl Client {
     pub fn rw_lock(&self, name: &str) -> Result<RwLock, Error> {
         let keys = RwKeys::new(&self.context.config.prefix, name)?;
         Ok(RwLock::new(Arc::clone(&self.context), &self.rw, keys))
+    }
+
+    /// A handle on the counting semaphore called `name`. Cheap; makes no
+    /// network call. Its total is stored in Redis: set it with
+    /// [`Semaphore::try_set_permits`] before acquiring.
+    ///
+    /// Names follow the rules of lock names, and a semaphore never shares
+    /// keys with a lock or a rate limiter of the same name. A semaphore
+    /// needs one deployment: on a client of independent masters
+    /// (`Topology::masters`) its calls fail with [`Error::WrongTopology`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] when `name` is empty or too long.
+    pub fn semaphore(&self, name: &str) -> Result<Semaphore, Error> {
+        let keys = SemaphoreKeys::new(&self.context.config.prefix, name)?;
+        Ok(Semaphore::new(
+            Arc::clone(&self.context),
+            Arc::clone(&self.semaphore_raw),
+            keys,
+        ))
     }
 
     /// What the watchdog has done so far: renewal rounds (one round trip

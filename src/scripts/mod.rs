@@ -12,6 +12,7 @@ pub(crate) mod latch;
 pub(crate) mod lock;
 pub(crate) mod reply;
 pub(crate) mod rwlock;
+pub(crate) mod semaphore;
 
 /// Declares every script once: its `static`, and its entry in the table
 /// that traces errors back to a file and line. A script may list helpers
@@ -98,6 +99,18 @@ scripts! {
     RW_RENEW_READ => "rwlock/renew_read.lua" with ["lib/rw.lua"];
     /// Read-write lock: free what a request whose reply was lost took.
     RW_UNDO => "rwlock/undo.lua" with ["lib/rw.lua", "lib/baton.lua"];
+    /// Set a semaphore's total of permits, unless one is in force.
+    SEM_SET => "semaphore/set.lua" with ["lib/permits.lua"];
+    /// Add permits to a semaphore's total, or take them off it.
+    SEM_ADJUST => "semaphore/adjust.lua" with ["lib/permits.lua"];
+    /// Take permits under a leased permit id, or say when to look again.
+    SEM_ACQUIRE => "semaphore/acquire.lua" with ["lib/permits.lua"];
+    /// Return a permit id's permits and wake the waiters they may serve.
+    SEM_RELEASE => "semaphore/release.lua" with ["lib/permits.lua"];
+    /// The watchdog's renewal of one permit id's lease.
+    SEM_RENEW => "semaphore/renew.lua" with ["lib/permits.lua"];
+    /// A semaphore's total and available permits.
+    SEM_STATE => "semaphore/state.lua" with ["lib/permits.lua"];
 }
 
 /// One script call with its KEYS and ARGV, encoded once so that a single

@@ -8,6 +8,8 @@
 //!   parking: it sleeps for the wait the server computes.
 //! - `rwlock/`: the read-write lock ([`RwLock`], [`ReadGuard`],
 //!   [`WriteGuard`]), writer-preferring.
+//! - `semaphore/`: the counting semaphore with leased permits
+//!   ([`Semaphore`], [`SemaphorePermit`]).
 //!
 //! A new synchronizer is a new folder here: its raw protocol (scripts in
 //! `scripts/<name>/`), its handle and guards, waiting through
@@ -17,8 +19,10 @@ pub(crate) mod latch;
 pub(crate) mod lock;
 pub(crate) mod rate_limit;
 pub(crate) mod rwlock;
+pub(crate) mod semaphore;
 
 pub use latch::CountDownLatch;
 pub use lock::{Holder, Lock, LockGuard, Owner};
 pub use rate_limit::{Rate, RateLimiter, RateMode};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
+pub use semaphore::{Semaphore, SemaphorePermit};

@@ -1,0 +1,148 @@
+-- Helpers of the semaphore's scripts (semaphore/*.lua), prepended to each.
+--
+-- Every semaphore script but renew.lua takes the same five keys, in this
+-- order (all under one hash tag, so they share a cluster slot):
+--
+-- KEYS[1]  state    (hash: total = permits in force, used = permits held by
+--                    live holders, passes = tokens passed on by waiters that
+--                    could not use them since the last release, adjusted =
+--                    the last add/reduce request applied; no TTL)
+-- KEYS[2]  holders  (sorted set: permit id -> end of its lease, server ms)
+-- KEYS[3]  counts   (hash: permit id -> how many permits it holds)
+-- KEYS[4]  waiters  (sorted set: "<k>:<waiter identity>" -> end of its
+--                    place, server ms; TTL: its longest place)
+-- KEYS[5]  baton    (list of "ok" tokens, one per waiter that may be served
+--                    now; TTL: the baton TTL)
+--
+-- Time is the server's TIME, never the client's: no ARGV holds a timestamp.
+-- holders and counts have no TTL: a holder whose lease ended is removed, and
+-- its permits taken off `used` (once), by the next script that runs, so the
+-- three always agree.
+
+-- int(x): a number as Redis should store it (never in exponent form).
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+-- sem_type_error(): an error reply when one of the five keys holds another
+-- type, else nil. Checked before a script's first write: a script error is
+-- not rolled back.
+local function sem_type_error()
+  local kinds = {'hash', 'zset', 'hash', 'zset', 'list'}
+  for i, want in ipairs(kinds) do
+    local kind = redis.call('TYPE', KEYS[i])['ok']
+    if kind ~= want and kind ~= 'none' then
+      return redis.error_reply('WRONGTYPE semaphore key ' .. KEYS[i] .. ' holds a ' .. kind .. ', not a ' .. want)
+    end
+  end
+  return nil
+end
+
+-- server_ms(): the server's clock in milliseconds.
+local function server_ms()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+
+-- a_count(x): whether x is a whole number a semaphore can hold.
+local function a_count(x)
+  return x ~= nil and x >= 0 and x <= 1e15 and x == math.floor(x)
+end
+
+-- read_state(): the state as a table {total, used, passes}; or nil and the
+-- reply to return: {-1} when no total was ever set, {-3, field} when the
+-- state is damaged (field 1: total, 2: used).
+local function read_state()
+  local stored = redis.call('HMGET', KEYS[1], 'total', 'used', 'passes')
+  if not stored[1] and not stored[2] then
+    return nil, {-1}
+  end
+  local total = tonumber(stored[1])
+  if not a_count(total) then
+    return nil, {-3, 1}
+  end
+  local used = tonumber(stored[2] or '0')
+  if not a_count(used) then
+    return nil, {-3, 2}
+  end
+  local passes = tonumber(stored[3] or '0')
+  if not a_count(passes) then
+    passes = 0
+  end
+  return {total = total, used = used, passes = passes}
+end
+
+-- save(st): writes the state back.
+local function save(st)
+  redis.call('HSET', KEYS[1], 'total', int(st.total), 'used', int(st.used), 'passes', int(st.passes))
+end
+
+-- purge(st, now): removes the holders whose lease ended by `now` and takes
+-- their permits off st.used, once each (a holder is counted only while it is
+-- in the holders set). Returns how many holders were removed.
+local function purge(st, now)
+  local removed = 0
+  while true do
+    local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 256)
+    if #expired == 0 then
+      break
+    end
+    local counts = redis.call('HMGET', KEYS[3], unpack(expired))
+    for _, k in ipairs(counts) do
+      st.used = st.used - (tonumber(k) or 0)
+    end
+    redis.call('HDEL', KEYS[3], unpack(expired))
+    redis.call('ZREM', KEYS[2], unpack(expired))
+    removed = removed + #expired
+  end
+  if st.used < 0 then
+    st.used = 0
+  end
+  return removed
+end
+
+-- wake(st, now, ttl, failed): makes the baton list hold one token per waiter
+-- that may be served now, and never more tokens than live waiters. Counted
+-- in place order (earliest place end first): each waiter whose k fits in the
+-- permits still uncounted, and each whose k is over the total (its next
+-- attempt reports that). A waiter that cannot get its k is not woken for
+-- nothing.
+--
+-- `failed`: the caller could not get its permits, and may have taken a token
+-- meant for another waiter (tokens go to whoever parked first). It passes the
+-- token on, but at most as many tokens in all as there are live waiters until
+-- the next release, acquisition or expiry resets st.passes: a token never
+-- circles between waiters that cannot use it while the place of a waiter
+-- that has gone still counts.
+--
+-- Returns how many tokens were pushed.
+local function wake(st, now, ttl, failed)
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  local members = redis.call('ZRANGE', KEYS[4], 0, -1)
+  local left = math.max(0, st.total - st.used)
+  local wanted = 0
+  for _, member in ipairs(members) do
+    local k = tonumber(string.match(member, '^(%d+):'))
+    if k and k > st.total then
+      wanted = wanted + 1
+    elseif k and k <= left then
+      wanted = wanted + 1
+      left = left - k
+    end
+  end
+  local push = wanted - redis.call('LLEN', KEYS[5])
+  if failed then
+    push = math.min(push, #members - st.passes)
+  end
+  if push <= 0 then
+    return 0
+  end
+  for _ = 1, push do
+    redis.call('RPUSH', KEYS[5], 'ok')
+  end
+  redis.call('PEXPIRE', KEYS[5], ttl)
+  if failed then
+    st.passes = st.passes + push
+  end
+  return push
+end

@@ -1,0 +1,93 @@
+-- acquire: take k permits under a new permit id with a lease, or say how
+-- many are available and when the first holder's lease ends.
+--
+-- KEYS[1..5]  state, holders, counts, waiters, baton (see lib/permits.lua)
+-- ARGV[1]     the permit id: "<thread identity>:<request number>", unique
+--             per attempt
+-- ARGV[2]     k, the permits wanted (1 to 10^12)
+-- ARGV[3]     the lease in milliseconds
+-- ARGV[4]     the caller's place among the waiters, "<k>:<identity>", or ""
+--             for a caller that will not wait (try_acquire)
+-- ARGV[5]     how long a place lasts without a new attempt, in milliseconds
+--             (the longest park, plus a margin)
+-- ARGV[6]     baton TTL in milliseconds
+--
+-- Returns {1, k}                 acquired; also when this permit id holds
+--                                its permits already (the same request,
+--                                sent again after its reply was lost)
+--         {0, available, left}   not enough permits; nothing held; `left`
+--                                is the time in ms until the first holder's
+--                                lease ends (-1: no holder)
+--         {-1}                   no total was ever set
+--         {-2, total}            k is over the total: waiting would never end
+--         {-3, field}            the state is damaged (1: total, 2: used)
+--
+-- First, holders whose lease ended are removed and their permits returned
+-- (purge). A caller that waits keeps a place in the waiters set, refreshed
+-- here at each of its attempts and removed when it acquires (or by the
+-- client when it gives up), so that releases push a token for it; one that
+-- is short passes on a token it may have taken from another (see wake).
+-- Not first-come first-served: whoever asks when permits are free gets them.
+local err = sem_type_error()
+if err then
+  return err
+end
+local st, reply = read_state()
+if not st then
+  return reply
+end
+local id = ARGV[1]
+local k = tonumber(ARGV[2])
+local place = ARGV[4]
+local now = server_ms()
+local purged = purge(st, now)
+
+if redis.call('ZSCORE', KEYS[2], id) then
+  redis.call('ZADD', KEYS[2], 'GT', int(now + tonumber(ARGV[3])), id)
+  if place ~= '' then
+    redis.call('ZREM', KEYS[4], place)
+  end
+  save(st)
+  return {1, tonumber(redis.call('HGET', KEYS[3], id))}
+end
+
+if k > st.total then
+  if place ~= '' then
+    redis.call('ZREM', KEYS[4], place)
+  end
+  save(st)
+  return {-2, st.total}
+end
+
+local available = math.max(0, st.total - st.used)
+if k <= available then
+  st.used = st.used + k
+  redis.call('ZADD', KEYS[2], int(now + tonumber(ARGV[3])), id)
+  redis.call('HSET', KEYS[3], id, int(k))
+  if place ~= '' then
+    redis.call('ZREM', KEYS[4], place)
+  end
+  st.passes = 0
+  wake(st, now, ARGV[6], false)
+  save(st)
+  return {1, k}
+end
+
+if place ~= '' then
+  local ttl = tonumber(ARGV[5])
+  redis.call('ZADD', KEYS[4], int(now + ttl), place)
+  if redis.call('PTTL', KEYS[4]) < ttl then
+    redis.call('PEXPIRE', KEYS[4], ttl)
+  end
+end
+if purged > 0 then
+  st.passes = 0
+end
+wake(st, now, ARGV[6], true)
+save(st)
+local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+local left = -1
+if first[2] then
+  left = math.max(0, tonumber(first[2]) - now)
+end
+return {0, available, left}

@@ -1,0 +1,507 @@
+//! The semaphore: [`Semaphore`] (the handle on one name: its total, and the
+//! ways to take permits), [`SemaphorePermit`] (`permit.rs`), and the Redis
+//! protocol under both (`raw.rs`). Imports run one way: handle → permit →
+//! raw.
+
+mod permit;
+mod raw;
+
+use std::cell::Cell;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::validate_lease;
+use crate::context::Context;
+use crate::error::Error;
+use crate::keys::SemaphoreKeys;
+use crate::lease::{LeaseMode, Leased, RenewLeases};
+use crate::parking::{self, Attempt, Waited};
+use crate::scripts::semaphore::{
+    AcquireArgs, AcquireReply, Adjust, Refusal, StateReply, TotalReply,
+};
+
+pub use permit::SemaphorePermit;
+pub(crate) use raw::{DeploymentSemaphore, RawSemaphore};
+
+use permit::Held;
+
+/// The most permits a semaphore holds, and the most one call may ask for.
+const MAX_PERMITS: u64 = 1_000_000_000_000;
+
+/// A handle on one distributed counting semaphore, made by
+/// [`Client::semaphore`](crate::Client::semaphore).
+///
+/// The semaphore holds a total of permits, stored in Redis so that every
+/// process agrees on it: set it with
+/// [`try_set_permits`](Semaphore::try_set_permits) (the first writer wins)
+/// and move it with [`add_permits`](Semaphore::add_permits) and
+/// [`reduce_permits`](Semaphore::reduce_permits). Threads of any process
+/// take permits with [`acquire`](Semaphore::acquire) and the `try_acquire`
+/// family and hold them through a [`SemaphorePermit`]; at no time do live
+/// holders hold more permits than the total in force when they took them.
+///
+/// Every acquisition is leased: renewed by the client's watchdog while its
+/// guard lives (or fixed, see
+/// [`with_fixed_lease`](Semaphore::with_fixed_lease)), so the permits of a
+/// process that dies return when their lease ends.
+///
+/// A thread that finds too few permits waits without spinning: one thread
+/// per process parks in `BLPOP` on the semaphore's baton list, and a
+/// release pushes a token for each waiter the returned permits may serve.
+/// Waiting is not first-come first-served between processes, and a waiter
+/// asking for many permits can be overtaken by waiters asking for few.
+/// Within a process, waiters queue in arrival order: a waiter that cannot
+/// get its permits holds up the threads of its process queued behind it
+/// (for the same semaphore) until it gets them or its deadline passes, even
+/// if they ask for fewer.
+///
+/// Cheap to clone, `Send + Sync`: hand clones to threads.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// # fn main() -> Result<(), redbaton::Error> {
+/// let client = redbaton::Client::open("redis://127.0.0.1/")?;
+/// let downloads = client.semaphore("downloads")?;
+/// downloads.try_set_permits(4)?; // first writer wins; returns the total in force
+///
+/// let permit = downloads.acquire()?; // blocks until one of the 4 is free
+/// // ... at most 4 downloads run at once, across every process ...
+/// permit.release()?; // or drop it
+///
+/// if let Some(two) = downloads.try_acquire_many_for(2, Duration::from_secs(1))? {
+///     assert_eq!(two.num_permits(), 2);
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Semaphore {
+    context: Arc<Context>,
+    raw: Arc<dyn RawSemaphore>,
+    keys: Arc<SemaphoreKeys>,
+    /// The permits' leases, as the watchdog renews them.
+    leased: Leased,
+    /// `None`: renewed by the watchdog while a guard lives.
+    fixed_lease: Option<Duration>,
+}
+
+impl Semaphore {
+    pub(crate) fn new(
+        context: Arc<Context>,
+        raw: Arc<dyn RawSemaphore>,
+        keys: SemaphoreKeys,
+    ) -> Semaphore {
+        let leased = Leased {
+            name: keys.name.as_str().into(),
+            key: keys.holders.as_str().into(),
+            renewer: Arc::clone(&raw) as Arc<dyn RenewLeases>,
+        };
+        Semaphore {
+            context,
+            raw,
+            keys: Arc::new(keys),
+            leased,
+            fixed_lease: None,
+        }
+    }
+
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        &self.keys.name
+    }
+
+    /// A handle on the same semaphore whose permits have a fixed `lease`:
+    /// no renewal, the permits return to the semaphore when the lease ends,
+    /// even if their guard still lives (it then reports
+    /// [`is_lost`](SemaphorePermit::is_lost), and its release
+    /// [`Error::PermitsLost`]).
+    ///
+    /// Without this, permits live as long as their guard: the client's
+    /// watchdog renews them every third of the client's default lease, and
+    /// the permits of a holder that dies return within one lease.
+    ///
+    /// # Errors
+    /// [`Error::InvalidLease`] for a lease under 1 ms or over a year.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn main() -> Result<(), redbaton::Error> {
+    /// # let client = redbaton::Client::open("redis://127.0.0.1/")?;
+    /// let slots = client.semaphore("render-slots")?.with_fixed_lease(Duration::from_secs(60))?;
+    /// let permit = slots.acquire()?; // back in the semaphore after 60 s, whatever happens
+    /// # drop(permit);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_fixed_lease(&self, lease: Duration) -> Result<Semaphore, Error> {
+        validate_lease(lease)?;
+        Ok(Semaphore {
+            fixed_lease: Some(lease),
+            ..self.clone()
+        })
+    }
+
+    /// Sets the semaphore's total to `permits`, unless a total is in force
+    /// already: the first writer wins, so every process may call this at
+    /// start-up with its default. Returns the total in force afterwards
+    /// (`permits`, or the one set before). One script call.
+    ///
+    /// # Errors
+    /// [`Error::InvalidPermits`] for 0 or more than 10¹²; Redis failures;
+    /// [`Error::WrongType`] when the semaphore's keys hold something else.
+    pub fn try_set_permits(&self, permits: u64) -> Result<u64, Error> {
+        check_permits(permits)?;
+        let reply = self.raw.set_permits(&self.keys, permits)?;
+        self.total_from(reply, permits)
+    }
+
+    /// Adds `permits` to the total and wakes the waiters they may serve.
+    /// Returns the new total. One script call; a call sent twice (its
+    /// connection dropped) adds once.
+    ///
+    /// # Errors
+    /// [`Error::InvalidPermits`] for 0, or when the total would pass 10¹²
+    /// (it is left as it was); [`Error::SemaphoreNotSet`] before any
+    /// [`try_set_permits`](Semaphore::try_set_permits); Redis failures;
+    /// [`Error::WrongType`].
+    pub fn add_permits(&self, permits: u64) -> Result<u64, Error> {
+        self.adjust(Adjust::Add, permits)
+    }
+
+    /// Takes `permits` off the total, never below zero, and returns the
+    /// new total. Permits already held are not taken back: when more are
+    /// held than the new total, none is available until enough holders
+    /// release (or their leases end). Waiters that ask for more than the
+    /// new total are woken, and get [`Error::PermitsOverCapacity`]. One
+    /// script call; a call sent twice reduces once.
+    ///
+    /// # Errors
+    /// As [`add_permits`](Semaphore::add_permits), except that no total is
+    /// too small.
+    pub fn reduce_permits(&self, permits: u64) -> Result<u64, Error> {
+        self.adjust(Adjust::Reduce, permits)
+    }
+
+    /// How many permits are available now: the total less what live
+    /// holders hold, never above the total (0 while more are held than the
+    /// total, after a reduction). One script call, which also returns the
+    /// permits of holders whose lease ended; the answer may be stale by the
+    /// time it arrives.
+    ///
+    /// # Errors
+    /// [`Error::SemaphoreNotSet`] before any
+    /// [`try_set_permits`](Semaphore::try_set_permits); Redis failures;
+    /// [`Error::WrongType`].
+    pub fn available_permits(&self) -> Result<u64, Error> {
+        self.state().map(|(_, available)| available)
+    }
+
+    /// The total in force. One script call, as
+    /// [`available_permits`](Semaphore::available_permits).
+    ///
+    /// # Errors
+    /// As [`available_permits`](Semaphore::available_permits).
+    pub fn total_permits(&self) -> Result<u64, Error> {
+        self.state().map(|(total, _)| total)
+    }
+
+    /// Blocks until the calling thread holds one permit.
+    ///
+    /// Uncontended, one script call (plus one `INCR` on a thread's first
+    /// call of this client). While no permit is free, the thread waits
+    /// without spinning, as described on [`Semaphore`].
+    ///
+    /// # Errors
+    /// [`Error::SemaphoreNotSet`] before any
+    /// [`try_set_permits`](Semaphore::try_set_permits);
+    /// [`Error::PermitsOverCapacity`] when the total is 0; Redis failures
+    /// ([`Error::Unreachable`], [`Error::PoolTimeout`],
+    /// [`Error::WrongType`], ...); [`Error::WrongTopology`] on a client of
+    /// independent masters. Waiting for permits is never an error.
+    pub fn acquire(&self) -> Result<SemaphorePermit, Error> {
+        self.acquire_many(1)
+    }
+
+    /// Blocks until the calling thread holds `permits` permits at once, in
+    /// one guard.
+    ///
+    /// The waiter is woken when a release (or an addition, or a lease
+    /// ending) may have made `permits` available, and tries again.
+    ///
+    /// # Errors
+    /// As [`acquire`](Semaphore::acquire); [`Error::InvalidPermits`] for 0
+    /// or more than 10¹²; [`Error::PermitsOverCapacity`], before any wait,
+    /// for more than the total (or during the wait, when a reduction
+    /// brings the total below `permits`).
+    pub fn acquire_many(&self, permits: u64) -> Result<SemaphorePermit, Error> {
+        check_permits(permits)?;
+        loop {
+            if let Some(permit) = self.acquire_until(permits, None)? {
+                return Ok(permit);
+            }
+        }
+    }
+
+    /// One attempt at one permit: the guard if one was free, `None` if
+    /// not. Never waits. One script call.
+    ///
+    /// # Errors
+    /// As [`acquire`](Semaphore::acquire).
+    pub fn try_acquire(&self) -> Result<Option<SemaphorePermit>, Error> {
+        self.try_acquire_many(1)
+    }
+
+    /// One attempt at `permits` permits at once.
+    ///
+    /// # Errors
+    /// As [`acquire_many`](Semaphore::acquire_many).
+    pub fn try_acquire_many(&self, permits: u64) -> Result<Option<SemaphorePermit>, Error> {
+        check_permits(permits)?;
+        let identity = self.context.identity()?;
+        match self.attempt(&identity, permits, None)? {
+            Attempt::Acquired(permit) => Ok(Some(permit)),
+            Attempt::Held { .. } => Ok(None),
+        }
+    }
+
+    /// Like [`acquire`](Semaphore::acquire), but gives up after `timeout`
+    /// and returns `None`. A timeout too large to be a point in time means
+    /// no deadline.
+    ///
+    /// # Errors
+    /// As [`acquire`](Semaphore::acquire).
+    pub fn try_acquire_for(&self, timeout: Duration) -> Result<Option<SemaphorePermit>, Error> {
+        self.try_acquire_many_for(1, timeout)
+    }
+
+    /// Like [`acquire_many`](Semaphore::acquire_many), but gives up after
+    /// `timeout` and returns `None`.
+    ///
+    /// # Errors
+    /// As [`acquire_many`](Semaphore::acquire_many).
+    pub fn try_acquire_many_for(
+        &self,
+        permits: u64,
+        timeout: Duration,
+    ) -> Result<Option<SemaphorePermit>, Error> {
+        match Instant::now().checked_add(timeout) {
+            Some(deadline) => self.try_acquire_many_until(permits, deadline),
+            None => self.acquire_many(permits).map(Some),
+        }
+    }
+
+    /// Like [`acquire`](Semaphore::acquire), but gives up at `deadline` and
+    /// returns `None`. A waiter that was just woken makes its one attempt
+    /// even if the deadline passed meanwhile, and returns the guard if that
+    /// attempt wins.
+    ///
+    /// # Errors
+    /// As [`acquire`](Semaphore::acquire).
+    pub fn try_acquire_until(&self, deadline: Instant) -> Result<Option<SemaphorePermit>, Error> {
+        self.try_acquire_many_until(1, deadline)
+    }
+
+    /// Like [`acquire_many`](Semaphore::acquire_many), but gives up at
+    /// `deadline` and returns `None`.
+    ///
+    /// # Errors
+    /// As [`acquire_many`](Semaphore::acquire_many).
+    pub fn try_acquire_many_until(
+        &self,
+        permits: u64,
+        deadline: Instant,
+    ) -> Result<Option<SemaphorePermit>, Error> {
+        check_permits(permits)?;
+        self.acquire_until(permits, Some(deadline))
+    }
+
+    fn adjust(&self, way: Adjust, permits: u64) -> Result<u64, Error> {
+        check_permits(permits)?;
+        let context = &self.context;
+        let request = format!(
+            "{}:{}",
+            context.identities.instance(),
+            context.next_request()
+        );
+        let reply = self.raw.adjust(&self.keys, way, permits, &request)?;
+        match reply {
+            TotalReply::Refused(Refusal::OverCapacity { total }) => Err(Error::InvalidPermits {
+                permits: total.saturating_add(permits),
+            }),
+            reply => self.total_from(reply, permits),
+        }
+    }
+
+    fn total_from(&self, reply: TotalReply, permits: u64) -> Result<u64, Error> {
+        match reply {
+            TotalReply::Total { total, .. } => Ok(total),
+            TotalReply::Refused(refusal) => Err(raw::refused(&self.keys, refusal, permits)),
+        }
+    }
+
+    /// The total and the available permits.
+    fn state(&self) -> Result<(u64, u64), Error> {
+        match self.raw.state(&self.keys)? {
+            StateReply::State { total, available } => Ok((total, available)),
+            StateReply::Refused(refusal) => Err(raw::refused(&self.keys, refusal, 0)),
+        }
+    }
+
+    /// The first attempt, then the wait until `deadline`.
+    fn acquire_until(
+        &self,
+        permits: u64,
+        deadline: Option<Instant>,
+    ) -> Result<Option<SemaphorePermit>, Error> {
+        let context = &self.context;
+        let identity =
+            parking::ride_out(deadline, context.config.io_timeout, || context.identity())?;
+        let place = format!("{permits}:{identity}");
+        // Whether an attempt may have left this thread a place among the
+        // waiters, which it must give up if it stops waiting unserved.
+        let placed = Cell::new(false);
+        // A newcomer queues behind waiting threads of this process instead
+        // of trying first, so that they are served in order.
+        if !context.room.has_waiters(&self.keys.baton) {
+            placed.set(true);
+            match self.attempt(&identity, permits, Some(&place)) {
+                Ok(Attempt::Acquired(permit)) => return Ok(Some(permit)),
+                Ok(Attempt::Held { .. }) => {}
+                Err(err) if err.is_transient() => {
+                    log::debug!("redbaton: first attempt on {:?} failed: {err}", self.name());
+                }
+                Err(err) => return Err(self.gave_up(&place, false, err)),
+            }
+        }
+        let waited =
+            context
+                .room
+                .wait_until(&self.keys.name, &self.keys.baton, (), deadline, || {
+                    placed.set(true);
+                    self.attempt(&identity, permits, Some(&place))
+                });
+        match waited {
+            Ok(Waited::Acquired(permit)) => Ok(Some(permit)),
+            // Nobody hands permits over locally: a grant is only a reason
+            // to look again.
+            Ok(Waited::Granted(())) => {
+                self.leave(&place, placed.get());
+                self.acquire_until(permits, deadline)
+            }
+            Ok(Waited::TimedOut) => {
+                self.leave(&place, placed.get());
+                Ok(None)
+            }
+            Err(err) => Err(self.gave_up(&place, placed.get(), err)),
+        }
+    }
+
+    /// Gives up this thread's place among the waiters, if it may have one
+    /// (the script removes it itself on success and on over-capacity).
+    /// Best effort: a place left behind ends by itself.
+    fn leave(&self, place: &str, placed: bool) {
+        if !placed {
+            return;
+        }
+        if let Err(err) = self.raw.leave(&self.keys, place) {
+            log::debug!(
+                "redbaton: could not give up a waiting place on {:?}: {err}",
+                self.name()
+            );
+        }
+    }
+
+    /// Leaves the wait with `err`.
+    fn gave_up(&self, place: &str, placed: bool, err: Error) -> Error {
+        if !matches!(
+            err,
+            Error::PermitsOverCapacity { .. } | Error::WrongTopology { .. }
+        ) {
+            self.leave(place, placed);
+        }
+        err
+    }
+
+    /// How this handle's acquisitions keep their permits.
+    fn mode(&self) -> LeaseMode {
+        match self.fixed_lease {
+            Some(lease) => LeaseMode::Fixed(lease),
+            None => LeaseMode::Renewed(self.context.config.default_lease),
+        }
+    }
+
+    /// One run of the acquire script for `permits` under a new permit id;
+    /// `place` for a caller that waits.
+    fn attempt(
+        &self,
+        identity: &Arc<str>,
+        permits: u64,
+        place: Option<&str>,
+    ) -> Result<Attempt<SemaphorePermit>, Error> {
+        let context = &self.context;
+        let id: Arc<str> = format!("{identity}:{}", context.next_request()).into();
+        let mode = self.mode();
+        let args = AcquireArgs {
+            id: &id,
+            permits,
+            lease: mode.lease(),
+            place,
+            // A place outlives the longest park and the next attempt's
+            // round trip.
+            place_ttl: context.config.max_park + context.config.io_timeout,
+        };
+        let sent = Instant::now();
+        match self.raw.attempt(&self.keys, args) {
+            Ok(AcquireReply::Acquired { .. }) => {
+                let (status, mode) = context.enter(&self.leased, &id, 0, mode, sent);
+                let held = Held {
+                    id,
+                    permits,
+                    mode,
+                    status,
+                };
+                Ok(Attempt::Acquired(SemaphorePermit::new(
+                    Arc::clone(context),
+                    Arc::clone(&self.raw),
+                    Arc::clone(&self.keys),
+                    held,
+                )))
+            }
+            Ok(AcquireReply::Short { lease_left, .. }) => Ok(Attempt::Held { lease_left }),
+            Ok(AcquireReply::Refused(refusal)) => Err(raw::refused(&self.keys, refusal, permits)),
+            Err(failed) => {
+                if failed.outcome_unknown {
+                    // The script may have run and taken permits for a guard
+                    // that will never exist: return them once Redis answers.
+                    let cleanup =
+                        raw::release_later(&self.raw, &self.keys, &id, mode.lease(), sent);
+                    context.finish_later(cleanup);
+                }
+                Err(failed.error)
+            }
+        }
+    }
+}
+
+/// Checks a permit count: at least 1, at most 10¹².
+fn check_permits(permits: u64) -> Result<(), Error> {
+    if permits == 0 || permits > MAX_PERMITS {
+        return Err(Error::InvalidPermits { permits });
+    }
+    Ok(())
+}
+
+impl fmt::Debug for Semaphore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Semaphore")
+            .field("name", &self.keys.name)
+            .field("state_key", &self.keys.state)
+            .field("fixed_lease", &self.fixed_lease)
+            .finish_non_exhaustive()
+    }
+}

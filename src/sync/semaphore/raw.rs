@@ -1,0 +1,288 @@
+//! The semaphore's Redis protocol behind one trait, [`RawSemaphore`]: every
+//! exchange returns data (acquired, short with a lease left, released, not
+//! held), never a permit guard. The handle, the guard and the watchdog work
+//! against the trait.
+//!
+//! [`DeploymentSemaphore`] speaks it to one [`Backend`] (one server, a
+//! cluster, a sentinel-watched master) through the scripts of
+//! `scripts/semaphore/`. On a quorum of independent masters every exchange
+//! fails with [`Error::WrongTopology`]: a semaphore needs one deployment.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::{ServerErrorKind, Value};
+
+use crate::backend::{is_transient_reply, Backend, Failed, Sent};
+use crate::config::{Config, ReplicaAcks};
+use crate::error::Error;
+use crate::keys::SemaphoreKeys;
+use crate::lease::{Cleanup, RenewLeases, RenewOutcome, RenewRequest};
+use crate::scripts::semaphore::{
+    self as calls, AcquireArgs, AcquireReply, Adjust, Refusal, ReleaseReply, StateReply, TotalReply,
+};
+use crate::scripts::{millis, Call};
+
+/// The semaphore protocol: what one semaphore's exchanges with Redis are.
+pub(crate) trait RawSemaphore: RenewLeases {
+    /// Sets the total unless one is in force.
+    fn set_permits(&self, keys: &SemaphoreKeys, total: u64) -> Result<TotalReply, Error>;
+
+    /// Moves the total by `permits`; `request` makes a resend count once.
+    fn adjust(
+        &self,
+        keys: &SemaphoreKeys,
+        way: Adjust,
+        permits: u64,
+        request: &str,
+    ) -> Result<TotalReply, Error>;
+
+    /// The total and the permits available now.
+    fn state(&self, keys: &SemaphoreKeys) -> Result<StateReply, Error>;
+
+    /// Takes permits under a new permit id, or says when to look again.
+    fn attempt(&self, keys: &SemaphoreKeys, args: AcquireArgs<'_>) -> Result<AcquireReply, Failed>;
+
+    /// Returns the permits of permit id `id`.
+    fn release(&self, keys: &SemaphoreKeys, id: &str) -> Result<Sent<ReleaseReply>, Failed>;
+
+    /// Gives up the waiter's `place` (it stopped waiting).
+    fn leave(&self, keys: &SemaphoreKeys, place: &str) -> Result<(), Error>;
+}
+
+/// The error for a script's refusal on semaphore `keys`, for a caller that
+/// asked for `permits`.
+pub(crate) fn refused(keys: &SemaphoreKeys, refusal: Refusal, permits: u64) -> Error {
+    match refusal {
+        Refusal::NotSet => Error::SemaphoreNotSet {
+            name: keys.name.clone(),
+        },
+        Refusal::OverCapacity { total } => Error::PermitsOverCapacity {
+            name: keys.name.clone(),
+            permits,
+            capacity: total,
+        },
+        Refusal::Damaged { field } => Error::WrongType {
+            name: keys.name.clone(),
+            detail: format!(
+                "the semaphore state {} has a missing or malformed {field}",
+                keys.state
+            ),
+        },
+    }
+}
+
+/// A clean-up that returns the permits of `id` until Redis answers (or
+/// their lease, at most `lease` from `sent`, has ended anyway): for a
+/// release that failed, and for an acquisition whose reply was lost (it
+/// may have taken permits for nobody).
+pub(crate) fn release_later(
+    raw: &Arc<dyn RawSemaphore>,
+    keys: &Arc<SemaphoreKeys>,
+    id: &Arc<str>,
+    lease: Duration,
+    sent: Instant,
+) -> Cleanup {
+    let (raw, keys, id) = (Arc::clone(raw), Arc::clone(keys), Arc::clone(id));
+    Cleanup::new(&keys.name.clone(), sent, lease, move || {
+        raw.release(&keys, &id)
+            .map(drop)
+            .map_err(|failed| failed.error)
+    })
+}
+
+/// The semaphore protocol on one Redis deployment.
+#[derive(Debug)]
+pub(crate) struct DeploymentSemaphore {
+    backend: Arc<Backend>,
+    baton_ttl: Duration,
+    /// `replica_acks`: the replicas that must confirm each acquisition.
+    acks: Option<ReplicaAcks>,
+    /// Whether the renewal script is known to be loaded.
+    renew_loaded: AtomicBool,
+}
+
+impl DeploymentSemaphore {
+    pub(crate) fn new(backend: Arc<Backend>, config: &Config) -> Self {
+        DeploymentSemaphore {
+            backend,
+            baton_ttl: config.baton_ttl,
+            acks: config.replica_acks,
+            renew_loaded: AtomicBool::new(false),
+        }
+    }
+
+    fn run<T: redis::FromRedisValue>(&self, keys: &SemaphoreKeys, call: &Call) -> Result<T, Error> {
+        self.backend
+            .run(&keys.state, &keys.name, |c| call.invoke(c))
+    }
+
+    /// Renews `requests`, whose keys live on one server, in one pipeline.
+    fn renew_shard(&self, requests: &[&RenewRequest<'_>]) -> Vec<RenewOutcome> {
+        let calls: Vec<Call> = requests
+            .iter()
+            .map(|r| calls::renew(r.key, r.identity, r.lease))
+            .collect();
+        let Some(first) = calls.first() else {
+            return Vec::new();
+        };
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for call in &calls {
+            call.add_to(&mut pipe);
+        }
+        let forgot = |values: &[Value]| {
+            values.iter().any(|value| {
+                matches!(value, Value::ServerError(err) if err.kind() == Some(ServerErrorKind::NoScript))
+            })
+        };
+        let replies = self
+            .backend
+            .run(requests[0].key, "(watchdog renewal)", |c| {
+                if !self.renew_loaded.load(Ordering::Relaxed) {
+                    first.load(c)?;
+                    self.renew_loaded.store(true, Ordering::Relaxed);
+                }
+                let values: Vec<Value> = pipe.query(c)?;
+                if !forgot(&values) {
+                    return Ok(values);
+                }
+                first.load(c)?;
+                pipe.query(c)
+            });
+        let values = match replies {
+            Ok(values) => values,
+            Err(err) => {
+                log::warn!("redbaton: watchdog renewal of semaphore permits failed: {err}");
+                return vec![RenewOutcome::Retry; requests.len()];
+            }
+        };
+        let mut outcomes = Vec::with_capacity(requests.len());
+        for (request, value) in requests.iter().zip(&values) {
+            outcomes.push(if is_redirection(value) {
+                // The slot moved: renew this one alone, which follows the
+                // redirection (and refreshes the map).
+                self.backend.redirected();
+                let call = calls::renew(request.key, request.identity, request.lease);
+                match self
+                    .backend
+                    .run(request.key, request.name, |c| call.invoke::<i64>(c))
+                {
+                    Ok(1) => RenewOutcome::Renewed,
+                    Ok(_) => RenewOutcome::Lost,
+                    Err(_) => RenewOutcome::Retry,
+                }
+            } else {
+                renew_outcome(value)
+            });
+        }
+        outcomes
+    }
+}
+
+impl RawSemaphore for DeploymentSemaphore {
+    fn set_permits(&self, keys: &SemaphoreKeys, total: u64) -> Result<TotalReply, Error> {
+        self.run(keys, &calls::set(keys, total, self.baton_ttl))
+    }
+
+    fn adjust(
+        &self,
+        keys: &SemaphoreKeys,
+        way: Adjust,
+        permits: u64,
+        request: &str,
+    ) -> Result<TotalReply, Error> {
+        let call = calls::adjust(keys, way, permits, request, self.baton_ttl);
+        self.run(keys, &call)
+    }
+
+    fn state(&self, keys: &SemaphoreKeys) -> Result<StateReply, Error> {
+        self.run(keys, &calls::state(keys, self.baton_ttl))
+    }
+
+    fn attempt(&self, keys: &SemaphoreKeys, args: AcquireArgs<'_>) -> Result<AcquireReply, Failed> {
+        let call = calls::acquire(keys, args, self.baton_ttl);
+        let undo = calls::release(keys, args.id, self.baton_ttl);
+        let acks = self.acks;
+        let sent = self.backend.exchange(&keys.state, &keys.name, |c| {
+            let reply: AcquireReply = call.invoke(c)?;
+            let Some(acks) = acks.filter(|_| matches!(reply, AcquireReply::Acquired { .. })) else {
+                return Ok((reply, None));
+            };
+            // WAIT counts the replicas that have every write of this
+            // connection, the acquisition included.
+            let acknowledged: u32 = redis::cmd("WAIT")
+                .arg(acks.replicas)
+                .arg(millis(acks.timeout))
+                .query(c)?;
+            if acknowledged >= acks.replicas {
+                return Ok((reply, None));
+            }
+            let _: ReleaseReply = undo.invoke(c)?;
+            Ok((reply, Some(acknowledged)))
+        })?;
+        match sent.value {
+            (reply, None) => Ok(reply),
+            (_, Some(acknowledged)) => {
+                let acks = acks.unwrap_or(ReplicaAcks {
+                    replicas: 0,
+                    timeout: Duration::ZERO,
+                });
+                Err(Failed {
+                    error: Error::NotReplicated {
+                        addr: self.backend.addr().to_owned(),
+                        wanted: acks.replicas,
+                        acknowledged,
+                        timeout: acks.timeout,
+                    },
+                    outcome_unknown: false,
+                })
+            }
+        }
+    }
+
+    fn release(&self, keys: &SemaphoreKeys, id: &str) -> Result<Sent<ReleaseReply>, Failed> {
+        let call = calls::release(keys, id, self.baton_ttl);
+        self.backend
+            .exchange(&keys.state, &keys.name, |c| call.invoke(c))
+    }
+
+    fn leave(&self, keys: &SemaphoreKeys, place: &str) -> Result<(), Error> {
+        self.backend.run(&keys.waiters, &keys.name, |c| {
+            redis::cmd("ZREM").arg(&keys.waiters).arg(place).query(c)
+        })
+    }
+}
+
+impl RenewLeases for DeploymentSemaphore {
+    /// One pipeline per server for the whole round. Renewal is idempotent,
+    /// so sending it again is safe.
+    fn renew_round(&self, requests: &[RenewRequest<'_>]) -> Vec<RenewOutcome> {
+        let keys: Vec<&str> = requests.iter().map(|r| r.key).collect();
+        let mut outcomes = vec![RenewOutcome::Retry; requests.len()];
+        for shard in self.backend.shards(&keys) {
+            let batch: Vec<&RenewRequest<'_>> = shard.iter().map(|&i| &requests[i]).collect();
+            for (i, outcome) in shard.iter().zip(self.renew_shard(&batch)) {
+                outcomes[*i] = outcome;
+            }
+        }
+        outcomes
+    }
+}
+
+/// A cluster's `MOVED` or `ASK` inside a pipeline.
+fn is_redirection(value: &Value) -> bool {
+    matches!(value, Value::ServerError(err) if matches!(err.kind(), Some(ServerErrorKind::Moved | ServerErrorKind::Ask)))
+}
+
+fn renew_outcome(value: &Value) -> RenewOutcome {
+    match value {
+        Value::Int(1) => RenewOutcome::Renewed,
+        // "Not now": try again, as when Redis is out of reach.
+        Value::ServerError(err) if is_transient_reply(Some(err.code())) => RenewOutcome::Retry,
+        // 0: the permit's lease ended. Any other error reply (WRONGTYPE:
+        // something else overwrote the key) means the same.
+        _ => RenewOutcome::Lost,
+    }
+}
