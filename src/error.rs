@@ -332,8 +332,10 @@ impl Error {
         matches!(self, Error::Busy { .. })
     }
 
-    /// True when the lock was lost: this thread no longer owns it.
+    /// True when a hold was lost: a lock this thread no longer owns
+    /// ([`Error::LockLost`]), or permits that had expired before their
+    /// release ([`Error::PermitsLost`]).
     pub fn is_lost(&self) -> bool {
-        matches!(self, Error::LockLost { .. })
+        matches!(self, Error::LockLost { .. } | Error::PermitsLost { .. })
     }
 }

@@ -235,7 +235,10 @@ pub use sync::{Semaphore, SemaphorePermit};
 /// | `wait = "5s"` | Wait up to this long for the lock ([`Lock::try_lock_for`]), then return [`Error::Busy`]. Without it: one attempt ([`Lock::try_lock`]). |
 /// | `lease = "30s"` | A renewed lease of this length ([`Lock::with_lease`]): renewed every third of it while the function runs; a crashed holder frees the lock within it. Without it: the client's `default_lease`. |
 /// | `fixed_lease = "30s"` | A fixed lease ([`Lock::with_fixed_lease`]): the lock ends after it even if the function still runs. Excludes `lease`. |
-/// | `fencing = name` | Binds the ownership's fencing token ([`LockGuard::fencing_token`], a `u64`) to the local `name`, for the body to pass to storage. |
+/// | `fencing = name` | Binds the ownership's fencing token ([`LockGuard::fencing_token`], a `u64`) to the local `name`, for the body to pass to storage (the lock, the fair lock and `rw = write`). |
+/// | `fair` | Holds the fair lock of that name ([`Client::fair_lock`]): callers are served in arrival order. |
+/// | `rw = read` or `rw = write` | Holds the read-write lock of that name ([`Client::rw_lock`]) for reading (shared) or writing (alone). `lease` is refused (it is renewed with the client's `default_lease`); `fixed_lease` applies. |
+/// | `semaphore` or `semaphore = N` | Holds 1 (or N) permits of the semaphore of that name ([`Client::semaphore`]); its total is set elsewhere. `lease` and `fencing` are refused; `fixed_lease` applies. |
 /// | `crate = path` | Where redbaton is, when it is renamed or re-exported (`crate = ::infra::redbaton`). Defaults to `::redbaton`. |
 ///
 /// Durations are a whole number and a unit, `"250ms"`, `"5s"`, `"2m"` or
@@ -278,7 +281,7 @@ pub use redbaton_macros::locked;
 #[cfg(feature = "macros")]
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::locked::{fail, lock, FromLockError, Lease, LockName, LockOptions};
+    pub use crate::locked::{fail, lock, FromLockError, Held, Kind, Lease, LockName, LockOptions};
 }
 
 /// Compiles the README's examples as doctests, so the front door stays true.

@@ -14,15 +14,17 @@ use std::time::Duration;
 
 use crate::client::Client;
 use crate::error::Error;
-use crate::sync::LockGuard;
+use crate::sync::{LockGuard, ReadGuard, SemaphorePermit, WriteGuard};
 
 /// How a locked function takes its lock, as its attribute says.
 #[derive(Debug, Clone, Copy)]
 pub struct LockOptions {
-    /// `None`: one attempt (`try_lock`); `Some`: `try_lock_for` this long.
+    /// `None`: one attempt (`try_…`); `Some`: wait this long (`try_…_for`).
     pub wait: Option<Duration>,
-    /// How the lock is kept alive while the function runs.
+    /// How the hold is kept alive while the function runs.
     pub lease: Lease,
+    /// Which synchronizer the name is of.
+    pub kind: Kind,
 }
 
 /// The lease a locked function asks for.
@@ -30,39 +32,109 @@ pub struct LockOptions {
 pub enum Lease {
     /// The client's `default_lease`, renewed by the watchdog.
     ClientDefault,
-    /// `lease = "…"`: this lease, renewed ([`Lock::with_lease`]).
+    /// `lease = "…"`: this lease, renewed ([`Lock::with_lease`]); the
+    /// macro allows it for locks and fair locks only.
     ///
     /// [`Lock::with_lease`]: crate::Lock::with_lease
     Renewed(Duration),
-    /// `fixed_lease = "…"`: this lease, never renewed
-    /// ([`Lock::with_fixed_lease`]).
-    ///
-    /// [`Lock::with_fixed_lease`]: crate::Lock::with_fixed_lease
+    /// `fixed_lease = "…"`: this lease, never renewed (`with_fixed_lease`
+    /// of the handle).
     Fixed(Duration),
 }
 
-/// Takes the lock `name` of `client` as `options` say, for the body of a
+/// What a locked function holds while it runs.
+#[derive(Debug, Clone, Copy)]
+pub enum Kind {
+    /// The lock (`Client::lock`).
+    Lock,
+    /// `fair`: the fair lock (`Client::fair_lock`).
+    Fair,
+    /// `rw = read`: the read-write lock, for reading.
+    Read,
+    /// `rw = write`: the read-write lock, for writing.
+    Write,
+    /// `semaphore` or `semaphore = N`: this many permits of the semaphore.
+    Semaphore(u64),
+}
+
+/// The guard a locked function holds for its whole body.
+#[derive(Debug)]
+#[must_use = "the hold ends as soon as this is dropped"]
+pub enum Held {
+    /// A lock's or fair lock's guard.
+    Lock(LockGuard),
+    /// A read-write lock's read guard.
+    Read(ReadGuard),
+    /// A read-write lock's write guard.
+    Write(WriteGuard),
+    /// A semaphore's permits.
+    Permit(SemaphorePermit),
+}
+
+impl Held {
+    /// The fencing token of a lock or write hold (the macro allows
+    /// `fencing` for those only); 0 for the others.
+    pub fn fencing_token(&self) -> u64 {
+        match self {
+            Held::Lock(guard) => guard.fencing_token(),
+            Held::Write(guard) => guard.fencing_token(),
+            Held::Read(_) | Held::Permit(_) => 0,
+        }
+    }
+}
+
+/// Takes what `options` say of `client`'s object `name`, for the body of a
 /// locked function.
 ///
 /// # Errors
-/// [`Error::Busy`] when someone else held the lock for the whole attempt
-/// (or wait); the errors of [`Client::lock`], [`Lock::with_lease`] and
-/// [`Lock::try_lock`] otherwise.
-///
-/// [`Lock::with_lease`]: crate::Lock::with_lease
-/// [`Lock::try_lock`]: crate::Lock::try_lock
-pub fn lock(client: &Client, name: &str, options: LockOptions) -> Result<LockGuard, Error> {
-    let lock = client.lock(name)?;
-    let lock = match options.lease {
-        Lease::ClientDefault => lock,
-        Lease::Renewed(lease) => lock.with_lease(lease)?,
-        Lease::Fixed(lease) => lock.with_fixed_lease(lease)?,
+/// [`Error::Busy`] when it could not be had within the attempt (or wait);
+/// the errors of the client's factories, of `with_lease` and
+/// `with_fixed_lease`, and of the `try_…` calls otherwise.
+pub fn lock(client: &Client, name: &str, options: LockOptions) -> Result<Held, Error> {
+    let held = match options.kind {
+        Kind::Lock | Kind::Fair => {
+            let lock = match options.kind {
+                Kind::Fair => client.fair_lock(name)?,
+                _ => client.lock(name)?,
+            };
+            let lock = match options.lease {
+                Lease::ClientDefault => lock,
+                Lease::Renewed(lease) => lock.with_lease(lease)?,
+                Lease::Fixed(lease) => lock.with_fixed_lease(lease)?,
+            };
+            match options.wait {
+                None => lock.try_lock()?,
+                Some(wait) => lock.try_lock_for(wait)?,
+            }
+            .map(Held::Lock)
+        }
+        Kind::Read | Kind::Write => {
+            let rw = client.rw_lock(name)?;
+            let rw = match options.lease {
+                Lease::Fixed(lease) => rw.with_fixed_lease(lease)?,
+                Lease::ClientDefault | Lease::Renewed(_) => rw,
+            };
+            match (options.kind, options.wait) {
+                (Kind::Read, None) => rw.try_read()?.map(Held::Read),
+                (Kind::Read, Some(wait)) => rw.try_read_for(wait)?.map(Held::Read),
+                (_, None) => rw.try_write()?.map(Held::Write),
+                (_, Some(wait)) => rw.try_write_for(wait)?.map(Held::Write),
+            }
+        }
+        Kind::Semaphore(permits) => {
+            let semaphore = client.semaphore(name)?;
+            let semaphore = match options.lease {
+                Lease::Fixed(lease) => semaphore.with_fixed_lease(lease)?,
+                Lease::ClientDefault | Lease::Renewed(_) => semaphore,
+            };
+            match options.wait {
+                None => semaphore.try_acquire_many(permits)?,
+                Some(wait) => semaphore.try_acquire_many_for(permits, wait)?,
+            }
+            .map(Held::Permit)
+        }
     };
-    let guard = match options.wait {
-        None => lock.try_lock()?,
-        Some(wait) => lock.try_lock_for(wait)?,
-    };
-    guard.ok_or_else(|| Error::Busy {
+    held.ok_or_else(|| Error::Busy {
         name: name.to_owned(),
     })
 }

@@ -31,7 +31,7 @@ use syn::{Ident, Item, ItemFn, Stmt};
 
 use crate::errors::Errors;
 use crate::key;
-use crate::options::{Key, Lease, Options};
+use crate::options::{Key, Kind, Lease, Options};
 use crate::signature::{self, Checked};
 
 /// The attribute's expansion: the locked function, or the errors followed
@@ -150,6 +150,14 @@ fn prologue(options: &Options, checked: &Checked) -> Vec<Stmt> {
         }
     };
 
+    let kind = match options.kind {
+        Kind::Lock => quote!(#krate::__private::Kind::Lock),
+        Kind::Fair => quote!(#krate::__private::Kind::Fair),
+        Kind::Read => quote!(#krate::__private::Kind::Read),
+        Kind::Write => quote!(#krate::__private::Kind::Write),
+        Kind::Semaphore(permits) => quote!(#krate::__private::Kind::Semaphore(#permits)),
+    };
+
     // Located at the return type, so that an error type without
     // `From<redbaton::Error>` is reported there.
     let fail = relocated(quote!(#krate::__private::fail(#error)), checked.output);
@@ -161,7 +169,7 @@ fn prologue(options: &Options, checked: &Checked) -> Vec<Stmt> {
             match #krate::__private::lock(
                 #client,
                 #lock_name,
-                #krate::__private::LockOptions { wait: #wait, lease: #lease },
+                #krate::__private::LockOptions { wait: #wait, lease: #lease, kind: #kind },
             ) {
                 ::core::result::Result::Ok(#guard) => #guard,
                 ::core::result::Result::Err(#error) => return #fail,

@@ -1,10 +1,10 @@
 //! The attribute's options: `#[locked(client = …, key = …, wait = "5s")]`.
 //!
-//! Each option is a `name = value` pair, parsed by one arm of
-//! [`Options::parse_option`] into one field. A new option (`rw = read`,
-//! `semaphore = …`, `fair = true`, once those synchronizers exist) is an
-//! entry in [`OPTIONS`], a field, and an arm; `expand` then decides what it
-//! calls at run time. A name not in [`OPTIONS`] is refused with the list.
+//! Each option is a `name = value` pair (or a bare name, for the flags in
+//! [`FLAGS`]), parsed by one arm of [`Options::parse_option`] into one
+//! field. A new option is an entry in [`OPTIONS`], a field, and an arm;
+//! `expand` then decides what it calls at run time. A name not in
+//! [`OPTIONS`] is refused with the list.
 //!
 //! Parsing never stops at the first mistake it can step over: every
 //! problem of the list is reported at once, each at its own tokens.
@@ -15,7 +15,7 @@ use proc_macro2::{Span, TokenStream};
 use quote::quote;
 use syn::ext::IdentExt;
 use syn::parse::{ParseStream, Parser};
-use syn::{Expr, Ident, Lit, LitStr, Path, Token};
+use syn::{Expr, Ident, Lit, LitInt, LitStr, Path, Token};
 
 use crate::duration;
 use crate::errors::Errors;
@@ -28,8 +28,14 @@ const OPTIONS: &[(&str, &str)] = &[
     ("lease", "lease = \"30s\""),
     ("fixed_lease", "fixed_lease = \"30s\""),
     ("fencing", "fencing = token"),
+    ("fair", "fair"),
+    ("rw", "rw = read"),
+    ("semaphore", "semaphore = 2"),
     ("crate", "crate = ::redbaton"),
 ];
+
+/// The options that may be written without a value.
+const FLAGS: &[&str] = &["fair", "semaphore"];
 
 /// The longest lease the lock accepts (a year, as `Lock::with_lease`
 /// checks again at run time).
@@ -46,8 +52,25 @@ pub(crate) struct Options {
     pub(crate) lease: Lease,
     /// The local the body sees the fencing token as.
     pub(crate) fencing: Option<Ident>,
+    /// What the function holds.
+    pub(crate) kind: Kind,
     /// The path of the redbaton crate in the caller's code.
     pub(crate) krate: TokenStream,
+}
+
+/// What a locked function holds while it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// The lock (the default).
+    Lock,
+    /// `fair`: the fair lock.
+    Fair,
+    /// `rw = read`.
+    Read,
+    /// `rw = write`.
+    Write,
+    /// `semaphore` (1) or `semaphore = N`: permits of the semaphore.
+    Semaphore(u64),
 }
 
 /// Where the lock's name comes from.
@@ -77,6 +100,7 @@ struct Given {
     wait: Option<Duration>,
     lease: Option<(Ident, Lease)>,
     fencing: Option<Ident>,
+    kind: Option<(Ident, Kind)>,
     krate: Option<Path>,
     /// The names seen so far, to refuse one given twice.
     seen: Vec<String>,
@@ -104,6 +128,8 @@ impl Options {
                 false
             }
         };
+        let kind = given.kind.as_ref().map_or(Kind::Lock, |(_, kind)| *kind);
+        check_kind(&given, kind, &mut errors);
         match (given.client, given.key) {
             (Some(client), Some(key)) => {
                 errors.finish()?;
@@ -113,6 +139,7 @@ impl Options {
                     wait: given.wait,
                     lease: given.lease.map_or(Lease::ClientDefault, |(_, lease)| lease),
                     fencing: given.fencing,
+                    kind,
                     krate: given
                         .krate
                         .map_or_else(|| quote!(::redbaton), |path| quote!(#path)),
@@ -155,13 +182,16 @@ impl Options {
         if !OPTIONS.iter().any(|(known, _)| *known == text) {
             return Err(unknown_option(&name));
         }
-        if !input.peek(Token![=]) {
+        let has_value = input.peek(Token![=]);
+        if !has_value && !FLAGS.contains(&text.as_str()) {
             return Err(syn::Error::new(
                 name.span(),
                 format!("`{text}` takes a value: `{}`", example(&name)),
             ));
         }
-        input.parse::<Token![=]>()?;
+        if has_value {
+            input.parse::<Token![=]>()?;
+        }
         if given.seen.contains(&text) {
             errors.push(syn::Error::new(
                 name.span(),
@@ -229,6 +259,54 @@ impl Options {
                     )),
                 }
             }
+            "fair" => {
+                if has_value {
+                    let value: Expr = input.parse()?;
+                    errors.push(syn::Error::new_spanned(
+                        value,
+                        "`fair` takes no value: write `fair` to hold the fair lock",
+                    ));
+                }
+                set_kind(given, errors, name, Kind::Fair);
+            }
+            "rw" => {
+                let value: Expr = input.parse()?;
+                let mode = match &value {
+                    Expr::Path(path) if path.path.is_ident("read") => Some(Kind::Read),
+                    Expr::Path(path) if path.path.is_ident("write") => Some(Kind::Write),
+                    _ => None,
+                };
+                match mode {
+                    Some(mode) => set_kind(given, errors, name, mode),
+                    None => errors.push(syn::Error::new_spanned(
+                        value,
+                        "`rw` is `read` or `write`: `rw = read` holds the read-write lock for \
+                         reading, `rw = write` for writing",
+                    )),
+                }
+            }
+            "semaphore" => {
+                let permits = if has_value {
+                    let value: Expr = input.parse()?;
+                    match &value {
+                        Expr::Lit(syn::ExprLit {
+                            lit: Lit::Int(count),
+                            ..
+                        }) => permits(count, errors),
+                        _ => {
+                            errors.push(syn::Error::new_spanned(
+                                value,
+                                "`semaphore` takes how many permits to hold, as a number: \
+                                 `semaphore = 2` (or `semaphore` alone for one)",
+                            ));
+                            1
+                        }
+                    }
+                } else {
+                    1
+                };
+                set_kind(given, errors, name, Kind::Semaphore(permits));
+            }
             "crate" => given.krate = Some(input.call(Path::parse_mod_style)?),
             _ => unreachable!("every name of OPTIONS has an arm"),
         }
@@ -265,6 +343,61 @@ fn duration_value(
         Ok(duration) => Ok((literal, duration)),
         Err(message) => Err(syn::Error::new(literal.span(), message)),
     })
+}
+
+/// Records what the function holds; `fair`, `rw` and `semaphore` exclude
+/// each other.
+fn set_kind(given: &mut Given, errors: &mut Errors, name: Ident, kind: Kind) {
+    if let Some((other, _)) = &given.kind {
+        errors.push(syn::Error::new(
+            name.span(),
+            format!(
+                "`{name}` and `{other}` exclude each other: a function holds one thing \
+                 (the lock by default, or `fair`, `rw = …` or `semaphore`); keep one"
+            ),
+        ));
+        return;
+    }
+    given.kind = Some((name, kind));
+}
+
+/// A semaphore option's permit count: at least 1.
+fn permits(count: &LitInt, errors: &mut Errors) -> u64 {
+    match count.base10_parse::<u64>() {
+        Ok(permits) if permits >= 1 => permits,
+        _ => {
+            errors.push(syn::Error::new(
+                count.span(),
+                "a function holds at least 1 permit: `semaphore = 1` or more",
+            ));
+            1
+        }
+    }
+}
+
+/// The options that only some kinds take: a renewed lease of its own length
+/// (`Lock::with_lease`) is the lock's; a fencing token, the lock's and the
+/// writer's.
+fn check_kind(given: &Given, kind: Kind, errors: &mut Errors) {
+    if let Some((lease, Lease::Renewed(_))) = &given.lease {
+        if !matches!(kind, Kind::Lock | Kind::Fair) {
+            errors.push(syn::Error::new(
+                lease.span(),
+                "`lease` (renewed, of its own length) is for the lock and the fair lock; the \
+                 read-write lock and the semaphore are renewed with the client's \
+                 `default_lease`: leave it out, or use `fixed_lease`",
+            ));
+        }
+    }
+    if let Some(fencing) = &given.fencing {
+        if matches!(kind, Kind::Read | Kind::Semaphore(_)) {
+            errors.push(syn::Error::new(
+                fencing.span(),
+                "`fencing` gives the fencing token of a lock or of `rw = write`; a read hold \
+                 and semaphore permits have none",
+            ));
+        }
+    }
 }
 
 /// How option `name` (one of [`OPTIONS`]) is written.
@@ -335,7 +468,7 @@ mod tests {
 
     #[test]
     fn an_unknown_option_lists_the_known_ones() {
-        for name in ["fair", "rw", "semaphore", "timeout"] {
+        for name in ["fairness", "mode", "permits", "timeout"] {
             let name = Ident::new(name, Span::call_site());
             let errors = messages(quote!(client = C, key = "k", #name = true));
             assert_eq!(errors.len(), 1, "{errors:?}");
@@ -372,6 +505,68 @@ mod tests {
             errors[0],
             "`key` takes a value: `key = \"order:{order_id}\"`"
         );
+    }
+
+    #[test]
+    fn the_kind_of_hold_is_read_and_checked() {
+        let kind = |tokens: TokenStream| parse(tokens).unwrap_or_else(|e| panic!("{e}")).kind;
+        assert_eq!(kind(quote!(client = C, key = "k")), Kind::Lock);
+        assert_eq!(kind(quote!(client = C, key = "k", fair)), Kind::Fair);
+        assert_eq!(kind(quote!(client = C, key = "k", rw = read)), Kind::Read);
+        assert_eq!(kind(quote!(rw = write, client = C, key = "k")), Kind::Write);
+        assert_eq!(
+            kind(quote!(client = C, key = "k", semaphore)),
+            Kind::Semaphore(1)
+        );
+        assert_eq!(
+            kind(quote!(client = C, key = "k", semaphore = 3)),
+            Kind::Semaphore(3)
+        );
+        assert_eq!(
+            kind(quote!(
+                client = C,
+                key = "k",
+                fair,
+                lease = "5s",
+                fencing = t
+            )),
+            Kind::Fair
+        );
+
+        let errors = messages(quote!(client = C, key = "k", fair, rw = read));
+        assert!(errors[0].contains("exclude each other"), "{errors:?}");
+        let errors = messages(quote!(client = C, key = "k", rw = both));
+        assert!(
+            errors[0].starts_with("`rw` is `read` or `write`"),
+            "{errors:?}"
+        );
+        let errors = messages(quote!(client = C, key = "k", semaphore = 0));
+        assert!(errors[0].contains("at least 1 permit"), "{errors:?}");
+        let errors = messages(quote!(client = C, key = "k", semaphore = "2"));
+        assert!(errors[0].contains("as a number"), "{errors:?}");
+        let errors = messages(quote!(client = C, key = "k", fair = true));
+        assert!(errors[0].starts_with("`fair` takes no value"), "{errors:?}");
+        let errors = messages(quote!(
+            client = C,
+            key = "k",
+            rw = read,
+            lease = "5s",
+            fencing = t
+        ));
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].starts_with("`lease` (renewed, of its own length)"));
+        assert!(errors[1].starts_with("`fencing` gives the fencing token"));
+        let errors = messages(quote!(client = C, key = "k", semaphore, fencing = t));
+        assert!(errors[0].starts_with("`fencing` gives the fencing token"));
+        // A fixed lease and a writer's token are fine.
+        parse(quote!(
+            client = C,
+            key = "k",
+            rw = write,
+            fixed_lease = "5s",
+            fencing = t
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
     }
 
     #[test]

@@ -311,3 +311,103 @@ fn redis_failures_and_bad_keys_come_back_through_the_functions_error_type() {
     );
     assert_eq!(bodies_run(), before, "no body ran");
 }
+
+#[redbaton::locked(client = client, key = "shelf:{shelf}", rw = read)]
+fn read_shelf(
+    client: &Client,
+    shelf: u32,
+    inside: mpsc::Sender<()>,
+    leave: &mpsc::Receiver<()>,
+) -> Result<(), AppError> {
+    inside.send(()).expect("the test listens");
+    leave.recv_timeout(PATIENCE).expect("told to leave");
+    Ok(())
+}
+
+#[redbaton::locked(client = client, key = "shelf:{shelf}", rw = write, fencing = token)]
+fn write_shelf(client: &Client, shelf: u32) -> Result<u64, AppError> {
+    Ok(token)
+}
+
+#[redbaton::locked(client = client, key = "slots", semaphore = 2)]
+fn two_slots(client: &Client) -> Result<u64, AppError> {
+    Ok(client.semaphore("slots")?.available_permits()?)
+}
+
+#[redbaton::locked(client = client, key = "slots", semaphore)]
+fn one_slot(
+    client: &Client,
+    inside: mpsc::Sender<()>,
+    leave: &mpsc::Receiver<()>,
+) -> Result<(), AppError> {
+    inside.send(()).expect("the test listens");
+    leave.recv_timeout(PATIENCE).expect("told to leave");
+    Ok(())
+}
+
+#[redbaton::locked(client = client, key = "turnstile", fair, fencing = token)]
+fn through_the_turnstile(client: &Client) -> Result<(u64, Option<Holder>), AppError> {
+    Ok((token, client.fair_lock("turnstile")?.holder()?))
+}
+
+#[test]
+fn fair_rw_and_semaphore_options_hold_what_they_name() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+
+    // Two readers at once; a writer is busy meanwhile, then gets in.
+    let (inside, entered) = mpsc::channel();
+    let (leave_tx, leave) = mpsc::channel::<()>();
+    let (leave_tx2, leave2) = mpsc::channel::<()>();
+    let readers: Vec<_> = [leave, leave2]
+        .into_iter()
+        .map(|leave| {
+            let (client, inside) = (client.clone(), inside.clone());
+            thread::spawn(move || read_shelf(&client, 7, inside, &leave).map_err(|e| e.to_string()))
+        })
+        .collect();
+    for _ in 0..2 {
+        entered
+            .recv_timeout(PATIENCE)
+            .expect("both readers inside at once");
+    }
+    let busy = write_shelf(&client, 7).unwrap_err();
+    assert_eq!(busy.busy_name(), Some("shelf:7"), "{busy}");
+    leave_tx.send(()).unwrap();
+    leave_tx2.send(()).unwrap();
+    for reader in readers {
+        reader.joined().unwrap();
+    }
+    let token = write_shelf(&client, 7).unwrap();
+    assert!(token > 0, "a writer's fencing token");
+
+    // Permits: a semaphore of 2; a body holding 1 leaves 1, two are busy.
+    let slots = client.semaphore("slots").unwrap();
+    slots.try_set_permits(2).unwrap();
+    assert_eq!(
+        two_slots(&client).unwrap(),
+        0,
+        "both permits held in the body"
+    );
+    let (inside, entered) = mpsc::channel();
+    let (leave_tx, leave) = mpsc::channel::<()>();
+    let holder = {
+        let client = client.clone();
+        thread::spawn(move || one_slot(&client, inside, &leave).map_err(|e| e.to_string()))
+    };
+    entered.recv_timeout(PATIENCE).unwrap();
+    assert_eq!(two_slots(&client).unwrap_err().busy_name(), Some("slots"));
+    leave_tx.send(()).unwrap();
+    holder.joined().unwrap();
+    assert_eq!(slots.available_permits().unwrap(), 2, "released on return");
+
+    // The fair lock, with its token, is what the body holds.
+    let (token, holder) = through_the_turnstile(&client).unwrap();
+    let holder = holder.expect("held during the body");
+    assert_eq!(holder.fencing_token, token);
+    assert!(!client.fair_lock("turnstile").unwrap().is_locked().unwrap());
+    assert!(
+        !client.lock("turnstile").unwrap().is_locked().unwrap(),
+        "not the plain lock"
+    );
+}

@@ -1,6 +1,6 @@
 use redbaton::{Client, Error};
 
-#[redbaton::locked(client = c, key = "k", fair = true)]
+#[redbaton::locked(client = c, key = "k", fairness = true)]
 fn fair(c: &Client) -> Result<(), Error> {
     Ok(())
 }
