@@ -205,7 +205,7 @@ pub enum Error {
 
     /// A rate limiter or semaphore was asked for more permits at once than
     /// it can ever hold, so waiting would never end.
-    #[error("{name:?} can never grant {permits} permits at once: it holds at most {capacity} (a rate limiter: the permits of its rate; a semaphore: its total); ask for fewer, or raise the total")]
+    #[error("{name:?} can never grant {permits} permits at once: it holds at most {capacity} (a rate limiter: the permits of its rate; a semaphore: its total); ask for fewer, or raise it (a rate limiter's with force_rate, a semaphore's with add_permits)")]
     PermitsOverCapacity {
         /// The limiter's or semaphore's name.
         name: String,

@@ -17,8 +17,9 @@ use crate::sync::{CountDownLatch, Lock, RateLimiter, RwLock, Semaphore};
 
 pub use builder::{ClientBuilder, Topology};
 
-/// A client of one Redis deployment, from which [`Lock`]s and
-/// [`RateLimiter`]s are made.
+/// A client of one Redis deployment, from which every synchronizer is
+/// made: [`Lock`]s (and fair locks), [`RwLock`]s, [`Semaphore`]s,
+/// [`CountDownLatch`]es and [`RateLimiter`]s.
 ///
 /// Cheap to clone (an `Arc`); clones share the connection pools, the thread
 /// identities, the local wait queues and the watchdog. `Send + Sync`: share
