@@ -1,0 +1,1 @@
+//! Holds the peer benchmarks (`sync.rs`); no library code.
