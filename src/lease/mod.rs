@@ -15,6 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use redis::{ServerErrorKind, Value};
+
+use crate::backend::{is_transient_reply, Backend};
 
 pub(crate) use registry::{DueRenewal, Ownerships};
 pub use watchdog::WatchdogStats;
@@ -160,6 +163,44 @@ pub(crate) trait RenewLeases: Send + Sync + fmt::Debug {
         let _ = lease;
         Duration::ZERO
     }
+}
+
+/// Renews `requests` in one pipeline per server: groups them by the server
+/// their keys live on (one group, except on a cluster) and has
+/// `renew_shard` renew each group, in order. Renewal is idempotent, so a
+/// protocol may send a group again (after `NOSCRIPT`, a dropped
+/// connection, a redirection).
+pub(crate) fn renew_by_shard<'a>(
+    backend: &Backend,
+    requests: &'a [RenewRequest<'a>],
+    mut renew_shard: impl FnMut(&[&'a RenewRequest<'a>]) -> Vec<RenewOutcome>,
+) -> Vec<RenewOutcome> {
+    let keys: Vec<&str> = requests.iter().map(|r| r.key).collect();
+    let mut outcomes = vec![RenewOutcome::Retry; requests.len()];
+    for shard in backend.shards(&keys) {
+        let batch: Vec<&RenewRequest<'_>> = shard.iter().map(|&i| &requests[i]).collect();
+        for (i, outcome) in shard.iter().zip(renew_shard(&batch)) {
+            outcomes[*i] = outcome;
+        }
+    }
+    outcomes
+}
+
+/// What one renewal script's reply in a pipeline says: 1 renewed; "not
+/// now" (`BUSY`, ...) retry; 0 (not this ownership any more) or any other
+/// error reply (say WRONGTYPE: something else overwrote the key) lost.
+pub(crate) fn renew_outcome(value: &Value) -> RenewOutcome {
+    match value {
+        Value::Int(1) => RenewOutcome::Renewed,
+        Value::ServerError(err) if is_transient_reply(Some(err.code())) => RenewOutcome::Retry,
+        _ => RenewOutcome::Lost,
+    }
+}
+
+/// A cluster's `MOVED` or `ASK` inside a pipeline: that renewal is to be
+/// sent again alone, following the redirection.
+pub(crate) fn is_redirection(value: &Value) -> bool {
+    matches!(value, Value::ServerError(err) if matches!(err.kind(), Some(ServerErrorKind::Moved | ServerErrorKind::Ask)))
 }
 
 /// `sent`, moved back by `margin` (where the clock allows).

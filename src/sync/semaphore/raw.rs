@@ -14,11 +14,13 @@ use std::time::{Duration, Instant};
 
 use redis::{ServerErrorKind, Value};
 
-use crate::backend::{is_transient_reply, Backend, Failed, Sent};
+use crate::backend::{Backend, Failed, Sent};
 use crate::config::{Config, ReplicaAcks};
 use crate::error::Error;
 use crate::keys::SemaphoreKeys;
-use crate::lease::{Cleanup, RenewLeases, RenewOutcome, RenewRequest};
+use crate::lease::{
+    is_redirection, renew_by_shard, renew_outcome, Cleanup, RenewLeases, RenewOutcome, RenewRequest,
+};
 use crate::scripts::semaphore::{
     self as calls, AcquireArgs, AcquireReply, Adjust, Refusal, ReleaseReply, StateReply, TotalReply,
 };
@@ -259,30 +261,6 @@ impl RenewLeases for DeploymentSemaphore {
     /// One pipeline per server for the whole round. Renewal is idempotent,
     /// so sending it again is safe.
     fn renew_round(&self, requests: &[RenewRequest<'_>]) -> Vec<RenewOutcome> {
-        let keys: Vec<&str> = requests.iter().map(|r| r.key).collect();
-        let mut outcomes = vec![RenewOutcome::Retry; requests.len()];
-        for shard in self.backend.shards(&keys) {
-            let batch: Vec<&RenewRequest<'_>> = shard.iter().map(|&i| &requests[i]).collect();
-            for (i, outcome) in shard.iter().zip(self.renew_shard(&batch)) {
-                outcomes[*i] = outcome;
-            }
-        }
-        outcomes
-    }
-}
-
-/// A cluster's `MOVED` or `ASK` inside a pipeline.
-fn is_redirection(value: &Value) -> bool {
-    matches!(value, Value::ServerError(err) if matches!(err.kind(), Some(ServerErrorKind::Moved | ServerErrorKind::Ask)))
-}
-
-fn renew_outcome(value: &Value) -> RenewOutcome {
-    match value {
-        Value::Int(1) => RenewOutcome::Renewed,
-        // "Not now": try again, as when Redis is out of reach.
-        Value::ServerError(err) if is_transient_reply(Some(err.code())) => RenewOutcome::Retry,
-        // 0: the permit's lease ended. Any other error reply (WRONGTYPE:
-        // something else overwrote the key) means the same.
-        _ => RenewOutcome::Lost,
+        renew_by_shard(&self.backend, requests, |batch| self.renew_shard(batch))
     }
 }
