@@ -11,7 +11,8 @@ use redbaton::{Client, Error, Topology};
 use testkit::{RedisSentinels, RedisServer};
 
 use crate::support::{
-    eventually, lock_key, wait_for_replica, Deployment, JoinWithin, Topology as Kind, SERVICE,
+    cut_replica, eventually, lock_key, restore_replica, wait_for_replica, Deployment, JoinWithin,
+    Topology as Kind, SERVICE,
 };
 
 /// How long a failover of the test deployment may take: a second to see
@@ -78,46 +79,6 @@ fn parked_waiters_acquire_after_the_master_is_killed() {
     // Every sentinel learns of the new master in its own time.
     wait_for_failover(sentinels, sentinels.master().port());
     println!("three waiters acquired {took:?} after the master was killed");
-}
-
-fn config_set(server: &RedisServer, key: &str, value: &str) {
-    redis::cmd("CONFIG")
-        .arg("SET")
-        .arg(key)
-        .arg(value)
-        .query::<()>(&mut server.connection())
-        .unwrap();
-}
-
-/// Cuts the replica off its master: the link is killed and the replica
-/// cannot log in again (a user the master does not have), so writes from
-/// now on stay on the master alone.
-fn cut_replica(sentinels: &RedisSentinels) {
-    let (master, replica) = (sentinels.master(), &sentinels.replicas()[0]);
-    wait_for_replica(master, "test-sync");
-    config_set(replica, "masteruser", "no-such-user");
-    config_set(replica, "masterauth", "wrong");
-    redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("replica")
-        .query::<u32>(&mut master.connection())
-        .unwrap();
-    eventually(Duration::from_secs(5), "the replica's link is down", || {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query(&mut replica.connection())
-            .unwrap();
-        info.contains("master_link_status:down")
-    });
-}
-
-/// Lets the replica log in to its master again.
-fn restore_replica(sentinels: &RedisSentinels) {
-    let replica = &sentinels.replicas()[0];
-    config_set(replica, "masteruser", "");
-    config_set(replica, "masterauth", "");
-    wait_for_replica(sentinels.master(), "test-sync");
 }
 
 fn on_replica(sentinels: &RedisSentinels, name: &str) -> bool {

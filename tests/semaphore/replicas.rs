@@ -4,47 +4,9 @@
 use std::time::Duration;
 
 use redbaton::Error;
-use testkit::{RedisSentinels, RedisServer};
 
 use crate::sem_keys;
-use crate::support::{eventually, wait_for_replica, Deployment, Topology};
-
-fn config_set(server: &RedisServer, key: &str, value: &str) {
-    redis::cmd("CONFIG")
-        .arg("SET")
-        .arg(key)
-        .arg(value)
-        .query::<()>(&mut server.connection())
-        .unwrap();
-}
-
-/// Cuts the replica off its master (wrong credentials, link killed).
-fn cut_replica(sentinels: &RedisSentinels) {
-    let (master, replica) = (sentinels.master(), &sentinels.replicas()[0]);
-    wait_for_replica(master, "test-sync");
-    config_set(replica, "masteruser", "no-such-user");
-    config_set(replica, "masterauth", "wrong");
-    redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("replica")
-        .query::<u32>(&mut master.connection())
-        .unwrap();
-    eventually(Duration::from_secs(5), "the replica's link is down", || {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query(&mut replica.connection())
-            .unwrap();
-        info.contains("master_link_status:down")
-    });
-}
-
-fn restore_replica(sentinels: &RedisSentinels) {
-    let replica = &sentinels.replicas()[0];
-    config_set(replica, "masteruser", "");
-    config_set(replica, "masterauth", "");
-    wait_for_replica(sentinels.master(), "test-sync");
-}
+use crate::support::{cut_replica, restore_replica, Deployment, Topology};
 
 #[test]
 fn with_replica_acks_permits_are_granted_only_once_a_replica_has_them() {

@@ -229,6 +229,50 @@ pub fn wait_for_replica(master: &RedisServer, key: &str) {
     assert_eq!(acked, 1, "a replica has every write so far");
 }
 
+/// `CONFIG SET key value` on `server`.
+pub fn config_set(server: &RedisServer, key: &str, value: &str) {
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(key)
+        .arg(value)
+        .query::<()>(&mut server.connection())
+        .unwrap();
+}
+
+/// Cuts the sentinels' replica off its master: the link is killed and the
+/// replica cannot log in again (a user the master does not have), so writes
+/// from now on stay on the master alone.
+#[cfg(feature = "sentinel")]
+pub fn cut_replica(sentinels: &testkit::RedisSentinels) {
+    let (master, replica) = (sentinels.master(), &sentinels.replicas()[0]);
+    wait_for_replica(master, "test-sync");
+    config_set(replica, "masteruser", "no-such-user");
+    config_set(replica, "masterauth", "wrong");
+    redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query::<u32>(&mut master.connection())
+        .unwrap();
+    eventually(Duration::from_secs(5), "the replica's link is down", || {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut replica.connection())
+            .unwrap();
+        info.contains("master_link_status:down")
+    });
+}
+
+/// Lets the sentinels' replica log in to its master again, and waits until
+/// it has every write so far.
+#[cfg(feature = "sentinel")]
+pub fn restore_replica(sentinels: &testkit::RedisSentinels) {
+    let replica = &sentinels.replicas()[0];
+    config_set(replica, "masteruser", "");
+    config_set(replica, "masterauth", "");
+    wait_for_replica(sentinels.master(), "test-sync");
+}
+
 /// A client on `server` with settings suited to tests: short I/O timeout.
 pub fn client(server: &RedisServer) -> Client {
     Client::builder(server.url())
