@@ -95,6 +95,67 @@ impl RedisCluster {
         &self.masters[index]
     }
 
+    /// `CLUSTER MYID` of `node`.
+    pub fn node_id(node: &RedisServer) -> String {
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut node.connection())
+            .expect("CLUSTER MYID")
+    }
+
+    /// `CLUSTER SETSLOT <slot> <args...>` on `node` (`IMPORTING <id>`,
+    /// `MIGRATING <id>`, `NODE <id>`): the steps of a reshard.
+    pub fn set_slot(node: &RedisServer, slot: u16, args: &[&str]) {
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(args)
+            .query::<()>(&mut node.connection())
+            .expect("CLUSTER SETSLOT");
+    }
+
+    /// Moves every key of `slot` from `from` to `to` with `MIGRATE`, in
+    /// batches, as a reshard between `IMPORTING`/`MIGRATING` and `NODE`
+    /// does; a refused batch is sent again. Returns how many keys moved.
+    ///
+    /// # Panics
+    /// When keys are still on `from` after 10 s.
+    pub fn move_slot_keys(slot: u16, from: &RedisServer, to: &RedisServer) -> usize {
+        let mut moved = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let keys: Vec<String> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(100)
+                .query(&mut from.connection())
+                .expect("CLUSTER GETKEYSINSLOT");
+            if keys.is_empty() {
+                return moved;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "keys of slot {slot} still on the source: {keys:?}"
+            );
+            let migrated = redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(to.port())
+                .arg("")
+                .arg(0)
+                .arg(5000)
+                .arg("KEYS")
+                .arg(&keys)
+                .query::<()>(&mut from.connection());
+            match migrated {
+                Ok(()) => moved += keys.len(),
+                Err(error) => {
+                    eprintln!("MIGRATE {keys:?}: {error} (retrying)");
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+            }
+        }
+    }
+
     fn assign_slots(&self) {
         let n = self.masters.len();
         for (i, master) in self.masters.iter().enumerate() {

@@ -4,7 +4,7 @@
 
 use std::ffi::OsString;
 use std::fs::{self, File};
-use std::io;
+use std::io::{self, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -21,7 +21,50 @@ pub(crate) const REAP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The one line shown when the binary is missing, so a contributor without
 /// Redis installed immediately knows what to do.
-pub(crate) const NOT_FOUND: &str = "redis-server not found on PATH: install it (Debian/Ubuntu: apt-get install redis-server) to run redbaton's tests";
+pub(crate) const NOT_FOUND: &str = "redis-server not found on PATH (or at $REDBATON_TEST_SERVER): install it (Debian/Ubuntu: apt-get install redis-server) to run redbaton's tests";
+
+/// Names the server binary the tests start instead of `redis-server` on
+/// `PATH` (a Valkey `valkey-server`, a Redis built from source): every
+/// server, replica, cluster node and sentinel of the suite is started from
+/// it.
+pub const SERVER_VAR: &str = "REDBATON_TEST_SERVER";
+
+/// The server binary tests start: [`SERVER_VAR`] when set, else
+/// `redis-server` on `PATH`.
+pub fn server_binary() -> String {
+    match std::env::var(SERVER_VAR) {
+        Ok(path) if !path.is_empty() => path,
+        _ => "redis-server".to_owned(),
+    }
+}
+
+/// `<binary> --version`'s line, once per process, written straight to
+/// stderr (not captured by the test harness) so that every test binary's
+/// output says which server it ran against.
+fn announce_server_once(binary: &str) {
+    static ANNOUNCED: std::sync::Once = std::sync::Once::new();
+    ANNOUNCED.call_once(|| {
+        let version = server_version(binary).unwrap_or_else(|err| err);
+        let _ = writeln!(
+            io::stderr(),
+            "testkit: test servers are {binary}: {version}"
+        );
+    });
+}
+
+/// The first line of `<binary> --version`.
+pub fn server_version(binary: &str) -> Result<String, String> {
+    let out = Command::new(binary)
+        .arg("--version")
+        .output()
+        .map_err(|err| format!("cannot run {binary} --version: {err}"))?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_owned())
+}
 
 /// The configuration file of a server started with one (a sentinel).
 const CONFIG_FILE: &str = "redis.conf";
@@ -157,7 +200,9 @@ pub(crate) fn launch(
         LaunchError::Failed(format!("cannot create {}: {err}", log_path.display()))
     })?;
 
-    let mut child = Command::new("redis-server")
+    let binary = server_binary();
+    announce_server_once(&binary);
+    let mut child = Command::new(&binary)
         .args(server_args(port, dir, extra_args, config_file.as_deref()))
         .stdin(Stdio::null())
         // Into the log file rather than inherited: parallel servers would
@@ -167,7 +212,7 @@ pub(crate) fn launch(
         .spawn()
         .map_err(|err| match err.kind() {
             io::ErrorKind::NotFound => LaunchError::NotFound,
-            _ => LaunchError::Failed(format!("cannot spawn redis-server: {err}")),
+            _ => LaunchError::Failed(format!("cannot spawn {binary}: {err}")),
         })?;
 
     match wait_ready(&mut child, port) {

@@ -3,7 +3,8 @@
 //! Everything here talks to real processes: [`RedisServer`] owns a throwaway
 //! `redis-server` child bound to a free loopback port, [`RedisCluster`] a
 //! small Redis Cluster of them, [`RedisSentinels`] a master with replicas
-//! and sentinels, and [`ChildProcess`]
+//! and sentinels, [`FaultProxy`] a TCP proxy that loses replies
+//! or holds requests up, and [`ChildProcess`]
 //! runs a second real process (usually the current test binary re-executed
 //! on one `#[ignore]`d test) whose stdout is read line by line.
 //!
@@ -23,6 +24,7 @@ mod commandstats;
 mod demo;
 mod launch;
 mod process;
+mod proxy;
 mod sentinel;
 mod server;
 
@@ -30,6 +32,8 @@ pub use child::ChildProcess;
 pub use cluster::{RedisCluster, SLOTS};
 pub use commandstats::{diff_calls, parse_commandstats};
 pub use demo::DemoRedis;
+pub use launch::{server_binary, server_version, SERVER_VAR};
 pub use process::pid_exists;
-pub use sentinel::RedisSentinels;
+pub use proxy::FaultProxy;
+pub use sentinel::{Passwords, RedisSentinels};
 pub use server::RedisServer;

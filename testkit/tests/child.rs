@@ -80,11 +80,12 @@ fn missing_redis_server_is_one_clear_line() {
         &[
             (ROLE, "try_start".to_owned()),
             ("PATH", "/nonexistent-testkit-path".to_owned()),
+            (testkit::SERVER_VAR, String::new()),
         ],
     );
     assert_eq!(
         child.wait_for_line("ERROR:", WAIT),
-        "redis-server not found on PATH: install it (Debian/Ubuntu: apt-get install redis-server) to run redbaton's tests"
+        "redis-server not found on PATH (or at $REDBATON_TEST_SERVER): install it (Debian/Ubuntu: apt-get install redis-server) to run redbaton's tests"
     );
 }
 
