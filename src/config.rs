@@ -41,10 +41,36 @@ pub(crate) struct Config {
     pub(crate) max_local_handoffs: u32,
     /// Replicas that must confirm each ownership write, if any.
     pub(crate) replica_acks: Option<ReplicaAcks>,
-    /// A quorum's bound on one master's answer.
-    pub(crate) node_timeout: Duration,
+    /// A quorum's bound on one master's answer in a round.
+    pub(crate) node_timeout: NodeTimeout,
     /// A quorum's allowance for clocks that run at different rates.
     pub(crate) clock_drift: ClockDrift,
+}
+
+/// How long a quorum round waits for each master (connect, pool wait and
+/// reply): `node_timeout(d)` as given, or else a share of the lease the
+/// round is for, so that a lock with a short lease does not wait as long
+/// as one with the client's default lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NodeTimeout {
+    /// Set with `node_timeout(d)`: the same for every lease.
+    pub(crate) fixed: Option<Duration>,
+    /// The longest a share of the lease may be.
+    pub(crate) io_timeout: Duration,
+}
+
+impl NodeTimeout {
+    /// The least a share of the lease may be: a master's round trip
+    /// under load, and a connect.
+    pub(crate) const FLOOR: Duration = Duration::from_millis(50);
+
+    /// The bound for a round about an ownership of `lease`: the fixed
+    /// one, or 1 % of the lease, at least [`NodeTimeout::FLOOR`] and at
+    /// most the I/O timeout.
+    pub(crate) fn for_lease(&self, lease: Duration) -> Duration {
+        self.fixed
+            .unwrap_or_else(|| (lease / 100).max(Self::FLOOR).min(self.io_timeout))
+    }
 }
 
 /// `clock_drift(ratio, fixed)`: how much earlier than by this process's
@@ -108,10 +134,14 @@ const REPLICAS: std::ops::RangeInclusive<u32> = 1..=1024;
 impl Config {
     /// How long a fair lock's waiter keeps its place in the queue without
     /// coming back: a waiter comes back at least every `max_park` (plus a
-    /// round trip), so a dead one blocks the queue for about one park
-    /// slice at most.
+    /// round trip), so a dead one blocks the queue for about one and a
+    /// half park slices. The half second on top covers what delays a live
+    /// waiter's return besides its park: a park of `max_park` is ended by
+    /// the server's timer, up to 1/hz (100 ms at the default `hz`) late,
+    /// and a loaded machine schedules the waiter late. (A live waiter that
+    /// comes back later still takes its place again at its first arrival.)
     pub(crate) fn place_ttl(&self) -> Duration {
-        self.max_park + self.max_park / 2 + Duration::from_millis(50)
+        self.max_park + self.max_park / 2 + Duration::from_millis(500)
     }
 
     /// Checks every setting against its documented range.
@@ -136,7 +166,10 @@ impl Config {
             ("io_timeout", self.io_timeout),
             ("baton_ttl", self.baton_ttl),
             ("fence_counter_ttl", self.fence_ttl),
-            ("node_timeout", self.node_timeout),
+            (
+                "node_timeout",
+                self.node_timeout.for_lease(self.default_lease),
+            ),
         ] {
             if value < Duration::from_millis(1) || value > MAX_LEASE {
                 return Err(Error::InvalidConfig(format!(
@@ -195,6 +228,29 @@ fn validate_prefix(prefix: &str) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_node_timeout_is_a_share_of_the_lease_at_hand_unless_fixed() {
+        let ms = Duration::from_millis;
+        let share = NodeTimeout {
+            fixed: None,
+            io_timeout: ms(3000),
+        };
+        assert_eq!(share.for_lease(ms(30_000)), ms(300));
+        assert_eq!(share.for_lease(ms(1000)), ms(50), "at least 50 ms");
+        assert_eq!(share.for_lease(MAX_LEASE), ms(3000), "at most io_timeout");
+        let tight = NodeTimeout {
+            fixed: None,
+            io_timeout: ms(20),
+        };
+        assert_eq!(tight.for_lease(ms(30_000)), ms(20));
+        let fixed = NodeTimeout {
+            fixed: Some(ms(500)),
+            io_timeout: ms(3000),
+        };
+        assert_eq!(fixed.for_lease(ms(1000)), ms(500));
+        assert_eq!(fixed.for_lease(MAX_LEASE), ms(500));
+    }
 
     #[test]
     fn drift_allowances_are_exact_and_never_overflow() {

@@ -96,6 +96,16 @@ pub enum Error {
         detail: String,
     },
 
+    /// The server is older than redbaton needs: Redis 6.2 (or any Valkey).
+    /// Found when the client's first command connection to it opens.
+    #[error("Redis at {addr} is version {version}; redbaton needs Redis 6.2 or newer (ZADD ... GT, fractional BLPOP timeouts) or Valkey: upgrade the server")]
+    UnsupportedServer {
+        /// `host:port` of the server.
+        addr: String,
+        /// The version it reported.
+        version: String,
+    },
+
     /// Fewer replicas than [`replica_acks`](crate::ClientBuilder::replica_acks)
     /// asks for confirmed a write in time. The acquisition (or renewal,
     /// extend, hand-off) counts as not done: a fresh acquisition was undone

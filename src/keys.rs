@@ -64,9 +64,31 @@ pub(crate) struct LockKeys {
     pub(crate) baton: String,
     /// String: the per-lock fencing counter.
     pub(crate) fence: String,
-    /// A fair lock's keys: its scripts keep a queue of waiters, and `baton`
-    /// is the prefix of each waiter's own list.
-    pub(crate) fair: bool,
+    /// A fair lock's queue keys (`None` for the plain lock); `baton` is
+    /// then the prefix of each waiter's own list.
+    pub(crate) fair: Option<FairKeys>,
+}
+
+/// The fair lock's queue of waiters, beside its lock key. Every script
+/// that reads or writes them names them in its KEYS (Redis Cluster routes
+/// and checks scripts by their declared keys only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FairKeys {
+    /// Sorted set: waiter identity, scored by its arrival (server µs).
+    pub(crate) queue: String,
+    /// Sorted set: waiter identity, scored by when its place ends unless
+    /// it comes back (server ms).
+    pub(crate) places: String,
+}
+
+impl LockKeys {
+    /// The list a fair lock's waiter `identity` parks on, and which a
+    /// release pushes when that waiter is the head of the queue. Shares
+    /// the lock's hash tag, so a release names it in the KEYS of its
+    /// second call, once the first told it whom to wake.
+    pub(crate) fn wake_list(&self, identity: &str) -> String {
+        format!("{}:{identity}", self.baton)
+    }
 }
 
 impl LockKeys {
@@ -79,7 +101,7 @@ impl LockKeys {
             lock: format!("{tagged}:lock"),
             baton: format!("{tagged}:baton"),
             fence: format!("{tagged}:fence"),
-            fair: false,
+            fair: None,
         })
     }
 }
@@ -92,12 +114,16 @@ impl LockKeys {
     pub(crate) fn fair(prefix: &str, name: &str) -> Result<Self, Error> {
         check_name(name)?;
         let tagged = tagged(prefix, name);
+        let lock = format!("{tagged}:fair:lock");
         Ok(LockKeys {
             name: name.to_owned(),
-            lock: format!("{tagged}:fair:lock"),
             baton: format!("{tagged}:fair:wake"),
             fence: format!("{tagged}:fair:fence"),
-            fair: true,
+            fair: Some(FairKeys {
+                queue: format!("{lock}:queue"),
+                places: format!("{lock}:places"),
+            }),
+            lock,
         })
     }
 }
@@ -167,6 +193,9 @@ pub(crate) struct SemaphoreKeys {
     pub(crate) waiters: String,
     /// List: batons, one per permit released, up to the number waiting.
     pub(crate) baton: String,
+    /// Sorted set: the ids of recent adds and reductions → when each is
+    /// forgotten (server ms), so that one sent twice is applied once.
+    pub(crate) adjusted: String,
 }
 
 impl SemaphoreKeys {
@@ -181,6 +210,7 @@ impl SemaphoreKeys {
             counts: format!("{sem}:counts"),
             waiters: format!("{sem}:waiters"),
             baton: format!("{sem}:baton"),
+            adjusted: format!("{sem}:adjusted"),
         })
     }
 }
@@ -192,9 +222,11 @@ pub(crate) struct LatchKeys {
     pub(crate) name: String,
     /// String: the count.
     pub(crate) count: String,
-    /// List: the token that wakes waiters once the count is zero, each
-    /// passing it on.
-    pub(crate) baton: String,
+    /// String: the id of the current round (of the last one, with a TTL,
+    /// once it ended).
+    pub(crate) round: String,
+    /// What the baton key of a round starts with; see [`LatchKeys::baton`].
+    baton_prefix: String,
     /// Set: the ids of this round's count-downs, so that one sent twice
     /// counts once.
     pub(crate) applied: String,
@@ -208,9 +240,17 @@ impl LatchKeys {
         Ok(LatchKeys {
             name: name.to_owned(),
             count: format!("{latch}:count"),
-            baton: format!("{latch}:baton"),
+            round: format!("{latch}:round"),
+            baton_prefix: format!("{latch}:baton:"),
             applied: format!("{latch}:applied"),
         })
+    }
+
+    /// List: the token that wakes the waiters of round `round` once it
+    /// ended, each passing it on. One per round, so that starting the next
+    /// round cannot take the token from waiters of the last one.
+    pub(crate) fn baton(&self, round: &str) -> String {
+        format!("{}{round}", self.baton_prefix)
     }
 }
 
@@ -318,9 +358,11 @@ mod tests {
             lock.lock,
             lock.baton,
             lock.fence,
-            fair.lock,
-            fair.baton,
-            fair.fence,
+            fair.lock.clone(),
+            fair.wake_list("a:1"),
+            fair.fence.clone(),
+            fair.fair.clone().unwrap().queue,
+            fair.fair.unwrap().places,
             rw.write,
             rw.readers,
             rw.read_depths,
@@ -333,8 +375,10 @@ mod tests {
             sem.counts,
             sem.waiters,
             sem.baton,
+            sem.adjusted,
+            latch.baton("r"),
             latch.count,
-            latch.baton,
+            latch.round,
             latch.applied,
         ];
         assert!(all.iter().all(|key| key.starts_with("p:{shared}:")));

@@ -101,6 +101,45 @@
 //! `#[redbaton::locked(client = LOCKS, key = "order:{order_id}", wait = "5s")]`.
 //! See `locked` for the options and the rules.
 //!
+//! # From async code
+//!
+//! redbaton blocks the calling thread, and a guard belongs to the thread
+//! that took it, so async code must neither wait for a lock on a runtime
+//! worker nor carry a guard across `.await`. A service that mixes thread
+//! workers with a tokio part can hold the lock on a thread of tokio's
+//! blocking pool while its async critical section runs:
+//!
+//! ```rust,ignore
+//! async fn with_lock_async<F: Future>(lock: Lock, work: F) -> Result<F::Output, Error> {
+//!     let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+//!     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+//!     let holder = tokio::task::spawn_blocking(move || -> Result<(), Error> {
+//!         let guard = lock.lock()?;
+//!         if held_tx.send(()).is_err() {
+//!             return guard.unlock(); // the caller is gone
+//!         }
+//!         let _ = done_rx.recv(); // held until the async work ends
+//!         guard.unlock()
+//!     });
+//!     if held_rx.await.is_err() {
+//!         holder.await.expect("the lock thread panicked")?; // its error
+//!         unreachable!();
+//!     }
+//!     let output = work.await;
+//!     drop(done_tx);
+//!     holder.await.expect("the lock thread panicked")?;
+//!     Ok(output)
+//! }
+//! ```
+//!
+//! Each waiting call takes one blocking-pool thread while it waits (tokio
+//! grows that pool to 512 by default). The recipe is tested under a
+//! multi-thread runtime in the peer crate, so that tokio stays out of
+//! redbaton's own builds: `cargo test --manifest-path
+//! benches/peers/Cargo.toml --test tokio` (twelve tasks take turns with an
+//! `.await` inside the critical section, and a ticker task shows that no
+//! runtime worker was blocked).
+//!
 //! # How the crate is built
 //!
 //! Layers, each importing only from those below it: the facade
@@ -112,6 +151,7 @@
 //! another deployment (a quorum of masters) is another implementation of
 //! it. `ARCHITECTURE.md` in the repository lists every module and where a
 //! new synchronizer or backend goes.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations, rust_2018_idioms)]
@@ -273,6 +313,7 @@ pub use sync::{Semaphore, SemaphorePermit};
 /// [`Error::InvalidName`] for an empty key or one over 4096 bytes; and the
 /// Redis failures of [`Lock::try_lock`].
 #[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 #[doc(inline)]
 pub use redbaton_macros::locked;
 

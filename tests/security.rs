@@ -181,3 +181,32 @@ fn passwords_stay_out_of_debug_errors_and_logs() {
         assert!(!logs.contains(secret), "{secret} logged in: {logs}");
     }
 }
+
+/// Issue 21, item 12: the documented user may read `maxmemory-policy`, so
+/// the eviction check runs; a user that may not gets a warning saying the
+/// check could not run (not a debug line nobody sees).
+#[test]
+fn the_eviction_check_runs_under_the_documented_acl_and_warns_when_refused() {
+    record_logs();
+    let server = RedisServer::start();
+    add_user(&server, "locker", redbaton_acl());
+    let before = server.command_calls();
+    let client = Client::open(&user_url(&server, "locker", PASSWORD)).unwrap();
+    drop(client.lock("evict").unwrap().lock().unwrap());
+    let calls = server.commands_since(&before);
+    assert_eq!(calls.get("config|get"), Some(&1), "{calls:?}");
+
+    let no_config = redbaton_acl().replace("+config|get", "");
+    add_user(&server, "no-config", &no_config);
+    let client = Client::open(&user_url(&server, "no-config", PASSWORD)).unwrap();
+    drop(client.lock("evict").unwrap().lock().unwrap());
+    let addr = format!("127.0.0.1:{}", server.port());
+    let logs = LOGS.0.lock().unwrap().clone();
+    let warned: Vec<_> = logs
+        .iter()
+        .filter(|line| line.starts_with("WARN") && line.contains("maxmemory-policy"))
+        .filter(|line| line.contains(&addr))
+        .collect();
+    assert_eq!(warned.len(), 1, "{logs:#?}");
+    assert!(warned[0].contains("could not") || warned[0].contains("not checked"));
+}

@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::io::Write;
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::Command;
@@ -95,28 +96,134 @@ fn make_certificates(dir: &Path) -> (String, String, String) {
     (path("ca.pem"), path("cert.pem"), path("key.pem"))
 }
 
-#[test]
-fn locks_work_over_tls_with_a_trusted_self_signed_certificate() {
-    let dir = std::env::temp_dir().join(format!("redbaton-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (ca, cert, key) = make_certificates(&dir);
+/// Makes, in `dir` (where [`make_certificates`] made the CA), a client
+/// certificate signed by that CA, and one signed by a CA the server does
+/// not know. Returns (certificate, key) of each.
+fn make_client_certificates(dir: &Path) -> ((String, String), (String, String)) {
+    std::fs::write(
+        dir.join("client.cnf"),
+        "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+    )
+    .unwrap();
+    let sign = |name: &str, ca: &str| {
+        let (key, csr, cert) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+        );
+        openssl(
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                &format!("/CN={name}"),
+                "-keyout",
+                &key,
+                "-out",
+                &csr,
+            ],
+            dir,
+        );
+        openssl(
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                &format!("{ca}.pem"),
+                "-CAkey",
+                &format!("{ca}.key"),
+                "-CAcreateserial",
+                "-days",
+                "1",
+                "-extfile",
+                "client.cnf",
+                "-out",
+                &cert,
+            ],
+            dir,
+        );
+        let path = |name: &str| dir.join(name).display().to_string();
+        (path(&cert), path(&key))
+    };
+    // A second CA, unknown to the server.
+    openssl(
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=redbaton-test-stranger-ca",
+            "-keyout",
+            "stranger-ca.key",
+            "-out",
+            "stranger-ca.pem",
+        ],
+        dir,
+    );
+    (sign("client", "ca"), sign("stranger", "stranger-ca"))
+}
+
+/// A TLS-only server on a free port with the certificates of `dir`; `None`
+/// (the test then says it is skipped) when the server binary has no TLS.
+fn start_tls_server(
+    dir: &Path,
+    ca: &str,
+    cert: &str,
+    key: &str,
+    auth_clients: bool,
+) -> Option<(RedisServer, String)> {
     let tls_port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
         .to_string();
-    let server = RedisServer::start_with(&[
+    let _ = dir;
+    let auth = if auth_clients { "yes" } else { "no" };
+    let started = RedisServer::try_start_with(&[
         "--tls-port",
         &tls_port,
         "--tls-cert-file",
-        &cert,
+        cert,
         "--tls-key-file",
-        &key,
+        key,
+        "--tls-ca-cert-file",
+        ca,
         "--tls-auth-clients",
-        "no",
+        auth,
     ]);
-    let url = format!("rediss://127.0.0.1:{tls_port}/");
+    match started {
+        Ok(server) => Some((server, format!("rediss://127.0.0.1:{tls_port}/"))),
+        // A server built without TLS (Valkey's embedded build, say) cannot
+        // take part: the test is skipped, and says so where CI shows it.
+        Err(reason) if reason.contains("TLS support") => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "skipped: {} was built without TLS support",
+                testkit::server_binary()
+            );
+            None
+        }
+        Err(reason) => panic!("{reason}"),
+    }
+}
+
+#[test]
+fn locks_work_over_tls_with_a_trusted_self_signed_certificate() {
+    let dir = std::env::temp_dir().join(format!("redbaton-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca, cert, key) = make_certificates(&dir);
+    let Some((server, url)) = start_tls_server(&dir, &ca, &cert, &key, false) else {
+        return;
+    };
     let pem = std::fs::read(&ca).unwrap();
 
     let client = Client::builder(&url)
@@ -163,5 +270,72 @@ fn locks_work_over_tls_with_a_trusted_self_signed_certificate() {
     let err = untrusting.lock("over-tls").unwrap().try_lock().unwrap_err();
     assert!(err.is_unreachable(), "{err}");
     println!("untrusted certificate: {err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_server_that_authenticates_clients_accepts_a_client_certificate_and_refuses_the_rest() {
+    let dir = std::env::temp_dir().join(format!("redbaton-mtls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca, cert, key) = make_certificates(&dir);
+    let ((client_cert, client_key), (stranger_cert, stranger_key)) = make_client_certificates(&dir);
+    let Some((_server, url)) = start_tls_server(&dir, &ca, &cert, &key, true) else {
+        return;
+    };
+    let root = std::fs::read(&ca).unwrap();
+    let read = |path: &str| std::fs::read(path).unwrap();
+
+    // With a certificate the server's CA signed: locks work, and waiting
+    // (a parked connection, which presents it too) works.
+    let client = Client::builder(&url)
+        .tls_root_certificate(&root)
+        .tls_client_certificate(&read(&client_cert), &read(&client_key))
+        .io_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let lock = client.lock("mtls").unwrap();
+    let held = lock.lock().unwrap();
+    let waiter = lock.clone();
+    let waited = thread::spawn(move || {
+        waiter
+            .try_lock_for(Duration::from_secs(10))
+            .unwrap()
+            .map(|g| g.fencing_token())
+    });
+    let first = held.fencing_token();
+    held.unlock().unwrap();
+    assert!(waited.joined().expect("acquired over mTLS") > first);
+
+    // The order of the TLS settings does not matter: each keeps the other.
+    let reversed = Client::builder(&url)
+        .tls_client_certificate(&read(&client_cert), &read(&client_key))
+        .tls_root_certificate(&root)
+        .io_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    assert!(reversed.lock("mtls").unwrap().try_lock().unwrap().is_some());
+
+    // Without a certificate, or with one of a CA the server does not
+    // trust: refused in the handshake, a clear Unreachable error.
+    let without = Client::builder(&url)
+        .tls_root_certificate(&root)
+        .io_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let stranger = Client::builder(&url)
+        .tls_root_certificate(&root)
+        .tls_client_certificate(&read(&stranger_cert), &read(&stranger_key))
+        .io_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    for (who, client) in [("no certificate", without), ("unknown CA", stranger)] {
+        let err = client.lock("mtls").unwrap().try_lock().unwrap_err();
+        assert!(err.is_unreachable(), "{who}: {err}");
+        assert!(
+            err.to_string().contains("client certificate"),
+            "{who}: {err}"
+        );
+        println!("{who}: {err}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

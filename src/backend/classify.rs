@@ -20,10 +20,7 @@ pub(crate) fn from_redis(err: RedisError, name: &str, addr: &str, trace: ScriptT
         };
     }
     let detail = err.detail().unwrap_or_default();
-    if err.code() == Some("NOPERM")
-        || detail.contains("can't run this command")
-        || detail.contains("can't access")
-    {
+    if is_permission_failure(err.code(), detail) {
         // Inside a script Redis names neither the command nor the key;
         // our script's source line does.
         let detail = match trace(detail) {
@@ -96,6 +93,21 @@ pub(crate) fn is_transient_reply(code: Option<&str>) -> bool {
     )
 }
 
+/// Whether an error reply says the user's ACL forbids a command or a key.
+/// Servers word it differently, and inside a script some give no `NOPERM`
+/// code at all: Redis 7.0 answers "... can't run this command ..." or
+/// "... can't access ..."; Redis 7.2 and later and Valkey answer "ERR ACL
+/// failure in script: User u has no permissions to run the 'hset'
+/// command" (or "to access the 'k' key"), and `NOPERM User u has no
+/// permissions ...` outside scripts.
+pub(crate) fn is_permission_failure(code: Option<&str>, detail: &str) -> bool {
+    code == Some("NOPERM")
+        || detail.contains("can't run this command")
+        || detail.contains("can't access")
+        || detail.starts_with("ACL failure in script")
+        || detail.contains("has no permissions to")
+}
+
 /// Whether Redis refused the credentials.
 pub(crate) fn is_auth_failure(err: &RedisError) -> bool {
     err.kind() == ErrorKind::AuthenticationFailed
@@ -111,6 +123,60 @@ pub(crate) fn describe_io(err: &RedisError) -> String {
     } else if err.is_connection_dropped() {
         "connection dropped".to_owned()
     } else {
-        err.to_string()
+        let text = err.to_string();
+        match tls_hint(&text) {
+            Some(hint) => format!("{text}: {hint}"),
+            None => text,
+        }
+    }
+}
+
+/// What to do about a TLS handshake the server ended with an alert about
+/// the client's certificate.
+fn tls_hint(message: &str) -> Option<&'static str> {
+    if message.contains("CertificateRequired") {
+        Some("the server wants a client certificate (ClientBuilder::tls_client_certificate)")
+    } else if [
+        "UnknownCA",
+        "BadCertificate",
+        "CertificateUnknown",
+        "AccessDenied",
+    ]
+    .iter()
+    .any(|alert| message.contains(alert))
+    {
+        Some("the server refused this client certificate (signed by a CA it does not trust, or expired)")
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_permission_failure_is_recognised_in_every_server_s_wording() {
+        // Redis 7.0, inside a script (the code is ERR or NOPERM by version).
+        let redis_7_0 = "The user executing the script can't run this command or subcommand \
+                         script: 4a63, on @user_script:106.";
+        // Redis 7.2+ and Valkey 8, inside a script: no NOPERM code.
+        let valkey_command = "ACL failure in script: User no-hset has no permissions to run \
+                              the 'hset' command script: 4a63, on @user_script:106.";
+        let valkey_key = "ACL failure in script: User u has no permissions to access the \
+                          'redbaton:{a}:lock' key script: 4a63, on @user_script:12.";
+        for detail in [redis_7_0, valkey_command, valkey_key] {
+            assert!(is_permission_failure(Some("ERR"), detail), "{detail}");
+        }
+        assert!(is_permission_failure(Some("NOPERM"), "anything"));
+        assert!(!is_permission_failure(
+            Some("ERR"),
+            "Error running script (call to f_4a63): @user_script:3: user_script:3: \
+             attempt to compare nil with number"
+        ));
+        assert!(!is_permission_failure(
+            Some("WRONGTYPE"),
+            "Operation against a key"
+        ));
     }
 }

@@ -6,20 +6,21 @@
 //! a socket to every node for each connection (a parked waiter must cost
 //! one), and fans `SCRIPT LOAD` and `WAIT` out to every node. Routing here
 //! is explicit instead: the slot map comes from `CLUSTER SLOTS`, asked
-//! again after `MOVED`, a connection failure, `TRYAGAIN` or `CLUSTERDOWN`;
-//! `MOVED` and `ASK` are followed at once (the command did not run), and
-//! nothing that may have run is sent again.
+//! again after `MOVED`, a connection failure or `CLUSTERDOWN` (not after
+//! `ASK` or `TRYAGAIN`: a slot migrating between two masters is no change
+//! of the map); `MOVED` and `ASK` are followed at once (the command did
+//! not run), parks included, and nothing that may have run is sent again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use redis::{ConnectionLike, ErrorKind, RedisResult, ServerErrorKind, Value};
 use scheduled_thread_pool::ScheduledThreadPool;
 
 use super::classify::{describe_io, ScriptTracer};
-use super::single::{SendError, Single};
+use super::single::{NodeParked, SendError, Single};
 use super::{addrs_of, client_at, slot, Failed, Parked, Sent};
 use crate::config::Config;
 use crate::error::Error;
@@ -41,6 +42,10 @@ pub(super) struct Cluster {
     routes: RwLock<Arc<Routes>>,
     /// One refresh at a time; the others wait and use its map.
     refreshing: Mutex<()>,
+    /// Nodes an `ASK` named that the map does not list (a new master
+    /// importing its first slots), so that their pools are made once;
+    /// a map that lists them takes them over.
+    unlisted: Mutex<HashMap<String, Arc<Single>>>,
     /// For messages: the seeds' addresses.
     seed_addrs: String,
 }
@@ -75,6 +80,7 @@ impl Cluster {
                 masters: Vec::new(),
             })),
             refreshing: Mutex::new(()),
+            unlisted: Mutex::new(HashMap::new()),
             seed_addrs,
         }
     }
@@ -107,15 +113,36 @@ impl Cluster {
         }
     }
 
-    /// The pools of the master at `addr` (`host:port`) in the current map,
-    /// if it is one.
-    fn master_at(&self, addr: &str) -> Option<Arc<Single>> {
-        let routes = self.routes.read();
-        routes
+    /// The pools of the node at `addr` (`host:port`) that a redirection
+    /// named: a master of the current map, or a node it does not list yet.
+    fn node_at(&self, addr: &str) -> Result<Arc<Single>, Error> {
+        let listed = self
+            .routes
+            .read()
             .masters
             .iter()
             .find(|master| master.addr() == addr)
-            .cloned()
+            .cloned();
+        if let Some(master) = listed {
+            return Ok(master);
+        }
+        let mut unlisted = self.unlisted.lock();
+        if let Some(node) = unlisted.get(addr) {
+            return Ok(Arc::clone(node));
+        }
+        let node = Arc::new(self.new_node(addr)?);
+        unlisted.insert(addr.to_owned(), Arc::clone(&node));
+        Ok(node)
+    }
+
+    /// Pools for the node at `addr`. Does not connect.
+    fn new_node(&self, addr: &str) -> Result<Single, Error> {
+        Ok(Single::new(
+            self.node_client(addr)?,
+            &self.config,
+            self.trace,
+            &self.workers,
+        ))
     }
 
     /// Groups `keys` (by index) by the master that serves them; keys whose
@@ -156,9 +183,10 @@ impl Cluster {
             };
             let sent = node.send(|c| {
                 if ask {
-                    redis::cmd("ASKING").exec(c)?;
+                    exchange(&mut Asking(c))
+                } else {
+                    exchange(c)
                 }
-                exchange(c)
             });
             let err = match sent {
                 Ok(sent) => return Ok(sent),
@@ -175,34 +203,38 @@ impl Cluster {
                     self.refresh(generation).map_err(not_sent)?;
                 }
                 ErrorKind::Server(ServerErrorKind::Ask) => {
-                    let target = err.redirect_node().map(|(addr, _)| addr.to_owned());
-                    asking = target.as_deref().and_then(|addr| self.master_at(addr));
-                    if asking.is_none() {
-                        // A node the map does not know yet.
-                        self.refresh(generation).map_err(not_sent)?;
-                        asking = target.as_deref().and_then(|addr| self.master_at(addr));
-                    }
+                    // Not a change of the map: no reload.
+                    let target = redirect_target(&err);
+                    asking = Some(self.node_at(&target).map_err(not_sent)?);
                 }
                 kind => {
-                    let moved_on = matches!(
-                        kind,
-                        ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown)
-                    );
+                    // `TRYAGAIN` (a migrating slot's keys on two nodes) is
+                    // no change of the map either, though it is "not now".
+                    let try_again = kind == ErrorKind::Server(ServerErrorKind::TryAgain);
+                    let moved_on = kind == ErrorKind::Server(ServerErrorKind::ClusterDown);
                     let failed = node.failed(SendError::Reply(err), name);
-                    if moved_on || failed.error.is_transient() {
+                    if moved_on || (failed.error.is_transient() && !try_again) {
                         self.refresh_quietly(generation);
                     }
                     return Err(failed);
                 }
             }
         }
-        Err(not_sent(Error::Unavailable {
-            addr: self.seed_addrs.clone(),
-            detail: format!("the slot of {name:?} kept moving ({MAX_REDIRECTS} redirections)"),
-        }))
+        Err(not_sent(self.kept_moving(name)))
     }
 
-    /// Parks on the master serving `list`: one socket on one node.
+    /// Parks on the node serving `list`: one socket on one node.
+    ///
+    /// A redirection is followed as a command's is: `ASK` (the list's slot
+    /// is migrating and the list is not on the source) parks on the
+    /// importing node after `ASKING`, which is where a baton pushed during
+    /// the migration lands (a release runs only where all its keys are:
+    /// on the source while the baton list is there, on the target once
+    /// the lock key has moved); `MOVED` reloads the map (once per park)
+    /// and parks on the new owner. Either way the park lasts until its own
+    /// end, not one round trip: nodes that keep sending the waiter back and
+    /// forth (a migration half set up or half undone) have it wait out the
+    /// park without a socket rather than spin.
     pub(super) fn park(
         &self,
         name: &str,
@@ -210,20 +242,45 @@ impl Cluster {
         park: Duration,
         precise: bool,
     ) -> Result<Parked, Error> {
-        let (node, generation) = self.master_of(list, name)?;
-        let parked = node.park(name, list, park, precise)?;
-        if let Parked::ConnectionFailed(_) = &parked {
-            // Killed, failed over, or `UNBLOCKED` by a slot migration.
-            self.refresh_quietly(generation);
+        let park_until = Instant::now() + park;
+        let (mut node, mut generation) = self.master_of(list, name)?;
+        let mut asking = false;
+        let mut reloaded = false;
+        for _ in 0..MAX_REDIRECTS {
+            let err = match node.park_on(name, list, park_until, precise, asking)? {
+                NodeParked::Parked(parked) => {
+                    if let Parked::ConnectionFailed(_) = &parked {
+                        // Killed, failed over, or `UNBLOCKED` by a demotion.
+                        self.refresh_quietly(generation);
+                    }
+                    return Ok(parked);
+                }
+                NodeParked::Redirected(err) => err,
+            };
+            asking = err.kind() == ErrorKind::Server(ServerErrorKind::Ask);
+            if !asking && !reloaded {
+                // `MOVED`: the map is out of date.
+                self.refresh_quietly(generation);
+                generation = self.routes.read().generation;
+                reloaded = true;
+            }
+            node = self.node_at(&redirect_target(&err))?;
         }
-        Ok(parked)
+        log::debug!(
+            "redbaton: the slot of {name:?} kept moving ({MAX_REDIRECTS} redirections); waiting \
+             out the park"
+        );
+        std::thread::sleep(park_until.saturating_duration_since(Instant::now()));
+        Ok(Parked::Done)
     }
 
-    /// Asks for the map again after a redirection seen elsewhere (a
-    /// renewal pipeline's `MOVED`).
-    pub(super) fn redirected(&self) {
-        let generation = self.routes.read().generation;
-        self.refresh_quietly(generation);
+    /// A slot that kept moving while one exchange or park followed it:
+    /// not now.
+    fn kept_moving(&self, name: &str) -> Error {
+        Error::Unavailable {
+            addr: self.seed_addrs.clone(),
+            detail: format!("the slot of {name:?} kept moving ({MAX_REDIRECTS} redirections)"),
+        }
     }
 
     fn refresh_quietly(&self, seen: u64) {
@@ -333,15 +390,10 @@ impl Cluster {
             let index = match masters.iter().position(|m| m.addr() == addr) {
                 Some(index) => index,
                 None => {
-                    let known = current.masters.iter().find(|m| m.addr() == addr);
-                    let master = match known {
-                        Some(master) => Arc::clone(master),
-                        None => Arc::new(Single::new(
-                            self.node_client(&addr)?,
-                            &self.config,
-                            self.trace,
-                            &self.workers,
-                        )),
+                    let known = current.masters.iter().find(|m| m.addr() == addr).cloned();
+                    let master = match known.or_else(|| self.unlisted.lock().remove(&addr)) {
+                        Some(master) => master,
+                        None => Arc::new(self.new_node(&addr)?),
                     };
                     masters.push(master);
                     masters.len() - 1
@@ -376,6 +428,59 @@ impl Cluster {
             })?;
         client_at(&self.seeds[0], host, port)
     }
+}
+
+/// A connection that sends `ASKING` before each command (in the same
+/// write), for an exchange that an `ASK` sent to the importing node:
+/// `ASKING` holds for one command only, and an exchange may send several
+/// (a script's `EVALSHA`, and after `NOSCRIPT` its `SCRIPT LOAD` and
+/// `EVALSHA` again). A pipeline gets one `ASKING` in front, which covers a
+/// `MULTI` block or a pipeline whose first command alone names a key.
+struct Asking<'a>(&'a mut dyn ConnectionLike);
+
+impl Asking<'_> {
+    fn asking(cmd: &[u8]) -> Vec<u8> {
+        let mut packed = redis::cmd("ASKING").get_packed_command();
+        packed.extend_from_slice(cmd);
+        packed
+    }
+}
+
+impl ConnectionLike for Asking<'_> {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        let mut replies = self.0.req_packed_commands(&Asking::asking(cmd), 1, 1)?;
+        Ok(replies.pop().unwrap_or(Value::Nil))
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        self.0
+            .req_packed_commands(&Asking::asking(cmd), offset + 1, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.get_db()
+    }
+
+    fn check_connection(&mut self) -> bool {
+        self.0.check_connection()
+    }
+
+    fn is_open(&self) -> bool {
+        self.0.is_open()
+    }
+}
+
+/// The `host:port` a `MOVED` or `ASK` names (empty if it names none,
+/// which Redis never does: an address redbaton cannot read).
+fn redirect_target(err: &redis::RedisError) -> String {
+    err.redirect_node()
+        .map(|(addr, _)| addr.to_owned())
+        .unwrap_or_default()
 }
 
 /// Reads a `CLUSTER SLOTS` reply; a master announced without a host (an

@@ -11,7 +11,9 @@
 //! - `sentinel` (feature `sentinel`): a `single` for the master the
 //!   sentinels name, made anew after each failover;
 //! - `quorum` (feature `redlock`): a `Backend` per independent master, for
-//!   a Redlock quorum that fans out to them; parks on one at a time.
+//!   a Redlock quorum: sends a round to all of them at once, leaves out
+//!   those that stopped answering until a probe hears them; parks on one
+//!   at a time.
 //!
 //! `unblock` ends parks on time (`CLIENT UNBLOCK`) rather than on the
 //! server's timer tick; every flavor uses it, on the node it parks on.
@@ -30,6 +32,7 @@ mod single;
 #[cfg(feature = "cluster")]
 mod slot;
 mod unblock;
+mod version;
 
 use std::fmt;
 use std::sync::Arc;
@@ -109,17 +112,28 @@ impl Backend {
         )))
     }
 
-    /// The master of `service` as `sentinels` know it. Does not connect.
+    /// The master of `service` as `sentinels` know it, reached with
+    /// `master`'s settings (`None`: the first sentinel's), following
+    /// `+switch-master` unless `follow_switches` is off (tests only). Does
+    /// not connect.
     #[cfg(feature = "sentinel")]
     pub(crate) fn sentinel(
         service: String,
         sentinels: Vec<redis::Client>,
+        master: Option<redis::Client>,
         config: &Config,
         trace: ScriptTracer,
+        follow_switches: bool,
     ) -> Backend {
         let workers = single::connect_workers();
         Backend::with(Flavor::Sentinel(sentinel::Sentinel::new(
-            service, sentinels, config, trace, workers,
+            service,
+            sentinels,
+            master,
+            config,
+            trace,
+            workers,
+            follow_switches,
         )))
     }
 
@@ -136,6 +150,20 @@ impl Backend {
             #[cfg(feature = "redlock")]
             Flavor::Quorum(quorum) => Some(quorum.masters()),
             _ => None,
+        }
+    }
+
+    /// For a quorum: where the calling thread's next park should go, a
+    /// master (by its place in [`Backend::masters`]) on which its last
+    /// round found the lock held, or `None` for the quorum's usual parking
+    /// master. Nothing for every other flavor.
+    pub(crate) fn prefer_parking(&self, master: Option<usize>) {
+        match &self.flavor {
+            #[cfg(feature = "redlock")]
+            Flavor::Quorum(quorum) => quorum.prefer_parking(master),
+            _ => {
+                let _ = master;
+            }
         }
     }
 
@@ -223,49 +251,34 @@ impl Backend {
             .map_err(|failed| failed.error)
     }
 
-    /// Sends `packed[i]` to `servers[i]` (single servers) all at once, then
-    /// reads every reply, each within its server's I/O timeout: a round
-    /// costs the slowest round trip, not their sum, and takes no thread.
-    /// Nothing is sent twice: a failure is that server's result.
-    #[cfg(feature = "redlock")]
+    /// Sends `packed` to every master of a quorum at once, then reads
+    /// every reply, each within `timeout` of the start: a round costs the
+    /// slowest answering master, never one timeout per master that does
+    /// not answer. A master that stopped answering is left out (its result
+    /// an [`Error::Unreachable`]) while the others make a majority, and
+    /// probed in the background until it answers. Nothing is sent twice:
+    /// a failure is that master's result. One result per master, in the
+    /// order of [`Backend::masters`]; for any other flavor, one error.
     pub(crate) fn send_all(
-        servers: &[Arc<Backend>],
+        &self,
         name: &str,
-        packed: &[Vec<u8>],
+        packed: &[u8],
+        timeout: Duration,
     ) -> Vec<Result<redis::Value, Failed>> {
-        let started = std::time::Instant::now();
-        let pending: Vec<_> = servers
-            .iter()
-            .zip(packed)
-            .map(|(server, packed)| {
-                server.check_process().map_err(|error| Failed {
-                    error,
+        match &self.flavor {
+            #[cfg(feature = "redlock")]
+            Flavor::Quorum(quorum) => quorum.send_all(name, packed, timeout),
+            _ => {
+                let _ = (name, packed, timeout);
+                vec![Err(Failed {
+                    error: Error::WrongTopology {
+                        addr: self.addr().to_owned(),
+                        detail: "is not a quorum of masters".to_owned(),
+                    },
                     outcome_unknown: false,
-                })?;
-                match &server.flavor {
-                    Flavor::Single(single) => single
-                        .begin(packed)
-                        .map(|conn| (single, conn))
-                        .map_err(|err| single.failed(err, name)),
-                    _ => Err(Failed {
-                        error: Error::WrongTopology {
-                            addr: server.addr().to_owned(),
-                            detail: "is not a single server".to_owned(),
-                        },
-                        outcome_unknown: false,
-                    }),
-                }
-            })
-            .collect();
-        pending
-            .into_iter()
-            .map(|sent| {
-                let (single, mut conn) = sent?;
-                single
-                    .finish(&mut conn, started + single.io_timeout())
-                    .map_err(|err| single.failed(err, name))
-            })
-            .collect()
+                })]
+            }
+        }
     }
 
     /// Groups `keys` (by index) so that each group's keys live on one
@@ -276,15 +289,6 @@ impl Backend {
             #[cfg(feature = "cluster")]
             Flavor::Cluster(cluster) => cluster.shards(keys),
             _ => vec![(0..keys.len()).collect()],
-        }
-    }
-
-    /// Tells a cluster that a command was redirected where the exchange
-    /// could not see it (inside a pipeline): its slot map is stale.
-    pub(crate) fn redirected(&self) {
-        #[cfg(feature = "cluster")]
-        if let Flavor::Cluster(cluster) = &self.flavor {
-            cluster.redirected();
         }
     }
 

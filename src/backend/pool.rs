@@ -299,6 +299,20 @@ impl Pool {
         }
     }
 
+    /// An idle connection, if one is at hand now: never waits, never
+    /// connects.
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
+    pub(crate) fn idle(&self) -> Option<PooledConn> {
+        loop {
+            let mut conn = self.pool.try_get()?;
+            if conn.generation >= self.health.generation.load(Ordering::Acquire) {
+                return Some(conn);
+            }
+            // As in `get`: opened before a transport failure.
+            conn.broken = true;
+        }
+    }
+
     /// Waits for a connection in short slices, so that a connect Redis
     /// answered with a refusal (a wrong password, `maxclients`, a database
     /// it does not have) is reported at once: no later try will go better.

@@ -19,7 +19,7 @@ use parking_lot::{Mutex, RwLock};
 use redis::{ConnectionLike, RedisResult, Value};
 use scheduled_thread_pool::ScheduledThreadPool;
 
-use super::classify::{describe_io, ScriptTracer};
+use super::classify::{describe_io, is_auth_failure, ScriptTracer};
 use super::single::{SendError, Single};
 use super::{addrs_of, client_at, Failed, Parked, Sent};
 use crate::config::Config;
@@ -36,11 +36,16 @@ pub(super) struct Sentinel {
     shared: Arc<Shared>,
     /// One lookup at a time; the others wait and use its master.
     resolving: Mutex<()>,
-    /// Whether the event thread was started (with the first lookup).
+    /// Whether the event thread was started (with the first lookup), or
+    /// is not to be (tests of the client healing by itself).
     watching: Mutex<bool>,
     config: Config,
     trace: ScriptTracer,
     workers: Arc<ScheduledThreadPool>,
+    /// Whose user, password, database and TLS settings reach the master.
+    master_template: redis::Client,
+    /// Which those are, for messages.
+    master_settings: &'static str,
 }
 
 /// What the event thread shares with the client.
@@ -75,12 +80,21 @@ impl Sentinel {
     pub(super) fn new(
         service: String,
         sentinels: Vec<redis::Client>,
+        master: Option<redis::Client>,
         config: &Config,
         trace: ScriptTracer,
         workers: Arc<ScheduledThreadPool>,
+        follow_switches: bool,
     ) -> Self {
         let sentinel_addrs = addrs_of(&sentinels);
+        let master_settings = match master {
+            Some(_) => "the master URL's settings",
+            None => "the first sentinel URL's settings",
+        };
+        let master_template = master.unwrap_or_else(|| sentinels[0].clone());
         Sentinel {
+            master_template,
+            master_settings,
             shared: Arc::new(Shared {
                 service,
                 sentinels,
@@ -89,7 +103,7 @@ impl Sentinel {
                 generations: AtomicU64::new(0),
             }),
             resolving: Mutex::new(()),
-            watching: Mutex::new(false),
+            watching: Mutex::new(!follow_switches),
             config: config.clone(),
             trace,
             workers,
@@ -207,6 +221,21 @@ impl Sentinel {
             };
             let master = self.master_client(&host, port)?;
             let role: RedisResult<Value> = self.ask(&master, |c| redis::cmd("ROLE").query(c));
+            if let Err(err) = &role {
+                if is_auth_failure(err) {
+                    return Err(Error::AuthenticationFailed {
+                        addr: format!("{host}:{port}"),
+                        detail: format!(
+                            "{} (the master of {:?}, reached with {}; give the master's own \
+                             user and password with Topology::sentinel_with_master_url)",
+                            describe_io(err),
+                            shared.service,
+                            self.master_settings
+                        ),
+                        source: None,
+                    });
+                }
+            }
             match role {
                 Ok(Value::Array(fields)) if matches!(fields.first(), Some(Value::BulkString(role)) if role == b"master") => {
                     return Ok(master)
@@ -249,6 +278,16 @@ impl Sentinel {
     }
 
     fn sentinel_error(&self, err: redis::RedisError, addr: &str) -> Error {
+        if is_auth_failure(&err) {
+            return Error::AuthenticationFailed {
+                addr: addr.to_owned(),
+                detail: format!(
+                    "{} (a sentinel: check the user and password in the sentinels' URLs)",
+                    describe_io(&err)
+                ),
+                source: Some(err),
+            };
+        }
         if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
             && err.code() != Some("READONLY")
         {
@@ -262,10 +301,11 @@ impl Sentinel {
         }
     }
 
-    /// A client for the master at `host:port`, with the first sentinel
-    /// URL's user, password, database and TLS settings.
+    /// A client for the master at `host:port`, with the master URL's
+    /// user, password, database and TLS settings (by default the first
+    /// sentinel URL's).
     fn master_client(&self, host: &str, port: u16) -> Result<redis::Client, Error> {
-        client_at(&self.shared.sentinels[0], host, port)
+        client_at(&self.master_template, host, port)
     }
 
     /// Starts the thread that follows `+switch-master`, once.

@@ -3,7 +3,7 @@
 //! releasing holder needs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use redis::{ConnectionLike, RedisResult};
@@ -12,6 +12,7 @@ use scheduled_thread_pool::{OnPoolDropBehavior, ScheduledThreadPool};
 use super::classify::{self, breaks_connection, describe_io, ScriptTracer};
 use super::pool::{Pool, PooledConn};
 use super::unblock::Unblocker;
+use super::version;
 use super::{Failed, Parked, Sent};
 use crate::config::Config;
 use crate::error::Error;
@@ -30,6 +31,9 @@ pub(super) struct Single {
     io_timeout: Duration,
     trace: ScriptTracer,
     memory_policy_checked: AtomicBool,
+    /// Set once the server's version was read: the version when it is
+    /// too old for redbaton, which then refuses every exchange.
+    too_old: OnceLock<Option<String>>,
 }
 
 /// A failed send, before it is classified: a flavor that routes (Cluster,
@@ -89,6 +93,7 @@ impl Single {
             io_timeout: config.io_timeout,
             trace,
             memory_policy_checked: AtomicBool::new(false),
+            too_old: OnceLock::new(),
         }
     }
 
@@ -137,6 +142,8 @@ impl Single {
                 .commands
                 .get(self.io_timeout)
                 .map_err(SendError::NoConnection)?;
+            self.check_version_once(&mut conn)
+                .map_err(SendError::NoConnection)?;
             self.check_memory_policy_once(&mut conn);
             match conn.run(|c| exchange(c)) {
                 Ok(value) => return Ok(Sent { value, resent }),
@@ -156,13 +163,25 @@ impl Single {
     }
 
     /// Sends `packed` on a command connection without reading the reply:
-    /// the first half of a round sent to several servers at once.
+    /// the first half of a round sent to several servers at once. Waits
+    /// for a connection until `until` at most.
     #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
-    pub(super) fn begin(&self, packed: &[u8]) -> Result<PooledConn, SendError> {
-        let mut conn = self
+    pub(super) fn begin(&self, packed: &[u8], until: Instant) -> Result<PooledConn, SendError> {
+        let conn = self
             .commands
-            .get(self.io_timeout)
+            .get(until.saturating_duration_since(Instant::now()))
             .map_err(SendError::NoConnection)?;
+        Self::write(conn, packed)
+    }
+
+    /// [`Single::begin`] on an idle connection, without waiting; `None`
+    /// when none is at hand (nothing was sent).
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
+    pub(super) fn begin_idle(&self, packed: &[u8]) -> Option<Result<PooledConn, SendError>> {
+        self.commands.idle().map(|conn| Self::write(conn, packed))
+    }
+
+    fn write(mut conn: PooledConn, packed: &[u8]) -> Result<PooledConn, SendError> {
         conn.run(|c| c.send_packed_command(packed))
             .map_err(SendError::Reply)?;
         Ok(conn)
@@ -188,16 +207,34 @@ impl Single {
         reply.map_err(SendError::Reply)
     }
 
-    /// How long one exchange may take.
-    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
-    pub(super) fn io_timeout(&self) -> Duration {
-        self.io_timeout
+    /// Refuses a server older than redbaton needs, with a clear error from
+    /// the first exchange on, instead of a failure in the middle of a run.
+    fn check_version_once(&self, conn: &mut PooledConn) -> Result<(), Error> {
+        let too_old = match self.too_old.get() {
+            Some(too_old) => too_old,
+            None => match conn.run(version::too_old) {
+                Ok(found) => self.too_old.get_or_init(|| found),
+                // Looked at again on the next exchange.
+                Err(err) => {
+                    log::debug!("redbaton: server version not read: {}", describe_io(&err));
+                    return Ok(());
+                }
+            },
+        };
+        match too_old {
+            Some(version) => Err(Error::UnsupportedServer {
+                addr: self.addr().to_owned(),
+                version: version.clone(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Warns once per client when the server may evict lock keys: under
     /// memory pressure a `volatile-*` or `allkeys-*` policy deletes a held
     /// lock, and another client can take it while its holder still works.
-    /// `CONFIG GET` may be refused (ACL, managed services); that is no error.
+    /// `CONFIG GET` may be refused (ACL, managed services): no error, but
+    /// a warning that the check could not run.
     fn check_memory_policy_once(&self, conn: &mut PooledConn) {
         // A load first: every exchange passes here, and a swap would write
         // the shared flag each time.
@@ -221,13 +258,22 @@ impl Single {
                 self.addr()
             ),
             Ok(_) => {}
-            Err(err) => log::debug!(
-                "redbaton: cannot read maxmemory-policy ({}); not checked",
+            // Once per client and server, like the warning it stands for:
+            // a policy that may evict held locks would otherwise go unseen.
+            Err(err) => log::warn!(
+                "redbaton: cannot read maxmemory-policy of Redis at {} ({}), so whether it may \
+                 evict held locks was not checked; allow CONFIG GET (ACL +config|get) or make \
+                 sure the policy is noeviction",
+                self.addr(),
                 describe_io(err)
             ),
         }
     }
 
+    /// Parks in `BLPOP` on `list` for at most `park`; see
+    /// [`Backend::park`](super::Backend::park). A redirection means a
+    /// cluster node was given as one server (or as the sentinels' master):
+    /// the next attempt says so.
     pub(super) fn park(
         &self,
         name: &str,
@@ -235,7 +281,25 @@ impl Single {
         park: Duration,
         precise: bool,
     ) -> Result<Parked, Error> {
-        let park_until = Instant::now() + park;
+        match self.park_on(name, list, Instant::now() + park, precise, false)? {
+            NodeParked::Parked(parked) => Ok(parked),
+            NodeParked::Redirected(err) => Ok(Parked::ConnectionFailed(self.classify(err, name))),
+        }
+    }
+
+    /// Parks in `BLPOP` on `list` until `park_until` at most, after
+    /// `ASKING` when `asking` (a cluster's importing node serves the list
+    /// for this one command). A redirection is handed back, not
+    /// classified: a cluster follows it.
+    pub(super) fn park_on(
+        &self,
+        name: &str,
+        list: &str,
+        park_until: Instant,
+        precise: bool,
+        asking: bool,
+    ) -> Result<NodeParked, Error> {
+        let park = park_until.saturating_duration_since(Instant::now());
         // Opening a parking connection may take a round trip or two even
         // when the park itself is short.
         let wait_for_connection = park.max(CONNECT_ALLOWANCE).min(self.io_timeout);
@@ -246,16 +310,18 @@ impl Single {
             // attempt per park interval, as when parked.
             Err(Error::PoolTimeout { .. }) => {
                 log::debug!("redbaton: no free parking connection for {name:?}");
-                return Ok(Parked::Done);
+                return Ok(NodeParked::Parked(Parked::Done));
             }
             // No new parking connection in time: the next attempt, with the
             // full I/O timeout, tells whether Redis is really out of reach.
-            Err(err @ Error::Unreachable { .. }) => return Ok(Parked::ConnectionFailed(err)),
+            Err(err @ Error::Unreachable { .. }) => {
+                return Ok(NodeParked::Parked(Parked::ConnectionFailed(err)))
+            }
             Err(err) => return Err(err),
         };
         let park = park_until.saturating_duration_since(Instant::now());
         if park.is_zero() {
-            return Ok(Parked::Done);
+            return Ok(NodeParked::Parked(Parked::Done));
         }
         // BLPOP takes seconds with millisecond precision; 0 means "forever".
         let millis = park.as_millis().clamp(1, u128::from(u32::MAX));
@@ -272,11 +338,20 @@ impl Single {
             .client_id()
             .filter(|_| precise)
             .and_then(|id| self.unblocker.schedule(id, park_until));
-        let parked: RedisResult<Option<(String, String)>> =
-            conn.run(|c| redis::cmd("BLPOP").arg(list).arg(&timeout).query(c));
+        let parked: RedisResult<Option<(String, String)>> = conn.run(|c| {
+            if asking {
+                // Holds for the next command of this connection only.
+                redis::cmd("ASKING").exec(c)?;
+            }
+            redis::cmd("BLPOP").arg(list).arg(&timeout).query(c)
+        });
         drop(scheduled);
         match parked {
-            Ok(_token) => Ok(Parked::Done),
+            Ok(_token) => Ok(NodeParked::Parked(Parked::Done)),
+            // Nothing blocked: the list's slot is served, or being
+            // imported, elsewhere. The connection is in step and stays
+            // pooled.
+            Err(err) if is_redirection(&err) => Ok(NodeParked::Redirected(err)),
             // A parked connection that was killed, reset or timed out is
             // closed (never pooled again) and counts as a wake-up: the next
             // attempt, on a command connection, tells whether Redis is
@@ -286,25 +361,41 @@ impl Single {
                     "redbaton: parked connection for {name:?} failed ({}); looking again",
                     describe_io(&err)
                 );
-                Ok(Parked::ConnectionFailed(self.classify(err, name)))
+                Ok(NodeParked::Parked(Parked::ConnectionFailed(
+                    self.classify(err, name),
+                )))
             }
             Err(err) => Err(self.classify(err, name)),
         }
     }
 }
 
+/// How a park on one node ended, before a flavor that routes acts on a
+/// redirection.
+pub(super) enum NodeParked {
+    /// Parked (or could not), as the caller sees it.
+    Parked(Parked),
+    /// `MOVED` or `ASK`: another node serves the list, for good or for
+    /// this one command; the park did not block.
+    Redirected(redis::RedisError),
+}
+
+/// A cluster's `MOVED` or `ASK`: the command did not run here.
+fn is_redirection(err: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    matches!(
+        err.kind(),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+    )
+}
+
 /// Replies that end a park without a token and call for another look: a
-/// cluster slot that moved away (`MOVED`, `ASK`, `TRYAGAIN`,
-/// `CLUSTERDOWN`), or a master demoted under the waiter (`UNBLOCKED`).
+/// cluster between two configurations (`TRYAGAIN`, `CLUSTERDOWN`), or a
+/// master demoted under the waiter (`UNBLOCKED`).
 fn ends_park(err: &redis::RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
     matches!(
         err.kind(),
-        ErrorKind::Server(
-            ServerErrorKind::Moved
-                | ServerErrorKind::Ask
-                | ServerErrorKind::TryAgain
-                | ServerErrorKind::ClusterDown
-        )
+        ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown)
     ) || err.code() == Some("UNBLOCKED")
 }

@@ -44,9 +44,26 @@ mod tests {
         assert_eq!(crc16(b"123456789"), 0x31C3);
         assert_eq!(of("123456789"), 0x31C3 & 16383);
         assert_eq!(of("{user1000}.following"), of("user1000"));
-        assert_eq!(of("foo{}{bar}"), of("foo{}{bar}"));
+        // An empty tag (`{}`) is no tag: the whole key is hashed, not the
+        // empty string (slot 0) nor a later tag.
+        assert_eq!(of("foo{}{bar}"), crc16(b"foo{}{bar}") & 16383);
         assert_ne!(of("foo{}{bar}"), of("bar"));
         assert_eq!(of("foo{{bar}}zap"), of("{bar"));
         assert_eq!(of("foo{bar}{zap}"), of("bar"));
+    }
+
+    #[test]
+    fn agrees_with_cluster_keyslot() {
+        // What `CLUSTER KEYSLOT` of Redis 7.0 answers for each key.
+        for (key, slot) in [
+            ("foo{}{bar}", 8363),
+            ("{}", 15257),
+            ("foo{}", 5542),
+            ("{}bar", 6479),
+            ("foo{bar}{zap}", 5061),
+            ("foo{{bar}}zap", 4015),
+        ] {
+            assert_eq!(of(key), slot, "{key}");
+        }
     }
 }

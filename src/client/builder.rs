@@ -8,7 +8,7 @@ use redis::RedisResult;
 
 use super::Client;
 use crate::backend::Backend;
-use crate::config::{ClockDrift, Config, ReplicaAcks, MAX_DRIFT_RATIO};
+use crate::config::{ClockDrift, Config, NodeTimeout, ReplicaAcks, MAX_DRIFT_RATIO};
 use crate::context::Context;
 use crate::error::Error;
 use crate::scripts;
@@ -50,6 +50,9 @@ enum Form {
     Sentinel {
         service: String,
         sentinels: RedisResult<Vec<redis::Client>>,
+        /// Whose user, password, database and TLS settings reach the
+        /// master; `None`: the first sentinel's.
+        master: Option<RedisResult<redis::Client>>,
     },
     #[cfg(feature = "redlock")]
     Masters(RedisResult<Vec<redis::Client>>),
@@ -69,6 +72,7 @@ impl Topology {
     /// seed's user, password and TLS settings. Each lock lives on the
     /// master serving its slot.
     #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     pub fn cluster<I, S>(seeds: I) -> Topology
     where
         I: IntoIterator<Item = S>,
@@ -81,8 +85,12 @@ impl Topology {
 
     /// The master of `service` as the sentinels at `sentinels` know it,
     /// followed across failovers. The master is reached with the first
-    /// sentinel URL's user, password, database and TLS settings.
+    /// sentinel URL's user, password, database and TLS settings; when the
+    /// sentinels and the master are secured apart (sentinels without a
+    /// password in front of a master with one, say), use
+    /// [`Topology::sentinel_with_master_url`].
     #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
     pub fn sentinel<I, S>(service: &str, sentinels: I) -> Topology
     where
         I: IntoIterator<Item = S>,
@@ -92,6 +100,42 @@ impl Topology {
             form: Form::Sentinel {
                 service: service.to_owned(),
                 sentinels: open_all(sentinels),
+                master: None,
+            },
+        }
+    }
+
+    /// [`Topology::sentinel`], with the master reached with `master_url`'s
+    /// user, password, database and TLS scheme (`rediss://`) instead of
+    /// the first sentinel URL's: the sentinels' URLs then carry only what
+    /// the sentinels need. Its host and port are not used (the sentinels
+    /// name the master); write any, e.g. `redis://app:secret@master/0`.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redbaton::Error> {
+    /// // Sentinels without a password, a master with one.
+    /// let topology = redbaton::Topology::sentinel_with_master_url(
+    ///     "locks",
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"],
+    ///     "redis://:master-secret@master/0",
+    /// );
+    /// let client = redbaton::Client::builder(topology).build()?;
+    /// # let _ = client;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn sentinel_with_master_url<I, S>(service: &str, sentinels: I, master_url: &str) -> Topology
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Topology {
+            form: Form::Sentinel {
+                service: service.to_owned(),
+                sentinels: open_all(sentinels),
+                master: Some(redis::Client::open(master_url)),
             },
         }
     }
@@ -100,6 +144,7 @@ impl Topology {
     /// of at least three: each lock is held by a majority of them, so it
     /// survives the loss of a minority (the Redlock algorithm).
     #[cfg(feature = "redlock")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redlock")))]
     pub fn masters<I, S>(urls: I) -> Topology
     where
         I: IntoIterator<Item = S>,
@@ -122,9 +167,14 @@ impl Topology {
             #[cfg(feature = "cluster")]
             Form::Cluster(seeds) => Form::Cluster(all(seeds)),
             #[cfg(feature = "sentinel")]
-            Form::Sentinel { service, sentinels } => Form::Sentinel {
+            Form::Sentinel {
+                service,
+                sentinels,
+                master,
+            } => Form::Sentinel {
                 service,
                 sentinels: all(sentinels),
+                master: master.map(|master| master.and_then(&f)),
             },
             #[cfg(feature = "redlock")]
             Form::Masters(masters) => Form::Masters(all(masters)),
@@ -185,7 +235,9 @@ impl fmt::Debug for Topology {
             #[cfg(feature = "cluster")]
             Form::Cluster(seeds) => f.debug_tuple("Cluster").field(&addrs(seeds)).finish(),
             #[cfg(feature = "sentinel")]
-            Form::Sentinel { service, sentinels } => f
+            Form::Sentinel {
+                service, sentinels, ..
+            } => f
                 .debug_struct("Sentinel")
                 .field("service", service)
                 .field("sentinels", &addrs(sentinels))
@@ -229,6 +281,22 @@ pub struct ClientBuilder {
     node_timeout: Option<Duration>,
     /// `clock_drift(ratio, fixed)` as given; checked by `build`.
     clock_drift: Option<(f64, Duration)>,
+    /// Test-only: whether a sentinel client follows `+switch-master`.
+    #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
+    follow_switches: bool,
+    #[cfg(feature = "tls")]
+    tls: TlsFiles,
+}
+
+/// The certificates given to a [`ClientBuilder`], kept so that each TLS
+/// setter can build the clients with all of them.
+#[cfg(feature = "tls")]
+#[derive(Clone, Default)]
+struct TlsFiles {
+    /// The roots to trust (PEM).
+    root: Option<Vec<u8>>,
+    /// The client's certificate and key (PEM).
+    client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl ClientBuilder {
@@ -249,6 +317,9 @@ impl ClientBuilder {
             replica_acks: None,
             node_timeout: None,
             clock_drift: None,
+            follow_switches: true,
+            #[cfg(feature = "tls")]
+            tls: TlsFiles::default(),
         }
     }
 
@@ -326,16 +397,67 @@ impl ClientBuilder {
     /// system-trusted authority (a private CA, or a self-signed certificate).
     /// Without it, the system's root certificates are used.
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_root_certificate(mut self, pem: &[u8]) -> Self {
+        self.tls.root = Some(pem.to_vec());
+        self.with_tls()
+    }
+
+    /// Presents a client certificate (`cert_pem`, with its private key
+    /// `key_pem`, both PEM) on `rediss://` connections, for a server that
+    /// authenticates its clients by certificate (`tls-auth-clients yes`,
+    /// managed offerings, zero-trust networks). Every connection presents
+    /// it: the servers of a cluster, the sentinels and the master they
+    /// name, each master of a quorum. A server that refuses the
+    /// certificate (or finds none) ends the handshake: the first call fails
+    /// with [`Error::Unreachable`] naming the TLS alert.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redbaton::Client::builder("rediss://redis.internal:6380/")
+    ///     .tls_root_certificate(&std::fs::read("ca.pem")?)
+    ///     .tls_client_certificate(&std::fs::read("client.pem")?, &std::fs::read("client.key")?)
+    ///     .build()?;
+    /// # let _ = client;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_client_certificate(mut self, cert_pem: &[u8], key_pem: &[u8]) -> Self {
+        self.tls.client = Some((cert_pem.to_vec(), key_pem.to_vec()));
+        self.with_tls()
+    }
+
+    /// Makes every URL's client anew with the TLS settings given so far
+    /// (each call of redis-rs's `build_with_tls` replaces the last).
+    #[cfg(feature = "tls")]
+    fn with_tls(mut self) -> Self {
+        let tls = self.tls.clone();
         self.topology = self.topology.map_clients(|client| {
             redis::Client::build_with_tls(
                 client.get_connection_info().clone(),
                 redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem.to_vec()),
+                    client_tls: tls.client.clone().map(|(client_cert, client_key)| {
+                        redis::ClientTlsConfig {
+                            client_cert,
+                            client_key,
+                        }
+                    }),
+                    root_cert: tls.root.clone(),
                 },
             )
         });
+        self
+    }
+
+    /// For tests only, not part of the API: a client behind Sentinel that
+    /// does not follow `+switch-master` events, so that tests can check
+    /// that it finds a new master by itself (after a failed connection, a
+    /// `READONLY` reply). No effect on other deployments.
+    #[doc(hidden)]
+    pub fn without_switch_events_for_tests(mut self) -> Self {
+        self.follow_switches = false;
         self
     }
 
@@ -355,7 +477,12 @@ impl ClientBuilder {
     /// confirmations, the write counts as not done: a fresh acquisition is
     /// undone and the waiter tries again within its deadline (the error,
     /// when it runs out, is [`Error::NotReplicated`]); an unconfirmed
-    /// hand-off is undone the same way. An unconfirmed renewal or `extend`
+    /// hand-off is undone the same way. A last release is confirmed too:
+    /// one the replicas did not confirm returns the error and is sent again
+    /// in the background, to whichever master is current after a failover,
+    /// until it is confirmed there or its lease is over, so that a lock
+    /// released just before a failover is free on the new master. An
+    /// unconfirmed renewal or `extend`
     /// is logged as a warning but stands: the master has the longer lease,
     /// and giving it up would strand the lock there. A lock confirmed this
     /// way survives the failover of its master to any of those replicas,
@@ -370,9 +497,13 @@ impl ClientBuilder {
 
     /// With `Topology::masters` (feature `redlock`): how long one master
     /// may take to answer before it counts as "not there" for that round
-    /// (connect, reply and pool wait). Small against the lease, since every
-    /// round must end well within it. Defaults to 1 % of `default_lease`, at
-    /// least 50 ms and at most `io_timeout`.
+    /// (connect, reply and pool wait), for every lock whatever its lease.
+    /// Small against the lease, since every round must end well within it.
+    /// By default each round takes 1 % of the lease it is about (the lock's
+    /// fixed lease, or `default_lease`), at least 50 ms and at most
+    /// `io_timeout`. A master that did not answer in time is left out of
+    /// the next rounds, while the others make a majority, until it answers
+    /// a probe sent in the background.
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = Some(timeout);
         self
@@ -399,11 +530,10 @@ impl ClientBuilder {
     /// [`Error::InvalidConfig`] for any other setting out of range.
     pub fn build(self) -> Result<Client, Error> {
         let invalid = |source| Error::InvalidUrl { source };
-        let node_timeout = self.node_timeout.unwrap_or_else(|| {
-            (self.default_lease / 100)
-                .max(Duration::from_millis(50))
-                .min(self.io_timeout)
-        });
+        let node_timeout = NodeTimeout {
+            fixed: self.node_timeout,
+            io_timeout: self.io_timeout,
+        };
         let clock_drift = match self.clock_drift {
             None => ClockDrift::DEFAULT,
             Some((ratio, fixed)) => ClockDrift::new(ratio, fixed).ok_or_else(|| {
@@ -441,16 +571,25 @@ impl ClientBuilder {
             #[cfg(feature = "cluster")]
             Form::Cluster(seeds) => Backend::cluster(seeds.map_err(invalid)?, &config, trace),
             #[cfg(feature = "sentinel")]
-            Form::Sentinel { service, sentinels } => {
-                Backend::sentinel(service, sentinels.map_err(invalid)?, &config, trace)
+            Form::Sentinel {
+                service,
+                sentinels,
+                master,
+            } => {
+                let sentinels = sentinels.map_err(invalid)?;
+                let master = master.transpose().map_err(invalid)?;
+                let follow = self.follow_switches;
+                Backend::sentinel(service, sentinels, master, &config, trace, follow)
             }
             #[cfg(feature = "redlock")]
             Form::Masters(masters) => {
                 let masters = masters.map_err(invalid)?;
                 check_masters(&masters)?;
-                // Each master's exchanges are bounded by the node timeout.
+                // Each master's own exchanges (connects, parks, script
+                // loads) are bounded by the node timeout of the default
+                // lease; rounds set their own, from their lease.
                 let node_config = Config {
-                    io_timeout: config.node_timeout,
+                    io_timeout: config.node_timeout.for_lease(config.default_lease),
                     ..config.clone()
                 };
                 Backend::quorum(
@@ -463,7 +602,7 @@ impl ClientBuilder {
         });
         let lock_raw: Arc<dyn RawLock> = match backend.masters() {
             #[cfg(feature = "redlock")]
-            Some(masters) => Arc::new(QuorumLock::new(masters, backend.addr(), &config)),
+            Some(_) => Arc::new(QuorumLock::new(&backend, &config)),
             _ => Arc::new(DeploymentLock::new(Arc::clone(&backend), &config)),
         };
         let context = Context::new(config, backend);
@@ -473,8 +612,8 @@ impl ClientBuilder {
 
 impl fmt::Debug for ClientBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClientBuilder")
-            .field("topology", &self.topology)
+        let mut f = f.debug_struct("ClientBuilder");
+        f.field("topology", &self.topology)
             .field("prefix", &self.prefix)
             .field("pool_size", &self.pool_size)
             .field("parking_connections", &self.parking_connections)
@@ -486,8 +625,12 @@ impl fmt::Debug for ClientBuilder {
             .field("max_local_handoffs", &self.max_local_handoffs)
             .field("replica_acks", &self.replica_acks)
             .field("node_timeout", &self.node_timeout)
-            .field("clock_drift", &self.clock_drift)
-            .finish()
+            .field("clock_drift", &self.clock_drift);
+        // Whether certificates were given; never their bytes (a key).
+        #[cfg(feature = "tls")]
+        f.field("tls_root_certificate", &self.tls.root.is_some())
+            .field("tls_client_certificate", &self.tls.client.is_some());
+        f.finish()
     }
 }
 

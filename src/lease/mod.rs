@@ -6,6 +6,7 @@
 //! renews through [`RenewLeases`], implemented by each synchronizer's raw
 //! protocol, and finishes releases through the closures in [`Cleanup`].
 
+pub(crate) mod confirm;
 mod registry;
 mod watchdog;
 

@@ -10,7 +10,9 @@
 //! (`BUSY`, `LOADING`, ...), is retried until the lease would have ended,
 //! then marks it lost.
 //!
-//! It also finishes what a caller could not: a release whose reply was lost,
+//! It also finishes what a caller could not: a release whose reply was lost
+//! or that the replicas did not confirm (`replica_acks`; sent again to
+//! whichever master is current),
 //! or an acquisition whose reply was lost (which may have taken the lock for
 //! nobody), is sent again until Redis answers or the lease it concerns has
 //! ended anyway. Both are safe to send any number of times.
@@ -206,12 +208,16 @@ fn run(runtime: &Weak<LeaseRuntime>, wake: &Receiver<()>) {
         let Some(runtime) = runtime.upgrade() else {
             return;
         };
-        clean_up_due(&runtime);
+        // Renewals first: a clean-up the replicas do not confirm waits
+        // for them (`WAIT`) on this thread.
         renew_due(&runtime);
+        clean_up_due(&runtime);
     }
 }
 
-/// Sends every clean-up whose time has come, once each.
+/// Sends every clean-up whose time has come, once each, until a renewal
+/// is due: under `replica_acks` each may wait for its `WAIT`, and many of
+/// them must not make renewals late. The rest go at the next wake-up.
 fn clean_up_due(runtime: &LeaseRuntime) {
     let now = Instant::now();
     let due: Vec<Cleanup> = {
@@ -220,7 +226,18 @@ fn clean_up_due(runtime: &LeaseRuntime) {
         *cleanups = later;
         due
     };
-    for mut cleanup in due {
+    let mut due = due.into_iter();
+    while let Some(mut cleanup) = due.next() {
+        if runtime
+            .registry
+            .next_renewal()
+            .is_some_and(|at| at <= Instant::now())
+        {
+            let mut cleanups = runtime.watchdog.cleanups.lock();
+            cleanups.push(cleanup);
+            cleanups.extend(due);
+            return;
+        }
         match (cleanup.send)() {
             Ok(()) => log::debug!(
                 "redbaton: finished an unconfirmed release of {:?}",

@@ -22,6 +22,8 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
+use super::park::UnconfirmedRun;
+
 /// What a waiting thread should do next.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Turn<G> {
@@ -67,6 +69,9 @@ struct QueueState<C, G> {
     next_id: u64,
     /// Local hand-offs since the lock was last released globally.
     handoffs_in_a_row: u32,
+    /// The run of writes the replicas did not confirm that this queue's
+    /// parkers met: a new parker goes on with it.
+    unconfirmed: Option<UnconfirmedRun>,
 }
 
 impl<C, G> Default for QueueState<C, G> {
@@ -75,6 +80,7 @@ impl<C, G> Default for QueueState<C, G> {
             slots: VecDeque::new(),
             next_id: 0,
             handoffs_in_a_row: 0,
+            unconfirmed: None,
         }
     }
 }
@@ -220,6 +226,21 @@ pub(crate) struct Member<'a, C, G> {
 }
 
 impl<C, G: Copy> Member<'_, C, G> {
+    /// The queue's run of unconfirmed writes, if one is under way.
+    pub(crate) fn unconfirmed_run(&self) -> Option<UnconfirmedRun> {
+        self.queue.state.lock().unconfirmed.clone()
+    }
+
+    /// Records (or, `None`, ends) the queue's run of unconfirmed writes.
+    pub(crate) fn set_unconfirmed_run(&self, run: Option<UnconfirmedRun>) {
+        self.queue.state.lock().unconfirmed = run;
+    }
+
+    /// Ends the queue's run of unconfirmed writes (someone acquired).
+    pub(crate) fn end_unconfirmed_run(&self) {
+        self.queue.state.lock().unconfirmed = None;
+    }
+
     /// Sleeps until this thread has something to do, or `deadline` passes.
     ///
     /// Without a deadline, and while reserved for a hand-off, the sleep has

@@ -31,7 +31,7 @@ use crate::error::Error;
 pub(crate) use local_queue::{Reservation, Turn};
 pub(crate) use park::ride_out;
 
-use local_queue::LocalQueues;
+use local_queue::{LocalQueues, Member};
 use park::{park_duration, Failures};
 
 /// What one attempt found.
@@ -115,9 +115,17 @@ impl<C: Clone, G: Copy> WaitingRoom<C, G> {
         loop {
             match member.next_turn(deadline) {
                 Turn::TimedOut => return Ok(Waited::TimedOut),
-                Turn::Granted(grant) => return Ok(Waited::Granted(grant)),
+                // Any acquisition ends the queue's run of unconfirmed
+                // writes (a hand-off under `replica_acks` was confirmed).
+                Turn::Granted(grant) => {
+                    member.end_unconfirmed_run();
+                    return Ok(Waited::Granted(grant));
+                }
                 Turn::Retry => match attempt() {
-                    Ok(Attempt::Acquired(value)) => return Ok(Waited::Acquired(value)),
+                    Ok(Attempt::Acquired(value)) => {
+                        member.end_unconfirmed_run();
+                        return Ok(Waited::Acquired(value));
+                    }
                     Ok(Attempt::Held { .. }) => {}
                     // Redis is failing: the parker meets that too, and
                     // reports it after riding it out; wait on meanwhile.
@@ -128,7 +136,9 @@ impl<C: Clone, G: Copy> WaitingRoom<C, G> {
                 },
                 // Leaving, whichever way, hands the parker role on
                 // (`Member`'s drop).
-                Turn::Park => return self.park_until_acquired(name, baton_key, deadline, attempt),
+                Turn::Park => {
+                    return self.park_until_acquired(name, baton_key, &member, deadline, attempt)
+                }
             }
         }
     }
@@ -138,21 +148,35 @@ impl<C: Clone, G: Copy> WaitingRoom<C, G> {
         &self,
         name: &str,
         baton_key: &str,
+        member: &Member<'_, C, G>,
         deadline: Option<Instant>,
         mut attempt: impl FnMut() -> Result<Attempt<T>, Error>,
     ) -> Result<Waited<T, G>, Error> {
-        let mut failures = Failures::new(self.io_timeout);
+        // A run of unconfirmed writes a previous parker gave up on goes on:
+        // otherwise each thread of the queue would wait out its own.
+        let mut failures = Failures::resume(self.io_timeout, member.unconfirmed_run());
+        // The previous parker gave up on that run: so does this one.
+        if let Err(err) = failures.check_unconfirmed(deadline) {
+            return Err(*err);
+        }
         loop {
             // The previous parker may have left because it acquired, so
             // look before parking.
             let lease_left = match attempt() {
-                Ok(Attempt::Acquired(value)) => return Ok(Waited::Acquired(value)),
+                Ok(Attempt::Acquired(value)) => {
+                    member.end_unconfirmed_run();
+                    return Ok(Waited::Acquired(value));
+                }
                 Ok(Attempt::Held { lease_left }) => {
-                    failures.reset();
+                    if let Err(err) = failures.answered(deadline) {
+                        return Err(*err);
+                    }
                     lease_left
                 }
                 Err(err) if err.is_transient() => {
-                    failures.back_off(err, deadline)?;
+                    let counted = failures.back_off(err, deadline);
+                    member.set_unconfirmed_run(failures.unconfirmed_run());
+                    counted?;
                     continue;
                 }
                 Err(err) => return Err(err),

@@ -76,25 +76,66 @@ const MAX_BACKOFF: Duration = Duration::from_millis(160);
 /// from "someone else held the lock". A waiter without a deadline rides
 /// them out for `patience` (the I/O timeout) from the first failure in a
 /// row, so that `lock()` reports an outage instead of hanging in it.
+///
+/// Writes the replicas did not confirm (`replica_acks`) are a run that
+/// "held by someone else" does not end: while no replica confirms, every
+/// contender's attempt takes the lock, waits for `WAIT`, and undoes it, so
+/// the others keep finding it held, and a run they restarted each time
+/// would never reach the patience. Only an acquisition ends it, and a
+/// waiter without a deadline gives up at the first "held" past its
+/// patience too (the holder is most likely another unconfirmed attempt).
 pub(super) struct Failures {
     in_a_row: u32,
     since: Option<Instant>,
+    /// The last write of the run the replicas did not confirm, if any
+    /// (boxed: waiting threads may have small stacks).
+    unconfirmed: Option<Box<Error>>,
     patience: Duration,
 }
 
+/// A run of unconfirmed writes: when it began, and its last error.
+pub(crate) type UnconfirmedRun = (Instant, Box<Error>);
+
 impl Failures {
     pub(super) fn new(patience: Duration) -> Self {
+        Failures::resume(patience, None)
+    }
+
+    /// Goes on with `run`, a run of unconfirmed writes another waiter of
+    /// the same queue met, if any.
+    pub(super) fn resume(patience: Duration, run: Option<UnconfirmedRun>) -> Self {
+        let (since, unconfirmed) = run.unzip();
         Failures {
             in_a_row: 0,
-            since: None,
+            since,
+            unconfirmed,
             patience,
         }
     }
 
-    /// An attempt got an answer: the run of failures is over.
-    pub(super) fn reset(&mut self) {
+    /// The run of unconfirmed writes under way, if one is.
+    pub(super) fn unconfirmed_run(&self) -> Option<UnconfirmedRun> {
+        self.since.zip(self.unconfirmed.clone())
+    }
+
+    /// An attempt got an answer (someone else holds it): a run of
+    /// transport failures is over; one of unconfirmed writes is not, and
+    /// past the patience it is the error of a waiter without a deadline.
+    pub(super) fn answered(&mut self, deadline: Option<Instant>) -> Result<(), Box<Error>> {
         self.in_a_row = 0;
-        self.since = None;
+        if self.unconfirmed.is_none() {
+            self.since = None;
+        }
+        self.check_unconfirmed(deadline)
+    }
+
+    /// The error of a waiter without a deadline whose run of unconfirmed
+    /// writes has outlasted its patience.
+    pub(super) fn check_unconfirmed(&self, deadline: Option<Instant>) -> Result<(), Box<Error>> {
+        match (self.unconfirmed_run(), deadline) {
+            (Some((since, err)), None) if Instant::now() >= since + self.patience => Err(err),
+            _ => Ok(()),
+        }
     }
 
     /// Counts a failure; the error once the waiter's patience is spent.
@@ -106,7 +147,14 @@ impl Failures {
     ) -> Result<Duration, Error> {
         let now = Instant::now();
         self.in_a_row += 1;
-        let since = *self.since.get_or_insert(now);
+        // An unconfirmed write failed when its `WAIT` ran out: it was
+        // made that much earlier.
+        let mut began = now;
+        if let Error::NotReplicated { timeout, .. } = &err {
+            began = now.checked_sub(*timeout).unwrap_or(now);
+            self.unconfirmed = Some(Box::new(err.clone()));
+        }
+        let since = *self.since.get_or_insert(began);
         let give_up_at = deadline.unwrap_or(since + self.patience);
         if now >= give_up_at {
             return Err(err);
@@ -162,5 +210,48 @@ mod tests {
         });
         assert!(result.is_err());
         assert!(started.elapsed() >= patience && calls > 1, "{calls} calls");
+    }
+
+    #[test]
+    fn someone_else_holding_ends_a_run_of_transport_failures_not_of_unconfirmed_writes() {
+        let patience = Duration::from_millis(50);
+        let unreachable = || Error::Unavailable {
+            addr: "test".into(),
+            detail: "BUSY".into(),
+        };
+        let unconfirmed = || Error::NotReplicated {
+            addr: "test".into(),
+            wanted: 1,
+            acknowledged: 0,
+            timeout: Duration::from_millis(1),
+        };
+        let mut failures = Failures::new(patience);
+        assert!(failures.count(unreachable(), None).is_ok());
+        std::thread::sleep(patience);
+        assert!(failures.answered(None).is_ok());
+        assert!(failures.count(unreachable(), None).is_ok(), "a new run");
+
+        let mut failures = Failures::new(patience);
+        assert!(failures.count(unconfirmed(), None).is_ok());
+        assert!(failures.answered(None).is_ok(), "within the patience");
+        let run = failures
+            .unconfirmed_run()
+            .expect("a run of unconfirmed writes");
+        std::thread::sleep(patience);
+        let deadline = Instant::now() + patience;
+        assert!(
+            failures.answered(Some(deadline)).is_ok(),
+            "until the deadline"
+        );
+        assert!(
+            failures.answered(None).is_err(),
+            "the same run, past the patience"
+        );
+        assert!(failures.count(unconfirmed(), None).is_err());
+        // The next parker of the queue goes on with it.
+        let mut next = Failures::resume(patience, Some(run.clone()));
+        assert!(next.count(unconfirmed(), None).is_err());
+        let mut next = Failures::resume(patience, Some(run));
+        assert!(next.answered(None).is_err());
     }
 }

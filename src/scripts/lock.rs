@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use super::{
     millis, Call, ACQUIRE, FAIR_ACQUIRE, FAIR_FORCE_UNLOCK, FAIR_LEAVE, FAIR_RELEASE,
-    FAIR_RELEASE_REQUEST, FORCE_UNLOCK, HANDOFF, HOLDER, RELEASE, RELEASE_REQUEST, RENEW,
+    FAIR_RELEASE_REQUEST, FAIR_WAKE, FORCE_UNLOCK, HANDOFF, HOLDER, RELEASE, RELEASE_REQUEST,
+    RENEW,
 };
-use crate::keys::LockKeys;
+use crate::keys::{FairKeys, LockKeys};
 
 /// What [`acquire`] asks for.
 #[derive(Debug, Clone, Copy)]
@@ -27,6 +28,9 @@ pub(crate) struct AcquireArgs<'a> {
     /// A fair lock's: how long a waiter's place in the queue lives unless
     /// the waiter comes back.
     pub(crate) place_ttl: Duration,
+    /// A fair lock's: the caller's arrival in the queue (server µs) as an
+    /// earlier attempt of this wait returned it, 0 before it has one.
+    pub(crate) arrival: u64,
     /// A quorum's proposed fencing token (0: none): the token is at least
     /// this.
     pub(crate) proposed_token: u64,
@@ -35,18 +39,25 @@ pub(crate) struct AcquireArgs<'a> {
 /// The acquisition script of `keys`'s lock (a fair lock's takes or keeps
 /// a place in its queue when the caller waits).
 pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
-    let call = Call::new(if keys.fair { &FAIR_ACQUIRE } else { &ACQUIRE })
-        .key(&keys.lock)
-        .key(&keys.fence)
-        .arg(args.identity)
-        .arg(millis(args.lease))
-        .arg(args.held_fence)
-        .arg(args.depth)
-        .arg(millis(args.fence_ttl))
-        .arg(args.request)
-        .arg(if args.waited { "1" } else { "0" });
-    if keys.fair {
-        call.arg(millis(args.place_ttl))
+    let script = if keys.fair.is_some() {
+        &FAIR_ACQUIRE
+    } else {
+        &ACQUIRE
+    };
+    let call = Call::new(script).key(&keys.lock).key(&keys.fence);
+    let call = match &keys.fair {
+        Some(fair) => call.key(&fair.queue).key(&fair.places),
+        None => call,
+    }
+    .arg(args.identity)
+    .arg(millis(args.lease))
+    .arg(args.held_fence)
+    .arg(args.depth)
+    .arg(millis(args.fence_ttl))
+    .arg(args.request)
+    .arg(if args.waited { "1" } else { "0" });
+    if keys.fair.is_some() {
+        call.arg(millis(args.place_ttl)).arg(args.arrival)
     } else {
         call.arg(args.proposed_token)
     }
@@ -79,7 +90,8 @@ pub(crate) fn handoff(keys: &LockKeys, args: HandoffArgs<'_>) -> Call {
 }
 
 /// Releases one level of the ownership `fence` of `identity`, which keeps
-/// `guards_left` guards; `lease` is the ownership's.
+/// `guards_left` guards; `lease` is the ownership's. The plain lock's
+/// (the fair lock's is [`fair_release`]).
 pub(crate) fn release(
     keys: &LockKeys,
     identity: &str,
@@ -88,7 +100,7 @@ pub(crate) fn release(
     lease: Duration,
     baton_ttl: Duration,
 ) -> Call {
-    Call::new(if keys.fair { &FAIR_RELEASE } else { &RELEASE })
+    Call::new(&RELEASE)
         .key(&keys.lock)
         .key(&keys.baton)
         .arg(identity)
@@ -99,42 +111,89 @@ pub(crate) fn release(
 }
 
 /// Frees the ownership that request `request` made for `identity`, if it
-/// is still there.
+/// is still there. The plain lock's. `only_if_seen`: wake a waiter only if
+/// another caller found that ownership in its way (a quorum's undo of a
+/// lost round).
 pub(crate) fn release_request(
     keys: &LockKeys,
     identity: &str,
     request: u64,
     baton_ttl: Duration,
+    only_if_seen: bool,
 ) -> Call {
-    Call::new(if keys.fair {
-        &FAIR_RELEASE_REQUEST
-    } else {
-        &RELEASE_REQUEST
-    })
-    .key(&keys.lock)
-    .key(&keys.baton)
-    .arg(identity)
-    .arg(request)
-    .arg(millis(baton_ttl))
-}
-
-pub(crate) fn force_unlock(keys: &LockKeys, baton_ttl: Duration) -> Call {
-    Call::new(if keys.fair {
-        &FAIR_FORCE_UNLOCK
-    } else {
-        &FORCE_UNLOCK
-    })
-    .key(&keys.lock)
-    .key(&keys.baton)
-    .arg(millis(baton_ttl))
-}
-
-/// A fair lock's waiter `identity` that gave up leaves the queue.
-pub(crate) fn leave_queue(keys: &LockKeys, identity: &str, baton_ttl: Duration) -> Call {
-    Call::new(&FAIR_LEAVE)
+    Call::new(&RELEASE_REQUEST)
         .key(&keys.lock)
         .key(&keys.baton)
         .arg(identity)
+        .arg(request)
+        .arg(millis(baton_ttl))
+        .arg(u8::from(only_if_seen))
+}
+
+pub(crate) fn force_unlock(keys: &LockKeys, baton_ttl: Duration) -> Call {
+    Call::new(&FORCE_UNLOCK)
+        .key(&keys.lock)
+        .key(&keys.baton)
+        .arg(millis(baton_ttl))
+}
+
+/// The fair lock's [`release`]: its reply also names the waiter to wake
+/// ([`fair_wake`]).
+pub(crate) fn fair_release(
+    keys: &LockKeys,
+    fair: &FairKeys,
+    identity: &str,
+    fence: u64,
+    guards_left: usize,
+    lease: Duration,
+) -> Call {
+    Call::new(&FAIR_RELEASE)
+        .key(&keys.lock)
+        .key(&fair.queue)
+        .key(&fair.places)
+        .arg(identity)
+        .arg(fence)
+        .arg(guards_left)
+        .arg(millis(lease))
+}
+
+/// The fair lock's [`release_request`], naming the waiter to wake.
+pub(crate) fn fair_release_request(
+    keys: &LockKeys,
+    fair: &FairKeys,
+    identity: &str,
+    request: u64,
+) -> Call {
+    Call::new(&FAIR_RELEASE_REQUEST)
+        .key(&keys.lock)
+        .key(&fair.queue)
+        .key(&fair.places)
+        .arg(identity)
+        .arg(request)
+}
+
+/// The fair lock's [`force_unlock`], naming the waiter to wake.
+pub(crate) fn fair_force_unlock(keys: &LockKeys, fair: &FairKeys) -> Call {
+    Call::new(&FAIR_FORCE_UNLOCK)
+        .key(&keys.lock)
+        .key(&fair.queue)
+        .key(&fair.places)
+}
+
+/// A fair lock's waiter `identity` that gave up leaves the queue; the
+/// reply names the waiter to wake.
+pub(crate) fn leave_queue(keys: &LockKeys, fair: &FairKeys, identity: &str) -> Call {
+    Call::new(&FAIR_LEAVE)
+        .key(&keys.lock)
+        .key(&fair.queue)
+        .key(&fair.places)
+        .arg(identity)
+}
+
+/// Wakes the fair lock's waiter `identity` (the head a release named).
+pub(crate) fn fair_wake(keys: &LockKeys, identity: &str, baton_ttl: Duration) -> Call {
+    Call::new(&FAIR_WAKE)
+        .key(&keys.wake_list(identity))
         .arg(millis(baton_ttl))
 }
 

@@ -61,17 +61,16 @@ scripts! {
     /// The fair lock: take it in arrival order, or keep a place in its queue.
     FAIR_ACQUIRE => "fair/acquire.lua"
         with ["lib/next_fence.lua", "lib/lease.lua", "lib/fair_queue.lua"];
-    /// The fair lock's release: the lock's, waking the head of its queue.
-    FAIR_RELEASE => "lock/release.lua"
-        with ["lib/lease.lua", "lib/fair_queue.lua", "lib/fair_wake.lua"];
-    /// The fair lock's undo of a lost request, waking the head of its queue.
-    FAIR_RELEASE_REQUEST => "lock/release_request.lua"
-        with ["lib/fair_queue.lua", "lib/fair_wake.lua"];
-    /// The fair lock's administrative release, waking the head of its queue.
-    FAIR_FORCE_UNLOCK => "lock/force_unlock.lua"
-        with ["lib/fair_queue.lua", "lib/fair_wake.lua"];
+    /// The fair lock's release, naming the head of its queue to wake.
+    FAIR_RELEASE => "fair/release.lua" with ["lib/lease.lua", "lib/fair_queue.lua"];
+    /// The fair lock's undo of a lost request, naming the head to wake.
+    FAIR_RELEASE_REQUEST => "fair/release_request.lua" with ["lib/fair_queue.lua"];
+    /// The fair lock's administrative release, naming the head to wake.
+    FAIR_FORCE_UNLOCK => "fair/force_unlock.lua" with ["lib/fair_queue.lua"];
     /// A fair lock's waiter that gave up leaves the queue.
     FAIR_LEAVE => "fair/leave.lua" with ["lib/fair_queue.lua"];
+    /// Wakes the one fair-lock waiter a release named, on its own list.
+    FAIR_WAKE => "fair/wake.lua" with ["lib/baton.lua"];
     /// A count-down latch's new round.
     LATCH_SET_COUNT => "latch/set_count.lua" with ["lib/latch.lua"];
     /// One count down; zero opens the latch and wakes every waiter.

@@ -5,14 +5,19 @@ use std::time::Duration;
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-/// What `lock/acquire.lua` answered.
+/// What `lock/acquire.lua` (or `fair/acquire.lua`) answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
     /// Taken afresh (depth 1) or re-entered, under `fence`.
     Acquired { fence: u64, depth: u64 },
     /// Held by another identity, whose lease ends in `lease_left` (`None`:
-    /// the key has no expiry).
-    Held { lease_left: Option<Duration> },
+    /// the key has no expiry). `arrival`: a fair lock's waiter's arrival
+    /// in the queue (server µs; 0 for none, and for the plain lock), sent
+    /// back with its next attempts.
+    Held {
+        lease_left: Option<Duration>,
+        arrival: u64,
+    },
 }
 
 impl FromRedisValue for AcquireReply {
@@ -23,8 +28,9 @@ impl FromRedisValue for AcquireReply {
                 fence: fence.unsigned_abs(),
                 depth: depth.unsigned_abs(),
             }),
-            [0, pttl] => Ok(AcquireReply::Held {
+            [0, pttl] | [0, pttl, _] => Ok(AcquireReply::Held {
                 lease_left: u64::try_from(pttl).ok().map(Duration::from_millis),
+                arrival: reply.get(2).map_or(0, |arrival| arrival.unsigned_abs()),
             }),
             _ => Err(unexpected("lock/acquire.lua", &reply)),
         }
@@ -50,6 +56,25 @@ impl FromRedisValue for ReleaseReply {
             depth => ReleaseReply::Inner {
                 depth: depth.unsigned_abs(),
             },
+        })
+    }
+}
+
+/// What a fair lock's script that may free the lock answered (`fair/`
+/// release, release_request, force_unlock, leave): its own reply, and the
+/// waiter to wake next (`None`: nobody).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FairReply<T> {
+    pub(crate) reply: T,
+    pub(crate) wake: Option<String>,
+}
+
+impl<T: FromRedisValue> FromRedisValue for FairReply<T> {
+    fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
+        let (reply, head): (T, String) = FromRedisValue::from_redis_value(value)?;
+        Ok(FairReply {
+            reply,
+            wake: Some(head).filter(|head| !head.is_empty()),
         })
     }
 }
@@ -173,7 +198,36 @@ mod tests {
         );
         assert_eq!(
             AcquireReply::from_redis_value(ints(&[0, -1])).unwrap(),
-            AcquireReply::Held { lease_left: None }
+            AcquireReply::Held {
+                lease_left: None,
+                arrival: 0
+            }
+        );
+        assert_eq!(
+            AcquireReply::from_redis_value(ints(&[0, 5, 1_700_000_000_000_000])).unwrap(),
+            AcquireReply::Held {
+                lease_left: Some(Duration::from_millis(5)),
+                arrival: 1_700_000_000_000_000
+            }
+        );
+        let fair = |head: &str| {
+            Value::Array(vec![
+                Value::Int(0),
+                Value::BulkString(head.as_bytes().to_vec()),
+            ])
+        };
+        assert_eq!(
+            FairReply::<ReleaseReply>::from_redis_value(fair("a:1")).unwrap(),
+            FairReply {
+                reply: ReleaseReply::Released,
+                wake: Some("a:1".to_owned())
+            }
+        );
+        assert_eq!(
+            FairReply::<ReleaseReply>::from_redis_value(fair(""))
+                .unwrap()
+                .wake,
+            None
         );
         assert!(AcquireReply::from_redis_value(ints(&[7])).is_err());
         assert_eq!(

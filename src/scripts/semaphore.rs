@@ -33,6 +33,10 @@ pub(crate) enum Adjust {
     Reduce,
 }
 
+/// How long adjust.lua remembers the id of an adjustment it applied: far
+/// longer than any resend of it takes to arrive.
+const ADJUSTMENT_REMEMBERED: Duration = Duration::from_secs(300);
+
 /// Moves the total by `permits`; `request` identifies the call so that a
 /// resend is applied once.
 pub(crate) fn adjust(
@@ -47,10 +51,12 @@ pub(crate) fn adjust(
         Adjust::Reduce => "reduce",
     };
     on(&SEM_ADJUST, keys)
+        .key(&keys.adjusted)
         .arg(way)
         .arg(permits)
         .arg(request)
         .arg(millis(baton_ttl))
+        .arg(millis(ADJUSTMENT_REMEMBERED))
 }
 
 /// What [`acquire`] asks for.

@@ -5,15 +5,24 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backend::Backend;
+use crate::config::ReplicaAcks;
 use crate::context::Context;
 use crate::error::Error;
 use crate::keys::LatchKeys;
+use crate::lease::{confirm, Cleanup};
 use crate::parking::{Attempt, Waited};
-use crate::scripts::latch as calls;
+use crate::scripts::latch::{self as calls, CountDownArgs, Look};
+use crate::scripts::Call;
 
 /// The largest count a latch takes: Redis's Lua counts in doubles, exact
 /// up to 2^53.
 const MAX_COUNT: u64 = 1 << 53;
+
+/// How long the id of a round that ended is kept: far longer than any
+/// resend of the `try_set_count` that started it, which then recognises
+/// its round instead of starting another.
+const ENDED_ROUND_KEPT: Duration = Duration::from_secs(300);
 
 /// A handle on one distributed count-down latch, made by
 /// [`Client::count_down_latch`](crate::Client::count_down_latch).
@@ -24,12 +33,13 @@ const MAX_COUNT: u64 = 1 << 53;
 /// latch is open until a new round starts. A latch nobody set is open.
 ///
 /// Waiting costs no polling: one thread per process parks in `BLPOP` on the
-/// latch's baton list, the count-down that reaches zero pushes a token, and
+/// round's baton list, the count-down that reaches zero pushes a token, and
 /// each woken process passes it on before it leaves, so that every parked
 /// process wakes in turn (a waiter that arrives just as the count hits zero
-/// finds either the zero or the token). Parks are bounded by the client's
-/// maximum park time, so even a lost token delays a waiter by that much at
-/// most.
+/// finds either the zero or the token). A waiter is released once its
+/// round has ended, even when the next round has started by the time it
+/// looks. Parks are bounded by the client's maximum park time, so even a
+/// lost token delays a waiter by that much at most.
 ///
 /// Cheap to clone, `Send + Sync`: hand clones to threads.
 ///
@@ -70,7 +80,8 @@ impl CountDownLatch {
 
     /// Starts a round at `count`, unless the current round is still
     /// counting (its count is above zero): returns whether this call set
-    /// it. One script call.
+    /// it. One script call; sent twice (its connection dropped), it starts
+    /// one round and says `true`.
     ///
     /// # Errors
     /// [`Error::InvalidCount`] for 0 or more than 2^53; Redis failures;
@@ -80,31 +91,68 @@ impl CountDownLatch {
         if count == 0 || count > MAX_COUNT {
             return Err(Error::InvalidCount { count });
         }
-        let call = calls::set_count(&self.keys, count);
+        let round = self.request_id();
+        let call = calls::set_count(&self.keys, count, &round);
         self.context
             .backend
             .run(&self.keys.count, &self.keys.name, |c| call.invoke(c))
     }
 
-    /// Counts one down and returns the count left; the count reaching zero
-    /// releases every waiter. A latch already open stays open (0). A
-    /// count-down sent twice (its connection dropped before the reply)
-    /// counts once. One script call.
+    /// Counts one down in the round under way and returns the count left;
+    /// the count reaching zero releases every waiter. A latch already open
+    /// stays open (0). A count-down sent twice (its connection dropped
+    /// before the reply) counts once, also when the next round has started
+    /// in between: it counts only in the round it was meant for. Two script
+    /// calls (a look at the round, then the count-down; one when open),
+    /// and a `WAIT` under `replica_acks`.
     ///
     /// # Errors
     /// Redis failures; [`Error::WrongType`] when the latch's key holds
-    /// something else.
+    /// something else; [`Error::NotReplicated`] when the master counted it
+    /// down but too few replicas confirmed it: do not count down again,
+    /// the client sends this same count-down again in the background (it
+    /// counts once) until the current master's replicas confirm it, for
+    /// at most the client's default lease, so that a failover does not
+    /// lose it.
     pub fn count_down(&self) -> Result<u64, Error> {
+        let Look::Counting { round } = self.look(None)? else {
+            return Ok(0);
+        };
         let context = &self.context;
-        let id = format!(
+        let id = self.request_id();
+        let call = calls::count_down(
+            &self.keys,
+            CountDownArgs {
+                id: &id,
+                round: &round,
+                baton_ttl: context.config.baton_ttl,
+                ended_round_kept: ENDED_ROUND_KEPT,
+            },
+        );
+        let acks = context.config.replica_acks;
+        let sent = Instant::now();
+        match send_count_down(&context.backend, &self.keys, acks, &call) {
+            Err(err @ Error::NotReplicated { .. }) => {
+                let (backend, keys) = (Arc::clone(&context.backend), Arc::clone(&self.keys));
+                let lease = context.config.default_lease;
+                let cleanup = Cleanup::new(&self.keys.name, sent, lease, move || {
+                    send_count_down(&backend, &keys, acks, &call).map(drop)
+                });
+                context.finish_later(cleanup);
+                Err(err)
+            }
+            counted => counted,
+        }
+    }
+
+    /// An id no other call of any client uses: `<client instance>:<n>`.
+    fn request_id(&self) -> String {
+        let context = &self.context;
+        format!(
             "{}:{}",
             context.identities.instance(),
             context.next_request()
-        );
-        let call = calls::count_down(&self.keys, &id, context.config.baton_ttl);
-        context
-            .backend
-            .run(&self.keys.count, &self.keys.name, |c| call.invoke(c))
+        )
     }
 
     /// The count now (0 when open). One `GET`; the answer may be stale by
@@ -166,32 +214,33 @@ impl CountDownLatch {
         self.wait_deadline(Some(deadline))
     }
 
-    /// One look, then the wait loop until `deadline`.
+    /// One look, then the wait loop on the round's baton until `deadline`.
     fn wait_deadline(&self, deadline: Option<Instant>) -> Result<bool, Error> {
-        if self.is_open(false)? {
+        let Look::Counting { round } = self.look(None)? else {
             return Ok(true);
-        }
+        };
         let waited = self.context.room.wait_until(
             &self.keys.name,
-            &self.keys.baton,
+            &self.keys.baton(&round),
             (),
             deadline,
             || {
-                Ok(match self.is_open(true)? {
-                    true => Attempt::Acquired(()),
+                Ok(match self.look(Some(&round))? {
+                    Look::Open => Attempt::Acquired(()),
                     // Nothing expires: wait for the token (or the maximum
                     // park time).
-                    false => Attempt::Held { lease_left: None },
+                    Look::Counting { .. } => Attempt::Held { lease_left: None },
                 })
             },
         )?;
         Ok(!matches!(waited, Waited::TimedOut))
     }
 
-    /// Whether the latch is open; a waiter that `parked` passes the token
-    /// on to the next parked process.
-    fn is_open(&self, parked: bool) -> Result<bool, Error> {
-        let call = calls::wait(&self.keys, parked, self.context.config.baton_ttl);
+    /// Whether the latch is open: a first look (`round` `None`: the count
+    /// is zero), or the look of a waiter of `round` (that round has ended),
+    /// which passes the round's token on to the next parked process.
+    fn look(&self, round: Option<&str>) -> Result<Look, Error> {
+        let call = calls::wait(&self.keys, round, self.context.config.baton_ttl);
         self.context
             .backend
             .run(&self.keys.count, &self.keys.name, |c| call.invoke(c))
@@ -205,4 +254,23 @@ impl fmt::Debug for CountDownLatch {
             .field("key", &self.keys.count)
             .finish_non_exhaustive()
     }
+}
+
+/// Sends count-down `call` of latch `keys`, confirmed under `acks`.
+fn send_count_down(
+    backend: &Backend,
+    keys: &LatchKeys,
+    acks: Option<ReplicaAcks>,
+    call: &Call,
+) -> Result<u64, Error> {
+    confirm::exchange_confirmed(
+        backend,
+        &keys.count,
+        &keys.name,
+        acks,
+        |_| true,
+        |c| call.invoke(c),
+    )
+    .map(|sent| sent.value)
+    .map_err(|failed| failed.error)
 }

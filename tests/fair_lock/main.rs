@@ -16,6 +16,11 @@ use testkit::RedisServer;
 
 use crate::support::{spawn_child, JoinWithin};
 
+#[cfg(feature = "cluster")]
+mod cluster;
+mod events;
+mod order;
+
 const THREADS_PER_CHILD: usize = 4;
 const ROUNDS_PER_THREAD: usize = 10;
 /// How much later a request may be served before an earlier one: its first
@@ -41,6 +46,11 @@ fn queue_len(server: &RedisServer, name: &str) -> u64 {
         .arg(queue_key(name))
         .query(&mut server.connection())
         .unwrap()
+}
+
+/// How many wait in the queue of the fair lock `name` on `deployment`.
+fn queue_of(deployment: &support::Deployment, name: &str) -> u64 {
+    queue_len(deployment.server_for(&queue_key(name)), name)
 }
 
 /// Entry point of the child processes; does nothing in a normal test run.
@@ -212,9 +222,10 @@ across_topologies! {
                     inside.fetch_sub(1, Ordering::SeqCst);
                     guard.unlock().unwrap();
                 });
-                // Each takes its place before the next starts (creating the
-                // order, not synchronising).
-                thread::sleep(Duration::from_millis(100));
+                // Each takes its place before the next starts.
+                support::eventually(Duration::from_secs(10), "the waiter's place", || {
+                    queue_of(deployment, "line") == i as u64 + 1
+                });
                 waiter
             })
             .collect();
@@ -238,27 +249,21 @@ across_topologies! {
         let client = deployment.builder().max_park(Duration::from_secs(30)).build().unwrap();
         let lock = client.fair_lock("patience").unwrap();
         let held = lock.lock().unwrap();
-        let queue = || -> u64 {
-            redis::cmd("ZCARD")
-                .arg(queue_key("patience"))
-                .query(&mut deployment.server_for(&queue_key("patience")).connection())
-                .unwrap()
-        };
+        let queue = || queue_of(deployment, "patience");
         let other = lock.clone();
         assert!(thread::spawn(move || other.try_lock().unwrap().is_none()).joined());
         assert_eq!(queue(), 0, "try_lock took a place");
         let other = lock.clone();
         let impatient = thread::spawn(move || other.try_lock_for(Duration::from_millis(300)).unwrap().is_some());
-        thread::sleep(Duration::from_millis(100));
-        assert_eq!(queue(), 1, "a waiter has a place");
+        support::eventually(Duration::from_secs(10), "a waiter has a place", || queue() == 1);
         let other = lock.clone();
         let patient = thread::spawn(move || {
             let got = other.try_lock_for(Duration::from_secs(10)).unwrap();
             (got.is_some(), Instant::now())
         });
+        // The impatient waiter leaves the queue before it returns.
         assert!(!impatient.joined(), "the impatient waiter gave up");
-        thread::sleep(Duration::from_millis(100));
-        assert_eq!(queue(), 1, "only the patient waiter is left");
+        support::eventually(Duration::from_secs(10), "only the patient waiter is left", || queue() == 1);
         let released = Instant::now();
         held.unlock().unwrap();
         let (got, at) = patient.joined();
@@ -297,7 +302,7 @@ fn a_killed_waiter_at_the_head_blocks_the_queue_for_one_park_slice_at_most() {
     let (got, at) = next.joined();
     assert!(got);
     let after = at.duration_since(released);
-    // The dead head's place lives 1.5 park slices (+50 ms) without it.
+    // The dead head's place lives 1.5 park slices (+500 ms) without it.
     println!("served {after:?} after the release, past a dead head");
     assert!(after < Duration::from_millis(1_500), "{after:?}");
 }

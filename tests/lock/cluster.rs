@@ -154,47 +154,16 @@ fn two_processes_never_overlap_on_names_spread_over_every_master() {
     );
 }
 
-fn node_id(node: &RedisServer) -> String {
-    redis::cmd("CLUSTER")
-        .arg("MYID")
-        .query(&mut node.connection())
-        .unwrap()
-}
-
 /// Moves `slot` from `from` to `to` the way `redis-cli --cluster reshard`
 /// does, pausing between the steps so that commands meet `ASK` and
 /// `TRYAGAIN` states too.
 fn migrate_slot(cluster: &RedisCluster, slot: u16, from: &RedisServer, to: &RedisServer) {
-    let (from_id, to_id) = (node_id(from), node_id(to));
-    let setslot = |node: &RedisServer, args: &[&str]| {
-        redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg(args)
-            .query::<()>(&mut node.connection())
-            .unwrap();
-    };
+    let (from_id, to_id) = (RedisCluster::node_id(from), RedisCluster::node_id(to));
+    let setslot = |node: &RedisServer, args: &[&str]| RedisCluster::set_slot(node, slot, args);
     setslot(to, &["IMPORTING", &from_id]);
     setslot(from, &["MIGRATING", &to_id]);
     thread::sleep(Duration::from_millis(300));
-    let keys: Vec<String> = redis::cmd("CLUSTER")
-        .arg("GETKEYSINSLOT")
-        .arg(slot)
-        .arg(100)
-        .query(&mut from.connection())
-        .unwrap();
-    if !keys.is_empty() {
-        redis::cmd("MIGRATE")
-            .arg("127.0.0.1")
-            .arg(to.port())
-            .arg("")
-            .arg(0)
-            .arg(5000)
-            .arg("KEYS")
-            .arg(&keys)
-            .query::<()>(&mut from.connection())
-            .unwrap();
-    }
+    RedisCluster::move_slot_keys(slot, from, to);
     thread::sleep(Duration::from_millis(300));
     setslot(to, &["NODE", &to_id]);
     setslot(from, &["NODE", &to_id]);
@@ -241,7 +210,9 @@ fn a_holder_and_a_parked_waiter_follow_their_slot_to_another_master() {
             at
         })
     };
-    thread::sleep(Duration::from_millis(300));
+    eventually(Duration::from_secs(10), "the waiter parks", || {
+        support::blocked_clients(from) == 1
+    });
     migrate_slot(cluster, slot, from, to);
     let exists: bool = redis::cmd("EXISTS")
         .arg(lock_key(name))
@@ -313,7 +284,10 @@ fn waiters_move_on_and_acquire_after_their_master_fails_over() {
             })
         })
         .collect();
-    thread::sleep(Duration::from_millis(300));
+    // One of the three parks in Redis for them all.
+    eventually(Duration::from_secs(10), "the waiters park", || {
+        support::blocked_clients(master) == 1
+    });
     let killed = Instant::now();
     master.kill();
     for waiter in waiters {
@@ -499,6 +473,12 @@ fn a_renewed_holder_with_replica_acks_keeps_its_lock_across_the_failover_of_its_
         .try_lock_for(Duration::from_millis(500))
         .unwrap()
         .is_none());
-    guard.unlock().unwrap();
+    // No replica is left to confirm the release: said, and it stands on
+    // the new master.
+    let released = guard.unlock();
+    assert!(
+        matches!(released, Err(Error::NotReplicated { .. })),
+        "{released:?}"
+    );
     assert!(lock.try_lock().unwrap().is_some());
 }

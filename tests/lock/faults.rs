@@ -47,7 +47,11 @@ fn a_restart_that_loses_every_key_neither_hangs_waiters_nor_breaks_tokens_or_ide
             tx.send((outcome, start.elapsed())).unwrap();
         });
     }
-    thread::sleep(Duration::from_millis(300)); // the waiters park
+    // One waiter parks in Redis for the three (the others wait in the
+    // process's queue).
+    eventually(Duration::from_secs(10), "the waiters park", || {
+        support::blocked_clients(&server) == 1
+    });
     server.restart();
 
     let mut acquired = Vec::new();
@@ -113,7 +117,9 @@ fn a_paused_server_fails_parked_waiters_within_bounds_and_work_resumes_after() {
             (outcome, start.elapsed())
         })
     };
-    thread::sleep(Duration::from_millis(200)); // the waiter parks
+    eventually(Duration::from_secs(5), "the waiter parks", || {
+        support::blocked_clients(&server) == 1
+    });
     server.pause();
     let (outcome, waited) = waiter.joined();
     server.resume();

@@ -192,8 +192,9 @@ fn waiter_wakes_when_holder_releases() {
         acquired.send(Instant::now()).unwrap();
         drop(guard);
     });
-    // Let the waiter park (creating the situation, not synchronising).
-    thread::sleep(Duration::from_millis(300));
+    eventually(Duration::from_secs(5), "the waiter parks", || {
+        support::blocked_clients(&server) == 1
+    });
     let released = Instant::now();
     held.unlock().unwrap();
     let woke = acquisitions
@@ -229,13 +230,17 @@ fn force_unlock_removes_any_holder_and_wakes_a_waiter() {
 
     let waiter = lock.clone();
     let (tx, rx) = mpsc::channel();
+    let (looked, wait_looked) = mpsc::channel::<()>();
     let handle = thread::spawn(move || {
         let guard = waiter.lock().unwrap();
         tx.send(guard.fencing_token()).unwrap();
         // Keep holding until the test has looked.
-        thread::sleep(Duration::from_millis(200));
+        wait_looked.recv_timeout(Duration::from_secs(10)).unwrap();
+        drop(guard);
     });
-    thread::sleep(Duration::from_millis(200));
+    eventually(Duration::from_secs(5), "the waiter parks", || {
+        support::blocked_clients(&server) == 1
+    });
     let admin = support::client(&server).lock("admin").unwrap();
     assert!(admin.force_unlock().unwrap());
     let token = rx
@@ -243,6 +248,7 @@ fn force_unlock_removes_any_holder_and_wakes_a_waiter() {
         .expect("the waiter was woken");
     assert!(token > held.fencing_token());
     assert!(held.unlock().unwrap_err().is_lost());
+    looked.send(()).unwrap();
     handle.joined();
     assert!(!admin.force_unlock().unwrap(), "nothing left to remove");
 }

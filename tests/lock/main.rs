@@ -14,14 +14,21 @@ mod leaks;
 mod leases;
 mod liveness;
 mod locking;
+#[cfg(feature = "cluster")]
+mod migration;
 mod precise_wakeups;
 mod processes;
 #[cfg(feature = "redlock")]
 mod redlock;
+#[cfg(feature = "redlock")]
+mod redlock_limits;
 mod refusals;
+mod resent;
 mod safety;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+#[cfg(feature = "sentinel")]
+mod sentinel_credentials;
 mod topologies;
 mod waiting;
 

@@ -255,6 +255,178 @@ fn a_stopped_master_costs_one_node_timeout_per_round_and_lets_no_second_holder_i
     assert!(other.lock("stopped").unwrap().try_lock().unwrap().is_some());
 }
 
+/// The figures of issue 21 item 11: with two of five masters stopped
+/// (SIGSTOP: the kernel accepts connections, the server never answers),
+/// every round used to wait for each stopped master in turn, and for a
+/// fresh connection to it each time: 2 × 300 ms per round with the default
+/// node timeout. Now the round that finds them stopped costs one node
+/// timeout, and later rounds leave them out (they are probed in the
+/// background) until they answer again.
+#[test]
+fn two_stopped_masters_of_five_cost_one_node_timeout_once_and_are_used_again_when_resumed() {
+    let masters = start_masters();
+    // The default node timeout: 1 % of the default 30 s lease.
+    let node_timeout = Duration::from_millis(300);
+    let client = Client::builder(Topology::masters(urls(&masters)))
+        .build()
+        .unwrap();
+    let lock = client.lock("two-stopped").unwrap();
+    let cycle = || {
+        let started = Instant::now();
+        lock.lock().unwrap().unlock().unwrap();
+        started.elapsed()
+    };
+    let healthy: Vec<Duration> = (0..10).map(|_| cycle()).collect();
+    masters[1].pause();
+    masters[3].pause();
+    let stopped: Vec<Duration> = (0..10).map(|_| cycle()).collect();
+    let median = |cycles: &[Duration]| {
+        let mut sorted = cycles.to_vec();
+        sorted.sort();
+        sorted[sorted.len() / 2]
+    };
+    println!(
+        "acquire + release, healthy: median {:?}; two of five stopped: first {:?}, median {:?}, \
+         worst {:?}",
+        median(&healthy),
+        stopped[0],
+        median(&stopped),
+        stopped.iter().max().unwrap()
+    );
+    // The first round to meet them waits one node timeout, never one per
+    // stopped master.
+    let worst = *stopped.iter().max().unwrap();
+    assert!(worst < node_timeout * 2, "worst cycle {worst:?}");
+    // Then they are not waited for.
+    let typical = median(&stopped);
+    assert!(typical < node_timeout / 2, "median cycle {typical:?}");
+
+    masters[1].resume();
+    masters[3].resume();
+    // Used again: a new ownership is written there too (its own token: a
+    // round sent while they were stopped may have run on resuming).
+    crate::support::eventually(Duration::from_secs(10), "the resumed masters", || {
+        let guard = lock.lock().unwrap();
+        let token = guard.fencing_token();
+        let on_both = [&masters[1], &masters[3]].iter().all(|master| {
+            let stored: Option<u64> = redis::cmd("HGET")
+                .arg(lock_key("two-stopped"))
+                .arg("fence")
+                .query(&mut master.connection())
+                .unwrap();
+            stored == Some(token)
+        });
+        guard.unlock().unwrap();
+        on_both
+    });
+}
+
+/// A new client has no connection yet: it opens one to every master at
+/// once, so that two stopped masters (which accept the connection and never
+/// answer its handshake) cost one node timeout, not one each.
+#[test]
+fn a_new_client_connects_to_every_master_at_once() {
+    let masters = start_masters();
+    masters[0].pause();
+    masters[2].pause();
+    // The default node timeout: 1 % of the default 30 s lease.
+    let client = Client::builder(Topology::masters(urls(&masters)))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let guard = client
+        .lock("fresh")
+        .unwrap()
+        .try_lock()
+        .unwrap()
+        .expect("three of five masters");
+    let took = started.elapsed();
+    println!("a new client's first round, two of five masters stopped: {took:?}");
+    // One node timeout (300 ms) and a few connects; one per stopped master
+    // in turn would be 600 ms.
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    guard.unlock().unwrap();
+    masters[0].resume();
+    masters[2].resume();
+}
+
+/// A waiter whose client found a master stopped parks on another one at
+/// once (no baton reaches a stopped master), rather than waiting for a
+/// parking connection to it first.
+#[test]
+fn a_waiter_does_not_park_on_a_stopped_master() {
+    let masters = start_masters();
+    let holder = quorum_client(&urls(&masters));
+    let waiter = quorum_client(&urls(&masters));
+    // Every connection of the waiter's open before the stop.
+    waiter
+        .lock("warm")
+        .unwrap()
+        .lock()
+        .unwrap()
+        .unlock()
+        .unwrap();
+    let guard = holder.lock("parked").unwrap().lock().unwrap();
+    // Waiters park on the first master unless it fails.
+    masters[0].pause();
+    let lock = waiter.lock("parked").unwrap();
+    let started = Instant::now();
+    let waiting = thread::spawn(move || {
+        let guard = lock
+            .try_lock_for(Duration::from_secs(10))
+            .unwrap()
+            .expect("acquired");
+        let at = Instant::now();
+        guard.unlock().unwrap();
+        at
+    });
+    crate::support::eventually(Duration::from_secs(5), "a parked waiter", || {
+        masters[1..].iter().any(|master| {
+            let clients: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .query(&mut master.connection())
+                .unwrap();
+            clients.contains("cmd=blpop")
+        })
+    });
+    guard.unlock().unwrap();
+    let took = waiting.joined().duration_since(started);
+    println!("waited {took:?} with the first master stopped");
+    // The first attempt waits one node timeout for the stopped master;
+    // a park tried there first would add another.
+    assert!(took < NODE_TIMEOUT + Duration::from_millis(350), "{took:?}");
+    masters[0].resume();
+}
+
+/// A lock with a 1 s fixed lease waits 1 % of its own lease (at least
+/// 50 ms) for a stopped master, not 1 % of the client's default lease.
+#[test]
+fn the_node_timeout_follows_the_lease_of_the_acquisition_at_hand() {
+    let masters = start_masters();
+    let client = Client::builder(Topology::masters(urls(&masters)))
+        .build()
+        .unwrap();
+    let lock = client
+        .lock("short-lease")
+        .unwrap()
+        .with_fixed_lease(Duration::from_secs(1))
+        .unwrap();
+    // Connections to every master first, so that only the stop is timed.
+    lock.try_lock().unwrap().expect("free").unlock().unwrap();
+    masters[0].pause();
+    masters[4].pause();
+    let started = Instant::now();
+    let guard = lock.try_lock().unwrap().expect("three of five masters");
+    let took = started.elapsed();
+    println!("the round that met two stopped masters took {took:?}");
+    // 50 ms, with room for a loaded machine; the default lease's node
+    // timeout alone would be 300 ms.
+    assert!(took < Duration::from_millis(250), "{took:?}");
+    guard.unlock().unwrap();
+    masters[0].resume();
+    masters[4].resume();
+}
+
 #[test]
 fn fencing_tokens_are_one_per_holder_on_every_master_and_keep_growing() {
     let masters = start_masters();
@@ -432,6 +604,117 @@ fn twenty_waiters_during_a_three_second_hold_send_few_commands() {
     let per_waiter_per_second = sent as f64 / 20.0 / 3.0;
     println!("{sent} commands: {per_waiter_per_second:.1} per waiter per second");
     assert!(per_waiter_per_second < 8.0, "{per_waiter_per_second}");
+}
+
+/// The commands clients sent to `masters` since `before` (the commands
+/// scripts run inside are counted apart).
+fn sent_since(masters: &[RedisServer], before: &[std::collections::BTreeMap<String, u64>]) -> u64 {
+    let mut sent = 0;
+    for (master, before) in masters.iter().zip(before) {
+        for (command, n) in master.commands_since(before) {
+            if ["evalsha", "eval", "blpop", "client|unblock", "script|load"]
+                .contains(&command.as_str())
+            {
+                sent += n;
+            }
+        }
+    }
+    sent
+}
+
+/// The Redlock waiting storm: the holder won two of three masters (a
+/// contender had the first for a moment), so every waiter's round wins the
+/// free master and loses the quorum. Its undo must not wake the waiters
+/// parked there (they would lose the same round at once, and undo, and
+/// wake each other: hundreds of rounds per waiter per second while the
+/// lock is held), and the holder's release must still wake them on the
+/// master it never had.
+#[test]
+fn waiters_behind_a_holder_of_two_of_three_masters_neither_storm_nor_miss_its_release() {
+    const CLIENTS: usize = 2;
+    const THREADS: usize = 3;
+    let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = |max_park| {
+        Client::builder(Topology::masters(urls(&masters)))
+            .io_timeout(Duration::from_secs(2))
+            .node_timeout(NODE_TIMEOUT)
+            .max_park(max_park)
+            .build()
+            .unwrap()
+    };
+    // A moment's foreign grant on the first master, where waiters park.
+    let key = lock_key("storm");
+    redis::pipe()
+        .cmd("HSET")
+        .arg(&key)
+        .arg(&["flag", "intruder", "count", "1", "fence", "1", "req", "1"])
+        .cmd("PEXPIRE")
+        .arg(&key)
+        .arg(300)
+        .query::<()>(&mut masters[0].connection())
+        .unwrap();
+    let holder = client(Duration::from_secs(2));
+    let guard = holder.lock("storm").unwrap().lock().unwrap();
+    crate::support::eventually(Duration::from_secs(5), "the foreign grant gone", || {
+        !redis::cmd("EXISTS")
+            .arg(&key)
+            .query::<bool>(&mut masters[0].connection())
+            .unwrap()
+    });
+    // A lost wake-up shows as a hand-over a park late.
+    let max_park = Duration::from_secs(2);
+    let acquired = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let clients: Vec<Client> = (0..CLIENTS).map(|_| client(max_park)).collect();
+    let waiters: Vec<_> = clients
+        .iter()
+        .flat_map(|client| (0..THREADS).map(move |_| client.lock("storm").unwrap()))
+        .map(|lock| {
+            let acquired = Arc::clone(&acquired);
+            thread::spawn(move || {
+                let guard = lock
+                    .try_lock_for(Duration::from_secs(20))
+                    .unwrap()
+                    .expect("acquired");
+                acquired.lock().unwrap().push(Instant::now());
+                thread::sleep(Duration::from_millis(20));
+                guard.unlock().unwrap();
+            })
+        })
+        .collect();
+    // Past the first attempts and connection set-up: a window of waiting,
+    // ending (with the release) half a park after the waiters' last look.
+    thread::sleep(Duration::from_millis(500));
+    let before: Vec<_> = masters.iter().map(RedisServer::command_calls).collect();
+    let window = Duration::from_millis(2_500);
+    thread::sleep(window);
+    let sent = sent_since(&masters, &before);
+    assert!(acquired.lock().unwrap().is_empty(), "held throughout");
+    let released = Instant::now();
+    guard.unlock().unwrap();
+    for waiter in waiters {
+        waiter.joined();
+    }
+    let waiters = (CLIENTS * THREADS) as f64;
+    let per_waiter_per_second = sent as f64 / waiters / window.as_secs_f64();
+    let mut times = acquired.lock().unwrap().clone();
+    times.sort();
+    let gaps: Vec<Duration> = std::iter::once(released)
+        .chain(times.iter().copied())
+        .zip(&times)
+        .map(|(from, to)| to.duration_since(from))
+        .collect();
+    println!(
+        "{sent} commands: {per_waiter_per_second:.1} per waiter per second; hand-overs {gaps:?}"
+    );
+    // A park of two seconds costs a round and its undo (3 + 3) and a BLPOP
+    // per client: about 1 per waiter per second. The storm: hundreds.
+    assert!(per_waiter_per_second < 20.0, "{per_waiter_per_second:.1}");
+    // Each hand-over by a baton, not by the waiters' next look a second or
+    // so later; the first from the holder, which never had the master the
+    // quorum's waiters park on by default.
+    assert!(gaps[0] < Duration::from_millis(250), "{gaps:?}");
+    let slowest = gaps.iter().max().unwrap();
+    assert!(*slowest < Duration::from_millis(500), "{gaps:?}");
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::across_topologies;
-use crate::support::{lock_key, JoinWithin};
+use crate::support::{blocked_clients, eventually, lock_key, JoinWithin};
 
 /// Names whose slots fall on every master of a three-master cluster, and
 /// the awkward ones: braces, `}{`, emoji, NUL.
@@ -76,17 +76,21 @@ across_topologies! {
         let (holder, waiter) = (deployment.client(), deployment.builder().max_park(Duration::from_secs(10)).build().unwrap());
         let guard = holder.lock("baton").unwrap().lock().unwrap();
         let lock = waiter.lock("baton").unwrap();
-        let started = Instant::now();
         let handle = thread::spawn(move || {
             let guard = lock.try_lock_for(Duration::from_secs(20)).unwrap().expect("acquired");
-            let waited = started.elapsed();
+            let at = Instant::now();
             guard.unlock().unwrap();
-            waited
+            at
         });
-        thread::sleep(Duration::from_millis(300));
+        // Parked on the server of its slot (on one master of a quorum).
+        eventually(Duration::from_secs(10), "the waiter parks", || {
+            deployment.servers_for(&lock_key("baton")).into_iter().map(blocked_clients).sum::<u64>() == 1
+        });
+        let released_at = Instant::now();
         guard.unlock().unwrap();
-        let waited = handle.joined();
-        assert!(waited < Duration::from_secs(3), "woken by the baton, not the park's end: {waited:?}");
-        assert!(waited >= Duration::from_millis(300), "not before the release: {waited:?}");
+        let at = handle.joined();
+        assert!(at >= released_at, "acquired before the release");
+        let late = at - released_at;
+        assert!(late < Duration::from_secs(2), "woken by the baton, not the park's end: {late:?}");
     }
 }

@@ -83,7 +83,11 @@ fn a_thousand_local_waiters_park_one_connection() {
         .map(|_| {
             let (lock, started, done) = (lock.clone(), Arc::clone(&started), done.clone());
             thread::Builder::new()
-                .stack_size(64 * 1024)
+                // Small, so that a thousand threads stay cheap, with room
+                // for a debug build's frames (64 KiB overflowed now and
+                // then once the wait path grew: replica confirmations, the
+                // fair lock's arrival).
+                .stack_size(128 * 1024)
                 .spawn(move || {
                     started.fetch_add(1, Ordering::SeqCst);
                     let guard = lock.try_lock_for(Duration::from_secs(60)).unwrap();
@@ -206,6 +210,11 @@ fn a_park_longer_than_the_io_timeout_is_not_an_error() {
             .try_lock_for(Duration::from_secs(5))
             .map(|g| g.is_some())
     });
+    let mut raw = server.connection();
+    eventually(Duration::from_secs(5), "the waiter parks", || {
+        blocked_clients(&mut raw) == 1
+    });
+    // Parked past several I/O timeouts.
     thread::sleep(Duration::from_millis(1_000));
     held.unlock().unwrap();
     let got = handle.joined();

@@ -530,17 +530,68 @@ fn try_acquire_for_waits_for_a_permit_that_comes_in_time() {
 }
 
 #[test]
+fn a_partial_refill_never_fills_the_bucket_past_its_capacity() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let limiter = overall_limiter(&client, "brim", 10, Duration::from_secs(1));
+    assert!(limiter.try_acquire(1).unwrap());
+    assert_eq!(limiter.available_permits().unwrap(), 9);
+    // Half the interval refills five permits, of which one fits.
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        limiter.available_permits().unwrap(),
+        10,
+        "over the capacity"
+    );
+    assert!(limiter.try_acquire(10).unwrap());
+    assert_eq!(
+        limiter.available_permits().unwrap(),
+        0,
+        "more than the capacity was taken"
+    );
+}
+
+#[test]
+fn a_bucket_lives_its_time_to_fill_plus_a_second() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let mut raw = server.connection();
+    // 3 of 10 per 3 s: full again in 900 ms, so the state lives 1.9 s.
+    let limiter = overall_limiter(&client, "lifetime", 10, Duration::from_secs(3));
+    let taken_at = Instant::now();
+    assert!(limiter.try_acquire(3).unwrap());
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg("redbaton:{lifetime}:rate:overall")
+        .query(&mut raw)
+        .unwrap();
+    // Rounded up: Redis counts a started millisecond as gone.
+    let since = i64::try_from(taken_at.elapsed().as_millis()).unwrap() + 1;
+    assert!(
+        pttl >= 1_900 - since && pttl <= 1_900,
+        "bucket PTTL {pttl} ({since} ms after the take), not 900 + 1000"
+    );
+}
+
+#[test]
 fn idle_bucket_state_expires_but_the_configuration_stays_until_deleted() {
     let server = RedisServer::start();
     let client = client(&server);
     let mut raw = server.connection();
     let limiter = overall_limiter(&client, "idle", 10, Duration::from_millis(200));
+    let taken_at = Instant::now();
     assert!(limiter.try_acquire(10).unwrap());
 
     let bucket = "redbaton:{idle}:rate:overall";
     let config = "redbaton:{idle}:rate:config";
     let pttl: i64 = redis::cmd("PTTL").arg(bucket).query(&mut raw).unwrap();
-    assert!(pttl > 0 && pttl <= 200 + 1_000, "bucket PTTL {pttl}");
+    // It lives its time to fill (200 ms) plus a second, less the time since
+    // it was written.
+    // Rounded up: Redis counts a started millisecond as gone.
+    let since = i64::try_from(taken_at.elapsed().as_millis()).unwrap() + 1;
+    assert!(
+        pttl >= 200 + 1_000 - since && pttl <= 200 + 1_000,
+        "bucket PTTL {pttl} ({since} ms after the take)"
+    );
     let ttl: i64 = redis::cmd("PTTL").arg(config).query(&mut raw).unwrap();
     assert_eq!(ttl, -1, "the configuration must not expire");
 

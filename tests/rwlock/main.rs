@@ -5,12 +5,16 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod bookkeeping;
 mod cleanup;
 mod errors;
 mod leases;
 mod preference;
 mod processes;
 mod reentry;
+#[cfg(feature = "sentinel")]
+mod replicas;
+mod resent;
 mod waiting;
 
 /// Entry point of the child processes; does nothing in a normal test run.
@@ -66,4 +70,37 @@ pub fn waiting_writers(conn: &mut redis::Connection, name: &str) -> u64 {
         .arg(rw_key(name, "writers"))
         .query(conn)
         .unwrap()
+}
+
+/// The crate's read-write lock script `name` (`read`, `write`,
+/// `release_read`, `release_write`) with its `lib/` helpers prepended as
+/// the crate sends it: the same source, so the same SHA, called with
+/// `EVALSHA` like the crate calls it.
+pub fn rw_script(name: &str) -> redis::Script {
+    let source = match name {
+        "read" => concat!(
+            include_str!("../../src/scripts/lib/rw.lua"),
+            include_str!("../../src/scripts/lib/baton.lua"),
+            include_str!("../../src/scripts/rwlock/read.lua")
+        ),
+        "write" => concat!(
+            include_str!("../../src/scripts/lib/rw.lua"),
+            include_str!("../../src/scripts/lib/next_fence.lua"),
+            include_str!("../../src/scripts/lib/lease.lua"),
+            include_str!("../../src/scripts/rwlock/write.lua")
+        ),
+        "release_read" => concat!(
+            include_str!("../../src/scripts/lib/rw.lua"),
+            include_str!("../../src/scripts/lib/baton.lua"),
+            include_str!("../../src/scripts/rwlock/release_read.lua")
+        ),
+        "release_write" => concat!(
+            include_str!("../../src/scripts/lib/rw.lua"),
+            include_str!("../../src/scripts/lib/lease.lua"),
+            include_str!("../../src/scripts/lib/baton.lua"),
+            include_str!("../../src/scripts/rwlock/release_write.lua")
+        ),
+        _ => panic!("no read-write lock script {name}"),
+    };
+    redis::Script::new(source)
 }

@@ -14,8 +14,9 @@ use testkit::RedisServer;
 pub(crate) fn run_child(role: &str, url: &str) -> bool {
     match role {
         "mixed" => mixed_worker(url),
-        "hold-read" => hold(url, false),
-        "hold-write" => hold(url, true),
+        "hold-read" => hold(url, false, Duration::from_secs(1)),
+        "hold-read-3s" => hold(url, false, Duration::from_secs(3)),
+        "hold-write" => hold(url, true, Duration::from_secs(1)),
         "wait-write" => wait_write(url),
         _ => return false,
     }
@@ -121,13 +122,10 @@ fn mixed_worker(url: &str) {
     println!("RESULT {violations} {most} {reads} {writes}");
 }
 
-/// Takes "crash" for reading or writing with a 1 s lease, says so, and
-/// waits to be killed.
-fn hold(url: &str, write: bool) {
-    let client = Client::builder(url)
-        .default_lease(Duration::from_secs(1))
-        .build()
-        .unwrap();
+/// Takes "crash" for reading or writing with `lease`, says so, and waits
+/// to be killed.
+fn hold(url: &str, write: bool, lease: Duration) {
+    let client = Client::builder(url).default_lease(lease).build().unwrap();
     let lock = client.rw_lock("crash").unwrap();
     if write {
         let guard = lock.write().unwrap();
@@ -196,9 +194,9 @@ fn three_processes_of_four_threads_keep_writers_alone_and_readers_together() {
     println!("at most {most} readers inside at once");
 }
 
-/// A child holding "crash" (1 s lease) is SIGKILLed right after it
+/// A child holding "crash" (the lease its role says) is SIGKILLed right after it
 /// acquires; returns the child's token and when it acquired.
-fn killed_holder(server: &RedisServer, role: &str) -> (u64, Instant) {
+pub(crate) fn killed_holder(server: &RedisServer, role: &str) -> (u64, Instant) {
     let mut holder = spawn_child(role, server);
     let token: u64 = holder
         .wait_for_line("ACQUIRED", Duration::from_secs(30))

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use redbaton::Error;
 
 use crate::across_topologies;
+use crate::support;
 use crate::{rw_key, rw_state};
 
 across_topologies! {
@@ -153,21 +154,30 @@ fn the_write_script_refuses_an_upgrade_too() {
 #[test]
 fn a_writer_reads_at_once_while_readers_of_its_process_wait_for_it() {
     let server = testkit::RedisServer::start();
-    let client = crate::support::client(&server);
+    let client = support::client(&server);
     let lock = client.rw_lock("busy-writer").unwrap();
     let write = lock.write().unwrap();
+    let (ready, started) = std::sync::mpsc::channel();
     let readers: Vec<_> = (0..3)
         .map(|_| {
-            let lock = lock.clone();
+            let (lock, ready) = (lock.clone(), ready.clone());
             std::thread::spawn(move || {
+                // The thread's identity and a first look, then the wait.
+                assert!(lock.try_read().unwrap().is_none());
+                ready.send(support::thread_id()).unwrap();
                 lock.try_read_for(Duration::from_secs(20))
                     .unwrap()
                     .is_some()
             })
         })
         .collect();
-    // Let them queue up behind the write hold (one parks, two wait locally).
-    std::thread::sleep(Duration::from_millis(300));
+    let tids: Vec<u32> = (0..3)
+        .map(|_| started.recv_timeout(Duration::from_secs(10)).unwrap())
+        .collect();
+    // They queue up behind the write hold: one parks, two wait locally.
+    support::eventually(Duration::from_secs(10), "the readers queue", || {
+        support::blocked_clients(&server) == 1 && tids.iter().all(|&tid| support::is_asleep(tid))
+    });
     let started = Instant::now();
     let read = lock
         .try_read_for(Duration::from_secs(5))

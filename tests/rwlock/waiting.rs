@@ -6,7 +6,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::across_topologies;
-use crate::support::JoinWithin;
+use crate::support::{blocked_clients, eventually, JoinWithin};
 use redbaton::Client;
 use testkit::RedisServer;
 
@@ -99,7 +99,10 @@ across_topologies! {
                 })
             })
             .collect();
-        thread::sleep(Duration::from_millis(500));
+        let server = deployment.server_for(&crate::rw_key("wake", "rbaton"));
+        eventually(Duration::from_secs(10), "a reader of each client parked", || {
+            blocked_clients(server) == 3
+        });
         let released_at = Instant::now();
         held.unlock().unwrap();
         for reader in readers {

@@ -124,7 +124,10 @@ across_topologies! { but_masters;
 fn every_call_works_after_script_flush() {
     let server = testkit::RedisServer::start();
     let client = redbaton::Client::builder(server.url())
-        .default_lease(Duration::from_millis(300))
+        // Long enough that a renewal delayed by a loaded machine does
+        // not lose the permit (300 ms did, now and then), short enough
+        // that several renewals run after the flush.
+        .default_lease(Duration::from_millis(1000))
         .build()
         .unwrap();
     let sem = client.semaphore("flushed").unwrap();
@@ -136,8 +139,9 @@ fn every_call_works_after_script_flush() {
     flush(&mut raw);
     let permit = sem.acquire().unwrap();
     flush(&mut raw);
-    // Renewals every 100 ms find the script gone and load it again.
-    thread::sleep(Duration::from_millis(700));
+    // Renewals every third of a second find the script gone and load it
+    // again: without that the permit is lost by the end of this sleep.
+    thread::sleep(Duration::from_millis(1500));
     assert!(!permit.is_lost());
     flush(&mut raw);
     assert_eq!(sem.available_permits().unwrap(), 1);

@@ -5,12 +5,14 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod bookkeeping;
 mod counting;
 mod errors;
 mod leases;
 mod processes;
 #[cfg(feature = "sentinel")]
 mod replicas;
+mod resends;
 mod waiting;
 
 /// Handles go to threads; permits may be released from another thread.

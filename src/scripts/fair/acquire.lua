@@ -3,36 +3,52 @@
 --
 -- KEYS[1]  lock key   (hash: flag, count, fence, req, waited), as acquire.lua
 -- KEYS[2]  fence key  (string: per-lock fencing counter)
+-- KEYS[3]  queue      (sorted set: waiter -> arrival, server µs)
+-- KEYS[4]  places     (sorted set: waiter -> end of its place, server ms)
 -- ARGV[1]..ARGV[6]  as acquire.lua: identity, lease ms, held fence, depth,
 --                   fence counter TTL ms, request number
 -- ARGV[7]  "1" when the caller waits: it takes or renews its place in the
 --          queue; "0" for a single attempt (try_lock), which takes no place
 -- ARGV[8]  how long a place lives without being renewed, in ms
+-- ARGV[9]  the caller's arrival (server µs) as an earlier attempt of this
+--          wait returned it, "0" before it has one
 --
--- Returns {1, fence, depth}  acquired: fresh (depth 1) or re-entered
---         {0, wait}          not this caller's turn; `wait` is how long, in
---                            ms, until something may change without a
---                            wake-up: the holder's remaining lease, or, for
---                            a free lock with others ahead, the end of the
---                            head's place (-1: no expiry)
+-- Returns {1, fence, depth}   acquired: fresh (depth 1) or re-entered
+--         {0, wait, arrival}  not this caller's turn; `wait` is how long, in
+--                             ms, until something may change without a
+--                             wake-up: the holder's remaining lease, or, for
+--                             a free lock with others ahead, the end of the
+--                             head's place (-1: no expiry); `arrival` is the
+--                             caller's arrival in the queue (0: no place)
 --
 -- The lock is free for the caller only when nobody waits ahead of it: the
 -- queue is empty or the caller is its head. A newcomer never barges past a
--- waiter. The queue lives next to the lock key (fair_queue.lua); dead
--- waiters' places are dropped first. An ownership taken while others wait
--- carries the `waited` mark, so that its release wakes the new head.
+-- waiter. Dead waiters' places are dropped first. A waiter whose place was
+-- dropped while it still lived (it came back late: a slow machine, a
+-- server tick late) takes its place again at its first arrival, which it
+-- sends back at every attempt, so it never loses its turn to later ones.
+-- An ownership taken while others wait carries the `waited` mark, so that
+-- its release wakes the new head.
+--
+-- The same request sent twice (its first reply lost) finds its own
+-- ownership by its request number and is told it acquired: it is not
+-- refused because someone queued meanwhile, which would leave the lock
+-- held by nobody's guard for a lease.
 -- next_fence, extend_lease and the queue helpers come from lib/.
-local queue, places = fair_keys(KEYS[1])
-local err = queue_error(KEYS[1])
+local queue, places = KEYS[3], KEYS[4]
+local err = queue_error(queue, places)
 if err then
   return err
 end
-local held = redis.call('HMGET', KEYS[1], 'flag', 'fence')
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'req', 'count')
 
 if held[1] == ARGV[1] and held[2] == ARGV[3] then
   redis.call('HSET', KEYS[1], 'count', ARGV[4])
   extend_lease(KEYS[1], ARGV[2])
   return {1, tonumber(held[2]), tonumber(ARGV[4])}
+end
+if held[1] == ARGV[1] and held[3] == ARGV[6] then
+  return {1, tonumber(held[2]), tonumber(held[4])}
 end
 
 local now = server_ms()
@@ -55,21 +71,28 @@ if (held[1] == false or held[1] == ARGV[1]) and (head == nil or head == ARGV[1])
   return {1, fence, 1}
 end
 
+local arrival = 0
 if ARGV[7] == '1' then
-  if not redis.call('ZSCORE', queue, ARGV[1]) then
-    local now_us = redis.call('TIME')
-    redis.call('ZADD', queue, tonumber(now_us[1]) * 1000000 + tonumber(now_us[2]), ARGV[1])
+  arrival = tonumber(redis.call('ZSCORE', queue, ARGV[1]))
+  if not arrival then
+    arrival = tonumber(ARGV[9])
+    if arrival == 0 then
+      local now_us = redis.call('TIME')
+      arrival = tonumber(now_us[1]) * 1000000 + tonumber(now_us[2])
+    end
+    redis.call('ZADD', queue, arrival, ARGV[1])
   end
   redis.call('ZADD', places, now + tonumber(ARGV[8]), ARGV[1])
+  keep_queue(queue, places, ARGV[8])
   if held[1] then
     redis.call('HSET', KEYS[1], 'waited', 1)
   end
 end
 
 if held[1] then
-  return {0, redis.call('PTTL', KEYS[1])}
+  return {0, redis.call('PTTL', KEYS[1]), arrival}
 end
 -- Free, but the head (another waiter) has not taken it yet: it was woken;
 -- look again when its place would end, in case it died meanwhile.
 local head_place = tonumber(redis.call('ZSCORE', places, head) or now)
-return {0, math.max(head_place - now, 1)}
+return {0, math.max(head_place - now, 1), arrival}

@@ -2,21 +2,31 @@
 -- unless the current round is still counting.
 --
 -- KEYS[1]  count key    (string: what is left to count down; absent = 0)
--- KEYS[2]  baton key    (list: the token that wakes waiters at zero)
+-- KEYS[2]  round key    (string: the round's id)
 -- KEYS[3]  applied key  (set: the count-downs of this round already counted)
 -- ARGV[1]  the count, at least 1
+-- ARGV[2]  the new round's id, unique per call of the client
 --
 -- Returns 1 when the round started, 0 when the count is still above zero
--- (nothing changed). A leftover token of the previous round is removed, so
--- that it wakes no waiter of this one.
--- latch_count comes from lib/.
-local count, err = latch_count(KEYS[1])
+-- (nothing changed). A call sent twice (its reply lost) finds its own round
+-- id and says 1 again, whether that round is still counting or has ended
+-- meanwhile: it never starts a second round.
+--
+-- The last round's baton key is left alone: its token (with its TTL) still
+-- has to reach every waiter of that round, and a waiter of this round parks
+-- on a key of its own.
+-- latch_state comes from lib/.
+local count, round, err = latch_state(KEYS[1], KEYS[2])
 if err then
   return err
+end
+if round == ARGV[2] then
+  return 1
 end
 if count > 0 then
   return 0
 end
-redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[3])
 redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[2])
 return 1

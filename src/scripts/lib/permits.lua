@@ -1,12 +1,12 @@
 -- Helpers of the semaphore's scripts (semaphore/*.lua), prepended to each.
 --
 -- Every semaphore script but renew.lua takes the same five keys, in this
--- order (all under one hash tag, so they share a cluster slot):
+-- order (all under one hash tag, so they share a cluster slot; adjust.lua
+-- takes a sixth, its recent request ids):
 --
 -- KEYS[1]  state    (hash: total = permits in force, used = permits held by
 --                    live holders, passes = tokens passed on by waiters that
---                    could not use them since the last release, adjusted =
---                    the last add/reduce request applied; no TTL)
+--                    could not use them since the last release; no TTL)
 -- KEYS[2]  holders  (sorted set: permit id -> end of its lease, server ms)
 -- KEYS[3]  counts   (hash: permit id -> how many permits it holds)
 -- KEYS[4]  waiters  (sorted set: "<k>:<waiter identity>" -> end of its

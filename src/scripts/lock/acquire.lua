@@ -26,7 +26,9 @@
 -- a caller that acquires after waiting (others may still be parked). A
 -- release of an ownership nobody asked for in the meantime pushes nothing:
 -- the uncontended cycle does not pay for waking nobody. The mark is never
--- cleared while the key lives.
+-- cleared while the key lives. `seen` marks only the former (another caller
+-- found this ownership in its way): a quorum's undo of a minority grant
+-- wakes a waiter only then (release_request.lua).
 --
 -- The depth is set from ARGV, not incremented, so the stored count always
 -- mirrors the caller's live guards. Re-entry never shortens the lease
@@ -61,5 +63,5 @@ if held[1] == false or held[1] == ARGV[1] then
   return {1, fence, 1}
 end
 
-redis.call('HSET', KEYS[1], 'waited', 1)
+redis.call('HSET', KEYS[1], 'waited', 1, 'seen', 1)
 return {0, redis.call('PTTL', KEYS[1])}

@@ -18,7 +18,8 @@
 --          so that a parked reader of another process wakes in turn
 -- ARGV[7]  baton TTL in milliseconds
 --
--- Returns {1, token, depth}  acquired: fresh (depth 1) or re-entered
+-- Returns {1, token, depth}  acquired: fresh (depth 1) or re-entered, or
+--                            this request's own hold when it is sent again
 --         {0, wait_ms}       refused: a writer holds the lock (wait_ms = its
 --                            remaining lease, -1 when it has none), or a
 --                            writer waits (wait_ms = until the earliest
@@ -41,6 +42,14 @@ if token and token == ARGV[3] then
   redis.call('ZADD', KEYS[2], 'GT', ms_score(now, ARGV[2]), id)
   expire_with(KEYS[2], KEYS[3], now)
   return {1, tonumber(token), tonumber(ARGV[4])}
+end
+
+-- The same request sent again (the transport resends a script whose reply
+-- was lost): its first run made this hold, whatever came in between (a
+-- writer that queued since would refuse a fresh reader, and the hold
+-- would be nobody's until its lease ends). Answer as the first run did.
+if token and token == ARGV[5] then
+  return {1, tonumber(token), 1}
 end
 
 if writer and writer ~= id then

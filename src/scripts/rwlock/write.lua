@@ -20,7 +20,8 @@
 --          caller will not wait)
 -- ARGV[8]  token of the caller's live read guards, or "0"
 --
--- Returns {1, fence, depth}  acquired: fresh (depth 1) or re-entered
+-- Returns {1, fence, depth}  acquired: fresh (depth 1) or re-entered, or
+--                            this request's own hold when it is sent again
 --         {0, wait_ms}       refused: wait_ms until the writer's lease ends
 --                            (-1: it has none) or, while readers hold it,
 --                            until the last reader's lease ends
@@ -33,7 +34,7 @@
 -- key is not a hash, purge when the readers key is not a sorted set.
 -- now_ms, purge, expire_with, read_hold, ms_score (lib/rw.lua), next_fence
 -- and extend_lease (lib/) are prepended.
-local held = redis.call('HMGET', KEYS[1], 'flag', 'fence')
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'req', 'count')
 local now = now_ms()
 purge(KEYS[2], KEYS[3], KEYS[4], now)
 local id = ARGV[1]
@@ -42,6 +43,13 @@ if held[1] == id and held[2] == ARGV[3] then
   redis.call('HSET', KEYS[1], 'count', ARGV[4])
   extend_lease(KEYS[1], ARGV[2])
   return {1, tonumber(held[2]), tonumber(ARGV[4])}
+end
+
+-- The same request sent again (its first reply was lost): the hold its
+-- first run made, as it is, rather than a second fresh hold under a new
+-- fencing token.
+if held[1] == id and held[3] == ARGV[6] then
+  return {1, tonumber(held[2]), tonumber(held[4])}
 end
 
 local _, token = read_hold(KEYS[3], id)

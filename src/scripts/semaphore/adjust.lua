@@ -1,11 +1,15 @@
 -- adjust: add permits to the total, or take them off it.
 --
 -- KEYS[1..5]  state, holders, counts, waiters, baton (see lib/permits.lua)
+-- KEYS[6]     adjusted (sorted set: the ids of recent adjustments -> when
+--             each is forgotten, server ms; TTL: the longest of them)
 -- ARGV[1]     "add" or "reduce"
 -- ARGV[2]     how many (1 to 10^12)
--- ARGV[3]     this request's id, unique per client: a request sent again
---             (its first reply lost on a dropped connection) is applied once
+-- ARGV[3]     this request's id, unique per call of the client: a request
+--             sent again (its first reply lost on a dropped connection) is
+--             applied once, whatever other adjustments ran in between
 -- ARGV[4]     baton TTL in milliseconds
+-- ARGV[5]     how long an applied id is remembered, in milliseconds
 --
 -- Returns {1, total}   the new total
 --         {-1}         no total was ever set
@@ -25,7 +29,9 @@ local st, reply = read_state()
 if not st then
   return reply
 end
-if redis.call('HGET', KEYS[1], 'adjusted') == ARGV[3] then
+local now = server_ms()
+redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
+if redis.call('ZSCORE', KEYS[6], ARGV[3]) then
   return {1, st.total}
 end
 local n = tonumber(ARGV[2])
@@ -37,10 +43,15 @@ if ARGV[1] == 'add' then
 else
   st.total = math.max(0, st.total - n)
 end
-local now = server_ms()
 purge(st, now)
 st.passes = 0
 wake(st, now, ARGV[4], false)
 save(st)
-redis.call('HSET', KEYS[1], 'adjusted', ARGV[3])
+-- The field the previous version kept (one id only).
+redis.call('HDEL', KEYS[1], 'adjusted')
+local remembered = tonumber(ARGV[5])
+redis.call('ZADD', KEYS[6], int(now + remembered), ARGV[3])
+if redis.call('PTTL', KEYS[6]) < remembered then
+  redis.call('PEXPIRE', KEYS[6], remembered)
+end
 return {1, st.total}

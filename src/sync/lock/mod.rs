@@ -196,7 +196,7 @@ impl Lock {
     /// As [`lock`](Lock::lock).
     pub fn try_lock(&self) -> Result<Option<LockGuard>, Error> {
         let identity = self.context.identity()?;
-        match self.attempt(&identity, false)? {
+        match self.attempt(&identity, false, &mut 0)? {
             Attempt::Acquired(guard) => Ok(Some(guard)),
             Attempt::Held { .. } => Ok(None),
         }
@@ -301,7 +301,7 @@ impl Lock {
             .held(&self.keys.lock, &identity)
             .is_some();
         if holds || !context.lock_room.has_waiters(&self.keys.baton) {
-            match self.attempt(&identity, false) {
+            match self.attempt(&identity, false, &mut 0) {
                 Ok(Attempt::Acquired(guard)) => return Ok(Some(guard)),
                 Ok(Attempt::Held { .. }) => {}
                 // The wait loop rides out a failing Redis within the
@@ -316,14 +316,16 @@ impl Lock {
             identity: Arc::clone(&identity),
             mode: self.mode(),
         };
+        // A fair lock's waiter keeps its first arrival across park slices.
+        let mut arrival = 0;
         let waited = context.lock_room.wait_until(
             &self.keys.name,
             &self.wait_key(&identity),
             claim,
             deadline,
-            || self.attempt(&identity, true),
+            || self.attempt(&identity, true, &mut arrival),
         );
-        if self.keys.fair && !matches!(waited, Ok(Waited::Acquired(_))) {
+        if self.keys.fair.is_some() && !matches!(waited, Ok(Waited::Acquired(_))) {
             // A fair lock's waiter that leaves without the lock gives its
             // place up at once, rather than blocking the queue until the
             // place expires.
@@ -347,8 +349,8 @@ impl Lock {
     /// waiters; for a fair lock, the waiter's own list, which only a
     /// release that makes it the next holder pushes.
     fn wait_key(&self, identity: &str) -> Cow<'_, str> {
-        if self.keys.fair {
-            Cow::Owned(format!("{}:{identity}", self.keys.baton))
+        if self.keys.fair.is_some() {
+            Cow::Owned(self.keys.wake_list(identity))
         } else {
             Cow::Borrowed(&self.keys.baton)
         }
@@ -382,7 +384,15 @@ impl Lock {
 
     /// One run of the acquire script; `waited` when the caller comes from
     /// the wait loop (its release must then wake whoever waits behind it).
-    fn attempt(&self, identity: &Arc<str>, waited: bool) -> Result<Attempt<LockGuard>, Error> {
+    /// `arrival`: a fair lock's waiter's arrival in the queue, as the
+    /// server first gave it (0: none yet), kept across attempts so that a
+    /// waiter whose place lapsed takes it again at its first arrival.
+    fn attempt(
+        &self,
+        identity: &Arc<str>,
+        waited: bool,
+        arrival: &mut u64,
+    ) -> Result<Attempt<LockGuard>, Error> {
         // Re-entry is granted only to the ownership this thread's live guards
         // belong to; the stored depth is set to theirs + 1, and the lease is
         // the ownership's, whatever this handle's is.
@@ -401,6 +411,7 @@ impl Lock {
             request,
             waited,
             place_ttl: self.context.config.place_ttl(),
+            arrival: *arrival,
             proposed_token: 0,
         };
         let sent = Instant::now();
@@ -410,7 +421,15 @@ impl Lock {
                 let sent = earlier(sent, self.raw.clock_margin(mode.lease()));
                 Ok(Attempt::Acquired(self.guard(identity, fence, mode, sent)))
             }
-            Ok(AcquireReply::Held { lease_left }) => Ok(Attempt::Held { lease_left }),
+            Ok(AcquireReply::Held {
+                lease_left,
+                arrival: queued,
+            }) => {
+                if *arrival == 0 {
+                    *arrival = queued;
+                }
+                Ok(Attempt::Held { lease_left })
+            }
             Err(failed) => {
                 if failed.outcome_unknown {
                     // The script may have run and taken the lock for a

@@ -3,11 +3,12 @@
 //! scripts as on one server, so that the handle, the guard, the wait loop
 //! and the watchdog are the same too.
 //!
-//! Every exchange goes to all masters at once: the caller's thread writes
-//! the script call to every master, then reads the replies, each bounded by
-//! the per-master timeout (`Backend::send_all`), so a round costs the
-//! slowest master's round trip; a master that fails or is late counts as
-//! "not there" and never aborts the round. An acquisition counts only with a majority **and**
+//! Every exchange goes to all masters at once (`Backend::send_all`): a
+//! round costs the slowest answering master's round trip, or one node
+//! timeout (a share of the lease the round is about), never one per master
+//! that does not answer; a master that fails or is late counts as "not
+//! there" and never aborts the round, and is left out of later rounds
+//! until it answers again. An acquisition counts only with a majority **and**
 //! validity left (`lease − elapsed − drift`); otherwise whatever it took is
 //! undone on every master. Fencing tokens are agreed in a second round: the
 //! highest token of the granting majority + 1, accepted by a majority of
@@ -21,7 +22,7 @@ use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
 
 use super::raw::{Holder, Owner, RawLock};
 use crate::backend::{Backend, Failed, Sent};
-use crate::config::{ClockDrift, Config};
+use crate::config::{ClockDrift, Config, NodeTimeout};
 use crate::error::Error;
 use crate::keys::LockKeys;
 use crate::lease::{RenewLeases, RenewOutcome, RenewRequest};
@@ -32,7 +33,10 @@ use crate::scripts::Call;
 /// The Redlock lock protocol over several masters.
 #[derive(Debug)]
 pub(crate) struct QuorumLock {
-    /// Single-server backends, one per master.
+    /// The quorum: every round goes through it.
+    quorum: Arc<Backend>,
+    /// Its single-server backends, one per master, in the order of a
+    /// round's results.
     masters: Vec<Arc<Backend>>,
     baton_ttl: Duration,
     /// For messages: every master's address.
@@ -41,18 +45,24 @@ pub(crate) struct QuorumLock {
     fence_ttl: Duration,
     /// The allowance for the masters' clocks and this one disagreeing.
     drift: ClockDrift,
+    /// How long a round waits for each master, by lease.
+    node_timeout: NodeTimeout,
+    /// The lease of rounds about no particular ownership (`holder`).
+    default_lease: Duration,
 }
 
 impl QuorumLock {
-    /// The protocol over `masters` (each a single-server backend), known
-    /// together as `addrs` in messages.
-    pub(crate) fn new(masters: &[Arc<Backend>], addrs: &str, config: &Config) -> Self {
+    /// The protocol over `quorum`, a backend of independent masters.
+    pub(crate) fn new(quorum: &Arc<Backend>, config: &Config) -> Self {
         QuorumLock {
-            masters: masters.to_vec(),
+            masters: quorum.masters().unwrap_or_default().to_vec(),
+            addrs: quorum.addr().to_owned(),
+            quorum: Arc::clone(quorum),
             baton_ttl: config.baton_ttl,
-            addrs: addrs.to_owned(),
             fence_ttl: config.fence_ttl,
             drift: config.clock_drift,
+            node_timeout: config.node_timeout,
+            default_lease: config.default_lease,
         }
     }
 
@@ -61,16 +71,18 @@ impl QuorumLock {
         quorum(self.masters.len())
     }
 
-    /// Sends `call` to every master at once and reads every reply. A master
-    /// that does not have the script yet gets it loaded and the call sent
-    /// again, alone (it did not run there).
+    /// Sends `call`, about an ownership of `lease`, to every master at
+    /// once and reads every reply. A master that does not have the script
+    /// yet gets it loaded and the call sent again, alone (it did not run
+    /// there).
     fn round<T: FromRedisValue>(
         &self,
         key: &str,
         name: &str,
         call: &Call,
+        lease: Duration,
     ) -> Vec<Result<T, Error>> {
-        self.round_reporting(key, name, call)
+        self.round_reporting(key, name, call, lease)
             .into_iter()
             .map(|reply| reply.map_err(|failed| failed.error))
             .collect()
@@ -83,9 +95,11 @@ impl QuorumLock {
         key: &str,
         name: &str,
         call: &Call,
+        lease: Duration,
     ) -> Vec<Result<T, Failed>> {
-        let packed = vec![call.packed(); self.masters.len()];
-        Backend::send_all(&self.masters, name, &packed)
+        let timeout = self.node_timeout.for_lease(lease);
+        self.quorum
+            .send_all(name, &call.packed(), timeout)
             .into_iter()
             .zip(&self.masters)
             .map(|(reply, server)| match reply {
@@ -147,7 +161,7 @@ impl QuorumLock {
         let token = proposed_token(granted).unwrap_or(u64::MAX);
         let adopt = calls::adopt_fence(keys, identity, token, self.fence_ttl);
         let accepted = self
-            .round::<Done>(&keys.lock, &keys.name, &adopt)
+            .round::<Done>(&keys.lock, &keys.name, &adopt, lease)
             .into_iter()
             .filter(|r| matches!(r, Ok(Done(true))))
             .count();
@@ -164,10 +178,25 @@ impl QuorumLock {
         Err(self.no_quorum(accepted, &[&refused]))
     }
 
-    /// Undoes request `request` of `identity` on every master.
-    fn undo_everywhere(&self, keys: &LockKeys, identity: &str, request: u64) {
-        let call = calls::release_request(keys, identity, request, self.baton_ttl);
-        for result in self.round::<Done>(&keys.lock, &keys.name, &call) {
+    /// Undoes request `request` of `identity` (for a lease of `lease`) on
+    /// every master. `lost_round`: the request never had the lock (a round
+    /// without a majority), so a master wakes a waiter only if one found
+    /// the grant there in its way. Waking every waiter parked there instead
+    /// sends them into the same lost round while the winner holds the other
+    /// masters, and their undos wake them again: a storm of rounds for as
+    /// long as the winner holds the lock. The losers park where they found
+    /// the winner's hold instead (`prefer_parking`): its release wakes them
+    /// there.
+    fn undo_everywhere(
+        &self,
+        keys: &LockKeys,
+        identity: &str,
+        request: u64,
+        lease: Duration,
+        lost_round: bool,
+    ) {
+        let call = calls::release_request(keys, identity, request, self.baton_ttl, lost_round);
+        for result in self.round::<Done>(&keys.lock, &keys.name, &call, lease) {
             if let Err(err) = result {
                 // That master's key expires with its lease.
                 log::debug!("redbaton: undo on a master failed: {err}");
@@ -187,7 +216,8 @@ impl QuorumLock {
         lease: Duration,
     ) -> Result<bool, Error> {
         let started = Instant::now();
-        let replies = self.round::<Done>(key, name, &calls::renew(key, identity, fence, lease));
+        let call = calls::renew(key, identity, fence, lease);
+        let replies = self.round::<Done>(key, name, &call, lease);
         let renewed = replies
             .iter()
             .filter(|r| matches!(r, Ok(Done(true))))
@@ -277,22 +307,32 @@ impl RawLock for QuorumLock {
             &keys.lock,
             &keys.name,
             &calls::acquire(keys, args),
+            args.lease,
         );
         let elapsed = started.elapsed();
         let mut granted = Vec::new();
         let mut held = Vec::new();
         let mut errors = Vec::new();
         let mut maybe_ran = false;
-        for reply in &replies {
+        // Where a waiter parks next: a master that found the lock held. This
+        // round marked the lock there (`waited`), so its release or undo
+        // pushes a baton there; a master where this round was granted may
+        // get none: the holder may never have had it.
+        let mut park_at = None;
+        for (index, reply) in replies.iter().enumerate() {
             match reply {
                 Ok(AcquireReply::Acquired { fence, .. }) => granted.push(*fence),
-                Ok(AcquireReply::Held { lease_left }) => held.push(*lease_left),
+                Ok(AcquireReply::Held { lease_left, .. }) => {
+                    park_at.get_or_insert(index);
+                    held.push(*lease_left);
+                }
                 Err(failed) => {
                     maybe_ran |= failed.outcome_unknown;
                     errors.push(&failed.error);
                 }
             }
         }
+        self.quorum.prefer_parking(park_at);
         let valid = validity(args.lease, elapsed, self.drift).is_some();
         if granted.len() >= self.quorum() && valid {
             if !fresh {
@@ -315,7 +355,9 @@ impl RawLock for QuorumLock {
                     })
                 }
                 Err(error) => {
-                    self.undo_everywhere(keys, args.identity, args.request);
+                    // A majority granted it: waiters may have parked behind
+                    // it, and are owed a wake-up.
+                    self.undo_everywhere(keys, args.identity, args.request, args.lease, false);
                     return Err(Failed {
                         error,
                         outcome_unknown: false,
@@ -324,9 +366,12 @@ impl RawLock for QuorumLock {
             }
         }
         // Not acquired: free whatever this round took, on every master
-        // (also those that failed: the script may have run there).
+        // (also those that failed: the script may have run there). A
+        // majority that ran out of validity was the lock for a while;
+        // anything less never was.
         if fresh && (!granted.is_empty() || maybe_ran) {
-            self.undo_everywhere(keys, args.identity, args.request);
+            let lost_round = granted.len() < self.quorum();
+            self.undo_everywhere(keys, args.identity, args.request, args.lease, lost_round);
         }
         if held.len() >= self.quorum() || (errors.is_empty() && granted.is_empty()) {
             // Held by someone else: wait for the shortest lease seen on a
@@ -339,13 +384,17 @@ impl RawLock for QuorumLock {
                 .get(self.quorum() - 1)
                 .copied()
                 .filter(|l| *l != Duration::MAX);
-            return Ok(AcquireReply::Held { lease_left });
+            return Ok(AcquireReply::Held {
+                lease_left,
+                arrival: 0,
+            });
         }
         if granted.len() + errors.len() < self.quorum() || errors.is_empty() {
             // Contenders split the masters: look again after a short random
             // delay, so that one of them wins the next round.
             return Ok(AcquireReply::Held {
                 lease_left: Some(tie_break_delay()),
+                arrival: 0,
             });
         }
         Err(Failed {
@@ -363,7 +412,7 @@ impl RawLock for QuorumLock {
         lease: Duration,
     ) -> Result<Sent<ReleaseReply>, Failed> {
         let call = calls::release(keys, identity, fence, guards_left, lease, self.baton_ttl);
-        let replies = self.round::<ReleaseReply>(&keys.lock, &keys.name, &call);
+        let replies = self.round::<ReleaseReply>(&keys.lock, &keys.name, &call, lease);
         let mut had = 0;
         // Every master was sent the release once.
         let resent = false;
@@ -430,6 +479,7 @@ impl RawLock for QuorumLock {
             &keys.lock,
             &keys.name,
             &calls::handoff(keys, args),
+            args.lease,
         );
         let mut handed = Vec::new();
         let mut errors = Vec::new();
@@ -485,8 +535,9 @@ impl RawLock for QuorumLock {
     }
 
     fn undo_request(&self, keys: &LockKeys, identity: &str, request: u64) -> Result<(), Error> {
-        let call = calls::release_request(keys, identity, request, self.baton_ttl);
-        let replies = self.round::<Done>(&keys.lock, &keys.name, &call);
+        // The reply was lost: the request may have won the lock.
+        let call = calls::release_request(keys, identity, request, self.baton_ttl, false);
+        let replies = self.round::<Done>(&keys.lock, &keys.name, &call, self.default_lease);
         let errors: Vec<&Error> = replies.iter().filter_map(|r| r.as_ref().err()).collect();
         if errors.is_empty() {
             Ok(())
@@ -496,7 +547,8 @@ impl RawLock for QuorumLock {
     }
 
     fn holder(&self, keys: &LockKeys) -> Result<Option<Holder>, Error> {
-        let replies = self.round::<HolderReply>(&keys.lock, &keys.name, &calls::holder(keys));
+        let call = calls::holder(keys);
+        let replies = self.round::<HolderReply>(&keys.lock, &keys.name, &call, self.default_lease);
         let errors: Vec<&Error> = replies.iter().filter_map(|r| r.as_ref().err()).collect();
         if replies.len() - errors.len() < self.quorum() {
             return Err(self.no_quorum(replies.len() - errors.len(), &errors));
@@ -526,7 +578,7 @@ impl RawLock for QuorumLock {
 
     fn force_unlock(&self, keys: &LockKeys) -> Result<bool, Error> {
         let call = calls::force_unlock(keys, self.baton_ttl);
-        let replies = self.round::<Done>(&keys.lock, &keys.name, &call);
+        let replies = self.round::<Done>(&keys.lock, &keys.name, &call, self.default_lease);
         let removed = replies.iter().any(|r| matches!(r, Ok(Done(true))));
         let errors: Vec<&Error> = replies.iter().filter_map(|r| r.as_ref().err()).collect();
         if replies.len() - errors.len() < self.quorum() {

@@ -6,7 +6,7 @@
 //! drops in without touching them.
 //!
 //! [`DeploymentLock`] speaks it to one [`Backend`] through the scripts of
-//! `scripts/lock/`.
+//! `scripts/lock/` (and `scripts/fair/` for a fair lock's keys).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,12 +19,13 @@ use crate::backend::{Backend, Failed, Sent};
 use crate::config::{Config, ReplicaAcks};
 use crate::error::Error;
 use crate::keys::LockKeys;
+use crate::lease::confirm;
 use crate::lease::{
     is_redirection, renew_by_shard, renew_outcome, Cleanup, RenewLeases, RenewOutcome, RenewRequest,
 };
 use crate::scripts::lock::{self as calls, AcquireArgs, HandoffArgs};
 use crate::scripts::reply::{
-    AcquireReply, Done, HandoffReply, HolderReply, HolderRow, ReleaseReply,
+    AcquireReply, Done, FairReply, HandoffReply, HolderReply, HolderRow, ReleaseReply,
 };
 use crate::scripts::Call;
 
@@ -88,6 +89,23 @@ pub(crate) trait RawLock: RenewLeases {
         lease: Duration,
     ) -> Result<Sent<ReleaseReply>, Failed>;
 
+    /// Sends the last release of the ownership `fence` of `identity` again
+    /// (for a clean-up): done once the current master does not have it,
+    /// released now or before, and under `replica_acks` its replicas
+    /// confirm that ([`Error::NotReplicated`] otherwise: send it again).
+    /// Owner- and fence-checked, so it never frees someone else's.
+    fn release_again(
+        &self,
+        keys: &LockKeys,
+        identity: &str,
+        fence: u64,
+        lease: Duration,
+    ) -> Result<(), Error> {
+        self.release(keys, identity, fence, 0, lease)
+            .map(drop)
+            .map_err(|failed| failed.error)
+    }
+
     /// Passes the ownership straight to a local waiter.
     fn hand_off(
         &self,
@@ -138,9 +156,7 @@ pub(crate) fn release_later(
 ) -> Cleanup {
     let (raw, keys, identity) = (Arc::clone(raw), Arc::clone(keys), Arc::clone(identity));
     Cleanup::new(&keys.name.clone(), sent, lease, move || {
-        raw.release(&keys, &identity, fence, 0, lease)
-            .map(drop)
-            .map_err(|failed| failed.error)
+        raw.release_again(&keys, &identity, fence, lease)
     })
 }
 
@@ -188,6 +204,59 @@ impl DeploymentLock {
         self.backend.exchange(at.key, at.name, |c| call.invoke(c))
     }
 
+    /// Runs `call` on the server of `keys`'s lock.
+    fn run<T: redis::FromRedisValue>(&self, keys: &LockKeys, call: &Call) -> Result<T, Error> {
+        self.backend.run(&keys.lock, &keys.name, |c| call.invoke(c))
+    }
+
+    /// The undo of request `request` of `identity` (a fair lock's names
+    /// a waiter to wake).
+    fn undo_call(&self, keys: &LockKeys, identity: &str, request: u64) -> Call {
+        match &keys.fair {
+            Some(fair) => calls::fair_release_request(keys, fair, identity, request),
+            None => calls::release_request(keys, identity, request, self.baton_ttl, false),
+        }
+    }
+
+    /// Sends `call` on the server of `keys`'s lock, confirmed with `WAIT`
+    /// under `replica_acks` when `confirm` says its reply needs it.
+    fn exchange_confirmed<T: redis::FromRedisValue>(
+        &self,
+        keys: &LockKeys,
+        confirm: impl Fn(&T) -> bool,
+        call: &Call,
+    ) -> Result<Sent<T>, Failed> {
+        confirm::exchange_confirmed(
+            &self.backend,
+            &keys.lock,
+            &keys.name,
+            self.acks,
+            confirm,
+            |c| call.invoke(c),
+        )
+    }
+
+    /// Wakes the fair lock's waiter that a script freeing the lock named
+    /// (the head of its queue): a call of its own, because a key chosen
+    /// inside a script could not be declared in its KEYS. Failing here
+    /// only delays that waiter until its park ends (at most `max_park`):
+    /// logged, not reported.
+    fn wake(&self, keys: &LockKeys, head: Option<String>) {
+        let Some(head) = head else {
+            return;
+        };
+        let call = calls::fair_wake(keys, &head, self.baton_ttl);
+        let woken: Result<i64, Error> = self
+            .backend
+            .run(&keys.wake_list(&head), &keys.name, |c| call.invoke(c));
+        if let Err(err) = woken {
+            log::debug!(
+                "redbaton: waking the next waiter of fair lock {:?} failed: {err}",
+                keys.name
+            );
+        }
+    }
+
     /// Sends `call`, then, when `confirm` says its reply wrote an
     /// ownership and `replica_acks` is set, `WAIT`s on the same connection
     /// (WAIT counts the replicas that have every write of that
@@ -211,7 +280,7 @@ impl DeploymentLock {
             if !confirm(&reply) {
                 return Ok((reply, None));
             }
-            let acknowledged: u32 = wait_command(acks).query(c)?;
+            let acknowledged = confirm::wait(c, acks)?;
             if acknowledged >= acks.replicas {
                 return Ok((reply, None));
             }
@@ -252,12 +321,22 @@ impl RawLock for DeploymentLock {
         // Only a fresh ownership is confirmed: a re-entry adds nothing a
         // promoted replica would need (the ownership itself was confirmed).
         let fresh = |reply: &AcquireReply| matches!(reply, AcquireReply::Acquired { depth: 1, .. });
-        let undo = calls::release_request(keys, args.identity, args.request, self.baton_ttl);
-        let sent =
+        let undo = self.undo_call(keys, args.identity, args.request);
+        // A fair lock's undo names a waiter to wake, woken once the
+        // connection is back in the pool.
+        let mut woken = None;
+        let confirmed =
             self.call_confirmed(At::lock(keys), &calls::acquire(keys, args), fresh, |c| {
-                undo.invoke::<Done>(c).map(drop)
-            })?;
-        match sent.value {
+                if keys.fair.is_some() {
+                    let undone: FairReply<Done> = undo.invoke(c)?;
+                    woken = undone.wake;
+                    Ok(())
+                } else {
+                    undo.invoke::<Done>(c).map(drop)
+                }
+            });
+        self.wake(keys, woken);
+        match confirmed?.value {
             (reply, None) => Ok(reply),
             (_, Some(acknowledged)) => Err(Failed {
                 error: self.not_replicated(acknowledged),
@@ -274,8 +353,55 @@ impl RawLock for DeploymentLock {
         guards_left: usize,
         lease: Duration,
     ) -> Result<Sent<ReleaseReply>, Failed> {
-        let call = calls::release(keys, identity, fence, guards_left, lease, self.baton_ttl);
-        self.call(At::lock(keys), &call)
+        // The last release is confirmed like the acquisition was: one that
+        // only this master has is lost if a replica is promoted, which then
+        // keeps the ownership for its lease. An inner release only makes
+        // the lease longer, as a renewal does.
+        let Some(fair) = &keys.fair else {
+            let call = calls::release(keys, identity, fence, guards_left, lease, self.baton_ttl);
+            let last = |reply: &ReleaseReply| matches!(reply, ReleaseReply::Released);
+            return self.exchange_confirmed(keys, last, &call);
+        };
+        let call = calls::fair_release(keys, fair, identity, fence, guards_left, lease);
+        // A release resent after a lost reply whose first run freed the
+        // lock is told "not the owner", and names the head all the same
+        // while the lock is free, so that it is woken at once. One the
+        // replicas did not confirm wakes nobody: the head wakes at the end
+        // of its park, after the release is sent again.
+        let last = |reply: &FairReply<ReleaseReply>| matches!(reply.reply, ReleaseReply::Released);
+        let sent = self.exchange_confirmed(keys, last, &call)?;
+        self.wake(keys, sent.value.wake);
+        Ok(Sent {
+            value: sent.value.reply,
+            resent: sent.resent,
+        })
+    }
+
+    fn release_again(
+        &self,
+        keys: &LockKeys,
+        identity: &str,
+        fence: u64,
+        lease: Duration,
+    ) -> Result<(), Error> {
+        // "Not the owner" is confirmed too: the earlier release may be on
+        // this master only. Having written nothing, the connection's WAIT
+        // then counts the replicas in sync with the master.
+        let Some(fair) = &keys.fair else {
+            let call = calls::release(keys, identity, fence, 0, lease, self.baton_ttl);
+            let any = |_: &ReleaseReply| true;
+            return self
+                .exchange_confirmed(keys, any, &call)
+                .map(drop)
+                .map_err(|f| f.error);
+        };
+        let call = calls::fair_release(keys, fair, identity, fence, 0, lease);
+        let any = |_: &FairReply<ReleaseReply>| true;
+        let sent = self
+            .exchange_confirmed(keys, any, &call)
+            .map_err(|f| f.error)?;
+        self.wake(keys, sent.value.wake);
+        Ok(())
     }
 
     fn hand_off(
@@ -313,10 +439,20 @@ impl RawLock for DeploymentLock {
     }
 
     fn undo_request(&self, keys: &LockKeys, identity: &str, request: u64) -> Result<(), Error> {
-        let call = calls::release_request(keys, identity, request, self.baton_ttl);
-        let Done(_) = self
-            .backend
-            .run(&keys.lock, &keys.name, |c| call.invoke(c))?;
+        let call = self.undo_call(keys, identity, request);
+        // Confirmed under `replica_acks` (see `release_again`): an undo
+        // only the master has is lost in a failover.
+        if keys.fair.is_some() {
+            let any = |_: &FairReply<Done>| true;
+            let undone = self
+                .exchange_confirmed(keys, any, &call)
+                .map_err(|f| f.error)?;
+            self.wake(keys, undone.value.wake);
+        } else {
+            let any = |_: &Done| true;
+            self.exchange_confirmed(keys, any, &call)
+                .map_err(|f| f.error)?;
+        }
         Ok(())
     }
 
@@ -335,21 +471,21 @@ impl RawLock for DeploymentLock {
     }
 
     fn force_unlock(&self, keys: &LockKeys) -> Result<bool, Error> {
-        let call = calls::force_unlock(keys, self.baton_ttl);
-        let Done(removed) = self
-            .backend
-            .run(&keys.lock, &keys.name, |c| call.invoke(c))?;
-        Ok(removed)
+        let Some(fair) = &keys.fair else {
+            let Done(removed) = self.run(keys, &calls::force_unlock(keys, self.baton_ttl))?;
+            return Ok(removed);
+        };
+        let forced: FairReply<Done> = self.run(keys, &calls::fair_force_unlock(keys, fair))?;
+        self.wake(keys, forced.wake);
+        Ok(forced.reply.0)
     }
 
     fn leave_queue(&self, keys: &LockKeys, identity: &str) -> Result<(), Error> {
-        if !keys.fair {
+        let Some(fair) = &keys.fair else {
             return Ok(());
-        }
-        let call = calls::leave_queue(keys, identity, self.baton_ttl);
-        let Done(_) = self
-            .backend
-            .run(&keys.lock, &keys.name, |c| call.invoke(c))?;
+        };
+        let left: FairReply<Done> = self.run(keys, &calls::leave_queue(keys, fair, identity))?;
+        self.wake(keys, left.wake);
         Ok(())
     }
 }
@@ -440,8 +576,9 @@ impl DeploymentLock {
         let mut outcomes: Vec<RenewOutcome> = values.iter().map(renew_outcome).collect();
         for (i, value) in values.iter().enumerate() {
             if is_redirection(value) {
-                // The slot moved: renew this one alone, which follows the
-                // redirection (and refreshes the map).
+                // The slot moved, or is moving: renew this one alone,
+                // which follows the redirection (and reloads the map for
+                // a `MOVED`, not for an `ASK`).
                 let r = requests[i];
                 let at = At {
                     key: r.key,
@@ -452,7 +589,6 @@ impl DeploymentLock {
                     Ok(false) => RenewOutcome::Lost,
                     Err(_) => RenewOutcome::Retry,
                 };
-                self.backend.redirected();
             }
         }
         outcomes

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 use redis::{ServerErrorKind, Value};
 
 use crate::backend::{Backend, Failed, Sent};
-use crate::config::Config;
+use crate::config::{Config, ReplicaAcks};
 use crate::error::Error;
 use crate::keys::RwKeys;
+use crate::lease::confirm;
 use crate::lease::{
     is_redirection, renew_by_shard, renew_outcome, Cleanup, RenewLeases, RenewOutcome, RenewRequest,
 };
@@ -44,6 +45,9 @@ pub(crate) struct RawRwLock {
     fence_ttl: Duration,
     /// How long a waiting writer's place lasts from each attempt.
     place: Duration,
+    /// `replica_acks`: the replicas that must confirm each fresh hold and
+    /// each last release.
+    acks: Option<ReplicaAcks>,
     /// Whether the read renewal script is known to be loaded: a round
     /// loads it up front instead of failing once per hold.
     renew_loaded: AtomicBool,
@@ -56,6 +60,7 @@ impl RawRwLock {
             baton_ttl: config.baton_ttl,
             fence_ttl: config.fence_ttl,
             place: config.max_park.saturating_add(PLACE_MARGIN),
+            acks: config.replica_acks,
             renew_loaded: AtomicBool::new(false),
         }
     }
@@ -84,8 +89,8 @@ impl RawRwLock {
 
     /// Takes, re-enters, or reports how long to wait for a read hold.
     pub(crate) fn read(&self, keys: &RwKeys, args: ReadArgs<'_>) -> Result<RwAcquireReply, Failed> {
-        self.call(keys, &calls::read(keys, args))
-            .map(|sent| sent.value)
+        let call = calls::read(keys, args);
+        self.acquire_confirmed(keys, &call, args.identity, args.request)
     }
 
     /// Takes, re-enters, or reports how long to wait for the write hold.
@@ -94,8 +99,47 @@ impl RawRwLock {
         keys: &RwKeys,
         args: WriteArgs<'_>,
     ) -> Result<RwAcquireReply, Failed> {
-        self.call(keys, &calls::write(keys, args))
-            .map(|sent| sent.value)
+        let call = calls::write(keys, args);
+        self.acquire_confirmed(keys, &call, args.identity, args.request)
+    }
+
+    /// Sends an acquisition; under `replica_acks`, a fresh hold is then
+    /// confirmed with `WAIT` on the same connection, and one too few
+    /// replicas have is undone there at once ([`Error::NotReplicated`],
+    /// transient: a waiter tries again), as the lock's are: a hold only
+    /// the master has is lost in a failover, and the promoted replica
+    /// would let another writer in beside its holder. A re-entry adds
+    /// nothing a promoted replica would need.
+    fn acquire_confirmed(
+        &self,
+        keys: &RwKeys,
+        call: &Call,
+        identity: &str,
+        request: u64,
+    ) -> Result<RwAcquireReply, Failed> {
+        let Some(acks) = self.acks else {
+            return self.call(keys, call).map(|sent| sent.value);
+        };
+        let undo = calls::undo(keys, identity, request, self.baton_ttl);
+        let sent = self.backend.exchange(&keys.write, &keys.name, |c| {
+            let reply: RwAcquireReply = call.invoke(c)?;
+            if !matches!(reply, RwAcquireReply::Acquired { depth: 1, .. }) {
+                return Ok((reply, None));
+            }
+            let acknowledged = confirm::wait(c, acks)?;
+            if acknowledged >= acks.replicas {
+                return Ok((reply, None));
+            }
+            let Done(_) = undo.invoke(c)?;
+            Ok((reply, Some(acknowledged)))
+        })?;
+        match sent.value {
+            (reply, None) => Ok(reply),
+            (_, Some(acknowledged)) => Err(Failed {
+                error: confirm::not_replicated(&self.backend, acks, acknowledged),
+                outcome_unknown: false,
+            }),
+        }
     }
 
     /// Releases one level of a hold of `kind` (`token`: its token or
@@ -117,7 +161,50 @@ impl RawRwLock {
                 calls::release_write(keys, identity, token, guards_left, lease, self.baton_ttl)
             }
         };
-        self.call(keys, &call)
+        // Under `replica_acks` the last release is confirmed: one that
+        // only this master has is lost if a replica is promoted, which then
+        // keeps the hold for its lease.
+        let last = |reply: &ReleaseReply| matches!(reply, ReleaseReply::Released);
+        self.call_confirmed(keys, &call, last)
+    }
+
+    /// Sends the last release of a hold again (for a clean-up): done once
+    /// the current master does not have the hold and, under
+    /// `replica_acks`, its replicas confirm that.
+    fn release_again(
+        &self,
+        keys: &RwKeys,
+        kind: Kind,
+        identity: &str,
+        token: u64,
+        lease: Duration,
+    ) -> Result<(), Error> {
+        let call = match kind {
+            Kind::Read => calls::release_read(keys, identity, token, 0, lease, self.baton_ttl),
+            Kind::Write => calls::release_write(keys, identity, token, 0, lease, self.baton_ttl),
+        };
+        // "Not the owner" is confirmed too: the earlier release may be on
+        // this master only.
+        self.call_confirmed(keys, &call, |_: &ReleaseReply| true)
+            .map(drop)
+            .map_err(|failed| failed.error)
+    }
+
+    /// `call`, then under `replica_acks`, when `confirm` says so, `WAIT`.
+    fn call_confirmed<T: redis::FromRedisValue>(
+        &self,
+        keys: &RwKeys,
+        call: &Call,
+        confirm: impl Fn(&T) -> bool,
+    ) -> Result<Sent<T>, Failed> {
+        confirm::exchange_confirmed(
+            &self.backend,
+            &keys.write,
+            &keys.name,
+            self.acks,
+            confirm,
+            |c| call.invoke(c),
+        )
     }
 
     /// Removes the waiting writer `identity`'s place; whether it was there.
@@ -132,10 +219,9 @@ impl RawRwLock {
     /// Frees what request `request` of `identity` may have taken.
     fn undo(&self, keys: &RwKeys, identity: &str, request: u64) -> Result<(), Error> {
         let call = calls::undo(keys, identity, request, self.baton_ttl);
-        let Done(_) = self
-            .backend
-            .run(&keys.write, &keys.name, |c| call.invoke(c))?;
-        Ok(())
+        self.call_confirmed(keys, &call, |_: &Done| true)
+            .map(drop)
+            .map_err(|failed| failed.error)
     }
 
     /// Renews `requests` (all of `kind`, on one server) in one pipeline.
@@ -188,8 +274,8 @@ impl RawRwLock {
         };
         for ((i, call), value) in sendable.iter().zip(values) {
             outcomes[*i] = if is_redirection(&value) {
-                // The slot moved: this one alone, following the redirection.
-                self.backend.redirected();
+                // The slot moved, or is moving: this one alone, following
+                // the redirection (which reloads the map for a `MOVED`).
                 let r = requests[*i];
                 match self.backend.run(r.key, r.name, |c| call.invoke::<Done>(c)) {
                     Ok(Done(true)) => RenewOutcome::Renewed,
@@ -247,9 +333,7 @@ pub(crate) fn release_later(
 ) -> Cleanup {
     let (raw, keys, identity) = (Arc::clone(raw), Arc::clone(keys), Arc::clone(identity));
     Cleanup::new(&keys.name.clone(), sent, lease, move || {
-        raw.release(&keys, kind, &identity, token, 0, lease)
-            .map(drop)
-            .map_err(|failed| failed.error)
+        raw.release_again(&keys, kind, &identity, token, lease)
     })
 }
 

@@ -18,13 +18,14 @@ use crate::backend::{Backend, Failed, Sent};
 use crate::config::{Config, ReplicaAcks};
 use crate::error::Error;
 use crate::keys::SemaphoreKeys;
+use crate::lease::confirm;
 use crate::lease::{
     is_redirection, renew_by_shard, renew_outcome, Cleanup, RenewLeases, RenewOutcome, RenewRequest,
 };
 use crate::scripts::semaphore::{
     self as calls, AcquireArgs, AcquireReply, Adjust, Refusal, ReleaseReply, StateReply, TotalReply,
 };
-use crate::scripts::{millis, Call};
+use crate::scripts::Call;
 
 /// The semaphore protocol: what one semaphore's exchanges with Redis are.
 pub(crate) trait RawSemaphore: RenewLeases {
@@ -48,6 +49,15 @@ pub(crate) trait RawSemaphore: RenewLeases {
 
     /// Returns the permits of permit id `id`.
     fn release(&self, keys: &SemaphoreKeys, id: &str) -> Result<Sent<ReleaseReply>, Failed>;
+
+    /// Returns the permits of `id` again (for a clean-up): done once the
+    /// current master does not have them and, under `replica_acks`, its
+    /// replicas confirm that.
+    fn release_again(&self, keys: &SemaphoreKeys, id: &str) -> Result<(), Error> {
+        self.release(keys, id)
+            .map(drop)
+            .map_err(|failed| failed.error)
+    }
 
     /// Gives up the waiter's `place` (it stopped waiting).
     fn leave(&self, keys: &SemaphoreKeys, place: &str) -> Result<(), Error>;
@@ -88,9 +98,7 @@ pub(crate) fn release_later(
 ) -> Cleanup {
     let (raw, keys, id) = (Arc::clone(raw), Arc::clone(keys), Arc::clone(id));
     Cleanup::new(&keys.name.clone(), sent, lease, move || {
-        raw.release(&keys, &id)
-            .map(drop)
-            .map_err(|failed| failed.error)
+        raw.release_again(&keys, &id)
     })
 }
 
@@ -163,9 +171,9 @@ impl DeploymentSemaphore {
         let mut outcomes = Vec::with_capacity(requests.len());
         for (request, value) in requests.iter().zip(&values) {
             outcomes.push(if is_redirection(value) {
-                // The slot moved: renew this one alone, which follows the
-                // redirection (and refreshes the map).
-                self.backend.redirected();
+                // The slot moved, or is moving: renew this one alone,
+                // which follows the redirection (and reloads the map for
+                // a `MOVED`, not for an `ASK`).
                 let call = calls::renew(request.key, request.identity, request.lease);
                 match self
                     .backend
@@ -214,10 +222,7 @@ impl RawSemaphore for DeploymentSemaphore {
             };
             // WAIT counts the replicas that have every write of this
             // connection, the acquisition included.
-            let acknowledged: u32 = redis::cmd("WAIT")
-                .arg(acks.replicas)
-                .arg(millis(acks.timeout))
-                .query(c)?;
+            let acknowledged = confirm::wait(c, acks)?;
             if acknowledged >= acks.replicas {
                 return Ok((reply, None));
             }
@@ -246,8 +251,35 @@ impl RawSemaphore for DeploymentSemaphore {
 
     fn release(&self, keys: &SemaphoreKeys, id: &str) -> Result<Sent<ReleaseReply>, Failed> {
         let call = calls::release(keys, id, self.baton_ttl);
-        self.backend
-            .exchange(&keys.state, &keys.name, |c| call.invoke(c))
+        // Under `replica_acks` a release is confirmed: one that only this
+        // master has is lost if a replica is promoted, which then keeps
+        // the permits taken for their lease.
+        let released = |reply: &ReleaseReply| matches!(reply, ReleaseReply::Released { .. });
+        confirm::exchange_confirmed(
+            &self.backend,
+            &keys.state,
+            &keys.name,
+            self.acks,
+            released,
+            |c| call.invoke(c),
+        )
+    }
+
+    fn release_again(&self, keys: &SemaphoreKeys, id: &str) -> Result<(), Error> {
+        let call = calls::release(keys, id, self.baton_ttl);
+        // "Not held" is confirmed too: the earlier release may be on this
+        // master only.
+        let answered = |reply: &ReleaseReply| !matches!(reply, ReleaseReply::Refused(_));
+        confirm::exchange_confirmed(
+            &self.backend,
+            &keys.state,
+            &keys.name,
+            self.acks,
+            answered,
+            |c| call.invoke(c),
+        )
+        .map(drop)
+        .map_err(|failed| failed.error)
     }
 
     fn leave(&self, keys: &SemaphoreKeys, place: &str) -> Result<(), Error> {

@@ -1,0 +1,114 @@
+//! The fair lock while its slot migrates (feature `cluster`): every script
+//! declares its keys, so a migration is transient (`ASK`, `TRYAGAIN`),
+//! never "Script attempted to access a non local key", and the waiters
+//! keep their places and their order across it.
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use testkit::{RedisCluster, RedisServer};
+
+use crate::queue_key;
+use crate::support::{self, Deployment, JoinWithin, Topology};
+
+/// The waiters in the queue of `name` on `node`, by arrival (`ASKING`
+/// first: the node may be importing the slot).
+fn queue_on(node: &RedisServer, name: &str) -> Vec<(String, f64)> {
+    let mut con = node.connection();
+    redis::cmd("ASKING").query::<()>(&mut con).unwrap();
+    redis::cmd("ZRANGE")
+        .arg(queue_key(name))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(&mut con)
+        .unwrap()
+}
+
+/// Issue 21 item 4: a holder releases while the slot is MIGRATING (no key
+/// moved yet, as between two batches of a reshard), then the keys move
+/// and the slot is handed over. The release succeeds, the two queued
+/// waiters keep their places (same arrivals on the new master) and are
+/// served in order, and nobody gets an error.
+#[test]
+fn a_fair_lock_rides_out_a_slot_migration_and_its_waiters_keep_their_places() {
+    let deployment = Deployment::start(Topology::Cluster);
+    let cluster = deployment.cluster();
+    let name = "moving";
+    let slot = cluster.slot_of(&queue_key(name));
+    let from = cluster.master_of_slot(slot);
+    let to = cluster
+        .masters()
+        .iter()
+        .find(|m| m.port() != from.port())
+        .unwrap();
+    let builder = || {
+        deployment
+            .builder()
+            .max_park(Duration::from_millis(200))
+            .build()
+            .unwrap()
+    };
+    let holder = builder();
+    let held = holder.fair_lock(name).unwrap().lock().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let waiters: Vec<_> = (0..2)
+        .map(|i| {
+            let client = builder();
+            let tx = tx.clone();
+            let waiter = thread::spawn(move || {
+                let got = client
+                    .fair_lock(name)
+                    .unwrap()
+                    .try_lock_for(Duration::from_secs(30));
+                let guard = got.unwrap().expect("served");
+                tx.send(i).unwrap();
+                guard.unlock().unwrap();
+            });
+            support::eventually(Duration::from_secs(10), "the waiter's place", || {
+                queue_on(from, name).len() == i + 1
+            });
+            waiter
+        })
+        .collect();
+    let before = queue_on(from, name);
+
+    let (from_id, to_id) = (RedisCluster::node_id(from), RedisCluster::node_id(to));
+    RedisCluster::set_slot(to, slot, &["IMPORTING", &from_id]);
+    RedisCluster::set_slot(from, slot, &["MIGRATING", &to_id]);
+    let released = Instant::now();
+    held.unlock().unwrap();
+    let release_took = released.elapsed();
+    // The waiters meet the migration for a while.
+    thread::sleep(Duration::from_millis(500));
+    RedisCluster::move_slot_keys(slot, from, to);
+    let moved_queue = queue_on(to, name);
+    for master in cluster.masters() {
+        RedisCluster::set_slot(master, slot, &["NODE", &to_id]);
+    }
+    let order: Vec<usize> = (0..2)
+        .map(|_| rx.recv_timeout(Duration::from_secs(20)).unwrap())
+        .collect();
+    let served_after = released.elapsed();
+    for waiter in waiters {
+        waiter.joined();
+    }
+    println!(
+        "release took {release_took:?}; both served {served_after:?} after it; \
+         queue before {before:?}, on the new master {moved_queue:?}"
+    );
+    assert!(
+        release_took < Duration::from_secs(2),
+        "the release waited out the migration: {release_took:?}"
+    );
+    assert_eq!(order, vec![0, 1]);
+    // Whoever was still waiting when the keys moved kept its arrival.
+    for (waiter, arrival) in &moved_queue {
+        assert!(
+            before.contains(&(waiter.clone(), *arrival)),
+            "{waiter} lost its place: {moved_queue:?} vs {before:?}"
+        );
+    }
+    assert!(served_after < Duration::from_secs(10), "{served_after:?}");
+}

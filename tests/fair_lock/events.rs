@@ -1,0 +1,126 @@
+//! Deployment events: a reply lost after the acquisition ran, a waiter
+//! killed while queued.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redbaton::Client;
+use testkit::{FaultProxy, RedisServer};
+
+use crate::support::{self, spawn_child, JoinWithin};
+use crate::{queue_key, queue_len};
+
+/// Issue 21 item 8: P's acquisition of a free fair lock runs, its reply is
+/// lost with the connection, and D queues before P's client sends it
+/// again. The resend must find P's own first run (by its request number),
+/// not be refused because D now waits ahead: otherwise the lock is held by
+/// nobody's guard for a whole lease while P and D both wait.
+#[test]
+fn a_resent_acquisition_whose_reply_was_lost_finds_its_own_first_run() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let p = Client::builder(proxy.url())
+        .io_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let d = support::client(&server);
+    let lock_key = "redbaton:{lost}:fair:lock";
+    let exists = |key: &str| -> bool {
+        redis::cmd("EXISTS")
+            .arg(key)
+            .query(&mut server.connection())
+            .unwrap()
+    };
+    let (armed_tx, armed_rx) = std::sync::mpsc::channel::<()>();
+    let (warm_tx, warm_rx) = std::sync::mpsc::channel::<()>();
+    let p_thread = {
+        let lock = p.fair_lock("lost").unwrap();
+        let warm = p.fair_lock("warm").unwrap();
+        thread::spawn(move || {
+            // This thread's identity, the pool and the script, first.
+            warm.try_lock().unwrap().unwrap().unlock().unwrap();
+            warm_tx.send(()).unwrap();
+            armed_rx.recv().unwrap();
+            let started = Instant::now();
+            let guard = lock.try_lock_for(Duration::from_secs(45)).unwrap();
+            let took = started.elapsed();
+            let got = guard.is_some();
+            if let Some(guard) = guard {
+                guard.unlock().unwrap();
+            }
+            (got, took)
+        })
+    };
+    // The first run's request and the resend are each held 700 ms on the
+    // way: D queues in between.
+    warm_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    proxy.drop_reply_to(b"EVALSHA");
+    proxy.set_delay(Duration::from_millis(700));
+    armed_tx.send(()).unwrap();
+    support::eventually(
+        Duration::from_secs(10),
+        "P's first run took the lock",
+        || exists(lock_key),
+    );
+    let d_thread = {
+        let lock = d.fair_lock("lost").unwrap();
+        thread::spawn(move || {
+            let started = Instant::now();
+            let got = lock.try_lock_for(Duration::from_secs(45)).unwrap();
+            (got.is_some(), started.elapsed())
+        })
+    };
+    support::eventually(Duration::from_secs(10), "D's place in the queue", || {
+        queue_len(&server, "lost") == 1
+    });
+    proxy.set_delay(Duration::ZERO);
+    let (p_got, p_took) = p_thread.joined();
+    let (d_got, d_took) = d_thread.joined();
+    println!("P acquired after {p_took:?}, D after {d_took:?}");
+    assert_eq!(proxy.dropped_replies(), 1, "the first run's reply was lost");
+    assert!(p_got && d_got);
+    // A stranded lock would hold both for its 30 s lease.
+    assert!(p_took < Duration::from_secs(10), "P waited {p_took:?}");
+    assert!(d_took < Duration::from_secs(10), "D waited {d_took:?}");
+    assert!(!exists(&queue_key("lost")));
+}
+
+/// Issue 21 item 10: a waiter SIGKILLed while queued, the holder unlocks,
+/// the name is never used again: every key under the name's tag expires
+/// (the README's promise), none is left without a TTL.
+#[test]
+fn a_killed_waiters_keys_all_expire_after_the_names_last_use() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.fair_lock("queue").unwrap();
+    let held = lock.lock().unwrap();
+    let mut doomed = spawn_child("fair_waiter", &server);
+    doomed.wait_for_line("WAITING", Duration::from_secs(30));
+    support::eventually(Duration::from_secs(10), "the child's place", || {
+        queue_len(&server, "queue") == 1
+    });
+    doomed.kill();
+    held.unlock().unwrap();
+    let mut con = server.connection();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("redbaton:{queue}:*")
+        .query(&mut con)
+        .unwrap();
+    assert!(
+        keys.contains(&queue_key("queue")),
+        "the dead waiter's place is still there: {keys:?}"
+    );
+    for key in &keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut con).unwrap();
+        assert!(ttl != -1, "{key} has no TTL (keys: {keys:?})");
+    }
+    // The queue's keys go with the last place (1.5 park slices of the
+    // child's 300 ms + 500 ms).
+    support::eventually(Duration::from_secs(5), "the queue's keys expire", || {
+        let left: Vec<String> = redis::cmd("KEYS")
+            .arg("redbaton:{queue}:fair:lock*")
+            .query(&mut con)
+            .unwrap();
+        left.is_empty()
+    });
+}
