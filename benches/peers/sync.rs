@@ -70,7 +70,7 @@
 //!   `PING` first (`test_on_check_out`); those are counted as sent.
 //!
 //! ```text
-//! cargo bench --manifest-path benches/peers/Cargo.toml --bench sync
+//! cargo bench --manifest-path benches/peers/Cargo.toml --bench sync --features redisson
 //! ```
 //!
 //! Needs `redis-server` on PATH; starts its own on a free loopback port

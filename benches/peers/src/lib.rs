@@ -1,1 +1,1 @@
-//! Holds the peer benchmarks (`sync.rs`); no library code.
+//! Holds the peer benchmarks (`lock.rs`, `redlock.rs`, `sync.rs`); no library code.

@@ -3,7 +3,7 @@
 //! widely used sync Rust Redis lock) on the same server in the same run.
 //!
 //! ```text
-//! cargo bench --bench lock
+//! cargo bench --manifest-path benches/peers/Cargo.toml --bench lock
 //! ```
 //!
 //! Uses `REDIS_URL` when set; otherwise a throwaway `redis-server` from PATH.

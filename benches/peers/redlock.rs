@@ -46,7 +46,7 @@
 //!    ranked).
 //!
 //! ```text
-//! cargo bench --bench redlock --features redlock
+//! cargo bench --manifest-path benches/peers/Cargo.toml --bench redlock
 //! ```
 //!
 //! Needs `redis-server` on PATH; starts its own masters on free loopback
