@@ -86,7 +86,7 @@ const PROBE_IO_TIMEOUT: Duration = Duration::from_secs(1);
 /// Lines of the server log quoted in startup failures.
 const LOG_TAIL_LINES: usize = 30;
 
-const LOG_FILE: &str = "redis.log";
+pub(crate) const LOG_FILE: &str = "redis.log";
 
 /// Distinguishes temp dirs of servers started by the same process that
 /// happen to reuse a port (for example after a previous server was dropped).

@@ -76,9 +76,14 @@ impl RedisSentinels {
             }
         }
         let quorum = sentinels / 2 + 1;
+        // down-after 2 s, not 1 s: a sentinel pings every second at most,
+        // and at 1 s one that had just switched to a new master sometimes
+        // marked it down before its first reply came, failing over a
+        // second time to a master with no replica for ~10 s (seen in the
+        // fault matrix on Redis 7.0).
         let mut config = format!(
             "sentinel monitor {service} 127.0.0.1 {master_port} {quorum}\n\
-             sentinel down-after-milliseconds {service} 1000\n\
+             sentinel down-after-milliseconds {service} 2000\n\
              sentinel failover-timeout {service} 5000\n\
              sentinel parallel-syncs {service} 1\n"
         );

@@ -366,6 +366,10 @@ impl Drop for RedisServer {
             // already unwinding, and there is nothing better to do anyway.
             let _ = kill_and_reap(&mut child, REAP_TIMEOUT);
         }
+        if let Some(keep) = std::env::var_os("REDBATON_TEST_KEEP_LOGS") {
+            let kept = std::path::Path::new(&keep).join(format!("{}.log", self.port));
+            let _ = fs::copy(self.dir.join(crate::launch::LOG_FILE), kept);
+        }
         let _ = fs::remove_dir_all(&self.dir);
     }
 }

@@ -118,7 +118,6 @@ matrix! {
 
     // A master, two replicas and three sentinels, replica_acks(1, 300 ms).
     lock_sentinel_failover: Lock, Sentinel, Event::Failover;
-    #[ignore = "intermittent, not diagnosed: once in four full runs the lock stayed shut 15.5 s after the master was killed (allowed 4 s; NotReplicated twice)"]
     lock_sentinel_master_killed: Lock, Sentinel, Event::MasterKilled;
     fair_sentinel_failover: Fair, Sentinel, Event::Failover;
     fair_sentinel_master_killed: Fair, Sentinel, Event::MasterKilled;

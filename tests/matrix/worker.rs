@@ -13,6 +13,7 @@ use crate::support::JoinWithin;
 /// This binary's child-process roles; false for another's.
 pub(crate) fn run_child(role: &str, text: &str) -> bool {
     let spec = Spec::decode(text);
+    FileLog::install(role);
     match role {
         "work" => work(&spec),
         "hold" => hold(&spec),
@@ -20,6 +21,46 @@ pub(crate) fn run_child(role: &str, text: &str) -> bool {
         _ => return false,
     }
     true
+}
+
+/// With `MATRIX_LOG=dir` set, each child writes the crate's log records
+/// (debug and up, with a millisecond timestamp) to `dir/<role>-<pid>.log`:
+/// a cell that fails can be read after the fact.
+struct FileLog(std::sync::Mutex<std::fs::File>);
+
+impl FileLog {
+    fn install(role: &str) {
+        let Some(dir) = std::env::var_os("MATRIX_LOG") else {
+            return;
+        };
+        let path = std::path::Path::new(&dir).join(format!("{role}-{}.log", std::process::id()));
+        let file = std::fs::File::create(path).expect("the MATRIX_LOG file");
+        let logger = Box::leak(Box::new(FileLog(std::sync::Mutex::new(file))));
+        if log::set_logger(logger).is_ok() {
+            log::set_max_level(log::LevelFilter::Debug);
+        }
+    }
+}
+
+impl log::Log for FileLog {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        use std::io::Write;
+        let thread = thread::current();
+        let line = format!(
+            "{} {:?} {} {}\n",
+            now_ms(),
+            thread.name().unwrap_or("-"),
+            record.level(),
+            record.args()
+        );
+        let _ = self.0.lock().unwrap().write_all(line.as_bytes());
+    }
+
+    fn flush(&self) {}
 }
 
 /// No worker runs longer than this, whatever the driver does.
@@ -156,16 +197,22 @@ fn work_thread(spec: &Spec, handle: &Handle, index: usize) -> Tally {
         let held = match handle.enter(index, ENTRY_TIMEOUT) {
             Ok(Some(held)) => held,
             Ok(None) => {
+                log::info!("thread {index}: timed out");
                 tally.timeouts += 1;
                 continue;
             }
             Err(error) => {
+                log::info!("thread {index}: enter failed: {error}");
                 tally.error(&error);
                 thread::sleep(Duration::from_millis(20));
                 continue;
             }
         };
         tally.entries += 1;
+        log::info!(
+            "thread {index}: entered after {} ms",
+            asked.elapsed().as_millis()
+        );
         tally.max_wait = tally.max_wait.max(asked.elapsed().as_millis() as u64);
         let last_exit: Option<u64> = redis::cmd("GET")
             .arg("last_exit")
@@ -180,7 +227,9 @@ fn work_thread(spec: &Spec, handle: &Handle, index: usize) -> Tally {
         }
         thread::sleep(spec.hold);
         held.unmark(&mut witness, marked);
+        log::info!("thread {index}: leaving");
         if let Err(error) = held.leave() {
+            log::info!("thread {index}: leave failed: {error}");
             tally.error(&error);
         }
         redis::cmd("SET")
