@@ -317,9 +317,10 @@ pub use sync::{Semaphore, SemaphorePermit};
 ///   cannot cross an `.await`: call the function from `spawn_blocking`)
 ///   nor `const`.
 /// - Free functions, methods (`self`, `&self`, `&mut self`, in trait impls
-///   too) and generic functions work, as long as they have a body. The guard is a local taken before the body's first
-///   statement, not a closure, so `return` and `?` in the body keep their
-///   meaning; the body cannot see or shadow the macro's own locals.
+///   too) and generic functions work, as long as they have a body. The
+///   guard is a local taken before the body's first statement, not a
+///   closure, so `return` and `?` in the body keep their meaning; the body
+///   cannot see or shadow the macro's own locals.
 /// - Locks are re-entrant per thread: a locked function may call another
 ///   on the same key (or take the same lock by hand); the inner call joins
 ///   the outer ownership and its fencing token.

@@ -268,7 +268,7 @@ impl fmt::Debug for Topology {
 /// | [`max_local_handoffs`](ClientBuilder::max_local_handoffs) | 8 | 0 to 1,000,000 | hand-offs to threads of the same client in a row before a release in Redis; 0 = off |
 /// | [`node_timeout`](ClientBuilder::node_timeout) | 1 % of the lock's lease, 50 ms to `io_timeout` | 1 ms to 1 year | Redlock: how long one master may take in a round before it counts as not there |
 /// | [`clock_drift(ratio, fixed)`](ClientBuilder::clock_drift) | 0.01, 2 ms | ratio 0 to 0.5; fixed up to 1 year | Redlock: the allowance `ratio × lease + fixed` for clocks that disagree; a lock is valid for its lease less this and the round's time |
-/// | [`replica_acks(n, timeout)`](ClientBuilder::replica_acks) | off | n 1 to 1024; timeout 1 ms to under `io_timeout` | replicas that must confirm each acquisition, hand-off and renewal (`WAIT`) |
+/// | [`replica_acks(n, timeout)`](ClientBuilder::replica_acks) | off | n 1 to 1024; timeout 1 ms to under `io_timeout` | replicas that must confirm each acquisition, hand-off, renewal and last release (`WAIT`) |
 ///
 /// # Examples
 ///
