@@ -13,11 +13,14 @@ use redis::RedisError;
 
 /// Everything that can go wrong in redbaton.
 ///
-/// Messages never contain the Redis URL, so passwords do not leak into logs.
+/// Each message says what to do; [`is_transient`](Error::is_transient)
+/// tells which failures may pass by themselves. No call panics on bad
+/// input or on a Redis failure. Messages never contain the Redis URL, so
+/// passwords do not leak into logs.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The lock name cannot be used.
+    /// The name cannot be used: it is empty, or over 4096 bytes.
     #[error("invalid name {name:?}: {reason}")]
     InvalidName {
         /// The name that was refused.
@@ -26,7 +29,8 @@ pub enum Error {
         reason: &'static str,
     },
 
-    /// A lease of zero (or less than a millisecond) was given.
+    /// A lease under a millisecond (zero included) or over a year was
+    /// given.
     #[error("invalid lease {lease:?}: a lease must be between 1 ms and a year (it is sent as PEXPIRE milliseconds)")]
     InvalidLease {
         /// The lease that was refused.
@@ -87,7 +91,10 @@ pub enum Error {
     /// The Redis deployment is not of the kind the client was built for, or
     /// not whole: a cluster node given as one server (or the reverse), a
     /// cluster slot no master serves, sentinels that do not know the
-    /// service. The message says what to change.
+    /// service. Or an object the deployment does not offer: a Redlock
+    /// quorum (`Topology::masters`) offers the plain lock only, so the
+    /// fair lock, and the calls of read-write locks, semaphores, latches
+    /// and rate limiters, get this there. The message says what to change.
     #[error("Redis at {addr} {detail}")]
     WrongTopology {
         /// The server (or servers) that showed it.
@@ -187,7 +194,7 @@ pub enum Error {
 
     /// The Redis user may not run a command or touch a key that redbaton
     /// needs (an ACL refused it).
-    #[error("the Redis user is not allowed to do what redbaton needs ({detail}); grant the commands and keys of the ACL line in the README")]
+    #[error("the Redis user is not allowed to do what redbaton needs ({detail}); grant the commands and keys of the ACL line in redbaton's docs/security.md")]
     PermissionDenied {
         /// What Redis refused.
         detail: String,
@@ -294,8 +301,10 @@ pub enum Error {
         current: u32,
     },
 
-    /// Redis answered with an error not covered above (for example `NOPERM`
-    /// from an ACL, or `READONLY` from a replica).
+    /// Redis answered with an error not covered above (an `ERR` reply that
+    /// no other variant names, say). ACL refusals are
+    /// [`Error::PermissionDenied`], and `READONLY` from a replica is
+    /// [`Error::Unavailable`].
     #[error("Redis refused the command: {source}")]
     Redis {
         /// The server's reply.

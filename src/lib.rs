@@ -42,6 +42,23 @@
 //!   releasing in Redis so that other processes get their turn.
 //! - **Fencing tokens** that increase with every fresh acquisition.
 //!
+//! # One client, every synchronizer
+//!
+//! A [`Client`] hands out locks ([`Client::lock`]), fair locks
+//! ([`Client::fair_lock`]), read-write locks, semaphores, count-down
+//! latches and rate limiters, all waiting on the same baton core.
+//! [`Client::builder`] takes a [`Topology`]; a URL string is one server.
+//! The verbs are shared: locks `lock` / `try_lock` / `try_lock_for` /
+//! `try_lock_until` (the read-write lock `read…` and `write…` the same way)
+//! and return guards; the semaphore's `acquire` / `acquire_many(k)` and
+//! their `try_…` forms return a permit guard. Where nothing is held
+//! afterwards, the answer is a `bool` or `()`: the latch's `wait_for`, and
+//! the rate limiter's `acquire(n)` / `try_acquire(n)`, which take a permit
+//! count and give nothing back (its documented exception to the
+//! semaphore's `acquire` / `acquire_many` pair). Contention is never an
+//! error: `try_lock*` return `Ok(None)`, `try_acquire*` `Ok(None)` or
+//! `Ok(false)`; the errors are one enum, [`Error`].
+//!
 //! # Deployments
 //!
 //! One server (a URL), a Redis Cluster (`Topology::cluster`, feature
@@ -91,7 +108,8 @@
 //! ```
 //!
 //! A single Redis is not safe across failover: a replica promoted before it
-//! received the lock can grant it again. See the README for the limits.
+//! received the lock can grant it again. `docs/deployments.md` in the
+//! repository says what each deployment can still get wrong.
 //!
 //! # Declarative locking
 //!
@@ -269,37 +287,40 @@ pub use sync::{Semaphore, SemaphorePermit};
 ///
 /// | option | meaning |
 /// |---|---|
-/// | `client = EXPR` | Required. The [`Client`]: any expression that gives one by reference (`&(EXPR)` must coerce to `&Client`): a static `Client` or `LazyLock<Client>`, an `Arc<Client>`, `self.locks`, a function call. |
-/// | `key = "…{arg}…"` | Required (this or the next). The lock's name, a `format!` string whose `{…}` capture the function's arguments by name (`{order_id}`, `{day:?}`); a name that is not an argument, or a positional `{}`, is a compile error. |
+/// | `client = EXPR` | Required. The [`Client`]: any expression that gives one by reference (`&(EXPR)` must coerce to `&Client`): a static `Client` or `LazyLock<Client>`, an `Arc<Client>`, an argument, `self.locks`, a function call. |
+/// | `key = "…{arg}…"` | Required (this or the next). The lock's name, a `format!` string whose `{…}` capture the function's arguments by name (`{order_id}`, `{day:?}`, `self` included); a name that is not an argument, or a positional `{}`, is a compile error at the literal (use `key = { … }` for fields and constants). |
 /// | `key = { … }` | The lock's name from any expression (a `String`, `&str`, `Cow<str>`, `Box<str>` or `Arc<str>`): fields of `self`, constants, computed names. |
 /// | `wait = "5s"` | Wait up to this long for the lock ([`Lock::try_lock_for`]), then return [`Error::Busy`]. Without it: one attempt ([`Lock::try_lock`]). |
 /// | `lease = "30s"` | A renewed lease of this length ([`Lock::with_lease`]): renewed every third of it while the function runs; a crashed holder frees the lock within it. Without it: the client's `default_lease`. |
 /// | `fixed_lease = "30s"` | A fixed lease ([`Lock::with_fixed_lease`]): the lock ends after it even if the function still runs. Excludes `lease`. |
-/// | `fencing = name` | Binds the ownership's fencing token ([`LockGuard::fencing_token`], a `u64`) to the local `name`, for the body to pass to storage (the lock, the fair lock and `rw = write`). |
+/// | `fencing = name` | Binds the ownership's fencing token ([`LockGuard::fencing_token`], a `u64`) to the local `name`, for the body to pass to storage (the lock, the fair lock and `rw = write`). A plain name that does not hide an argument. |
 /// | `fair` | Holds the fair lock of that name ([`Client::fair_lock`]): callers are served in arrival order. |
 /// | `rw = read` or `rw = write` | Holds the read-write lock of that name ([`Client::rw_lock`]) for reading (shared) or writing (alone). `lease` is refused (it is renewed with the client's `default_lease`); `fixed_lease` applies. |
-/// | `semaphore` or `semaphore = N` | Holds 1 (or N) permits of the semaphore of that name ([`Client::semaphore`]); its total is set elsewhere. `lease` and `fencing` are refused; `fixed_lease` applies. |
+/// | `semaphore` or `semaphore = N` | Holds 1 (or N) permits of the semaphore of that name ([`Client::semaphore`]): [`Error::Busy`] when they are not free within the attempt or the `wait`. Its total is set elsewhere ([`Semaphore::try_set_permits`]), else [`Error::SemaphoreNotSet`]. `lease` and `fencing` are refused; `fixed_lease` applies. |
 /// | `crate = path` | Where redbaton is, when it is renamed or re-exported (`crate = ::infra::redbaton`). Defaults to `::redbaton`. |
 ///
 /// Durations are a whole number and a unit, `"250ms"`, `"5s"`, `"2m"` or
 /// `"1h"`, read at compile time: a malformed one, a zero `wait`, or a
 /// lease outside 1 ms to a year is a compile error at the literal. So is
 /// an option given twice, or one that does not exist (the message lists
-/// the options).
+/// the options), and a missing `client` or `key`. Each compile error
+/// points at what to change and says how.
 ///
 /// # The function
 ///
 /// - It returns `Result<T, E>` with `E: From<redbaton::Error>`, written as
 ///   a path ending in `Result` (`Result<T, E>`, `io::Result<T>`,
-///   `AppResult<T>`); anything else is a compile error at the return type,
-///   and so is an error type without the `From`.
+///   `AppResult<T>`; `Box<dyn Error + Send + Sync>` works as `E`); anything
+///   else is a compile error at the return type, and so is an error type
+///   without the `From`.
 /// - It is neither `async` (the lock blocks the thread, and its guard
 ///   cannot cross an `.await`: call the function from `spawn_blocking`)
 ///   nor `const`.
-/// - Free functions, methods (`self`, `&self`, `&mut self`) and generic
-///   functions work. The guard is a local taken before the body's first
-///   statement, not a closure, so `return` and `?` in the body keep their
-///   meaning; the body cannot see or shadow the macro's own locals.
+/// - Free functions, methods (`self`, `&self`, `&mut self`, in trait impls
+///   too) and generic functions work, as long as they have a body. The
+///   guard is a local taken before the body's first statement, not a
+///   closure, so `return` and `?` in the body keep their meaning; the body
+///   cannot see or shadow the macro's own locals.
 /// - Locks are re-entrant per thread: a locked function may call another
 ///   on the same key (or take the same lock by hand); the inner call joins
 ///   the outer ownership and its fencing token.
@@ -309,7 +330,10 @@ pub use sync::{Semaphore, SemaphorePermit};
 /// # Errors
 ///
 /// Through the function's error type: [`Error::Busy`] when another thread
-/// or process held the lock for the attempt (or the whole `wait`);
+/// or process held the lock for the attempt (or the whole `wait`): it is
+/// [`is_busy`](Error::is_busy), and not
+/// [`is_transient`](Error::is_transient), since contention is the lock
+/// working;
 /// [`Error::InvalidName`] for an empty key or one over 4096 bytes; and the
 /// Redis failures of [`Lock::try_lock`].
 #[cfg(feature = "macros")]
@@ -329,3 +353,37 @@ pub mod __private {
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// Compiles the examples of the guides in `docs/` as doctests, as the
+/// README's are: one item per page, so that a failure names its page. A
+/// page whose examples need features is compiled when they are on (CI
+/// runs the doctests with all of them).
+#[cfg(doctest)]
+mod guides {
+    #[doc = include_str!("../docs/lock.md")]
+    struct Lock;
+    #[doc = include_str!("../docs/fair-lock.md")]
+    struct FairLock;
+    #[doc = include_str!("../docs/rwlock.md")]
+    struct RwLock;
+    #[doc = include_str!("../docs/semaphore.md")]
+    struct Semaphore;
+    #[doc = include_str!("../docs/latch.md")]
+    struct Latch;
+    #[doc = include_str!("../docs/rate-limiter.md")]
+    struct RateLimiter;
+    #[doc = include_str!("../docs/how-it-works.md")]
+    struct HowItWorks;
+    #[cfg(all(feature = "cluster", feature = "sentinel", feature = "redlock"))]
+    #[doc = include_str!("../docs/deployments.md")]
+    struct Deployments;
+    #[doc = include_str!("../docs/failures.md")]
+    struct Failures;
+    #[cfg(feature = "tls")]
+    #[doc = include_str!("../docs/security.md")]
+    struct Security;
+    #[doc = include_str!("../docs/performance.md")]
+    struct Performance;
+    #[doc = include_str!("../docs/development.md")]
+    struct Development;
+}

@@ -11,14 +11,15 @@ use redbaton::{Client, Error};
 use support::JoinWithin;
 use testkit::RedisServer;
 
-/// The README's ACL line, minus `ACL SETUSER <name> on >password`: read
-/// from the README itself, so that the documented line is the tested one.
+/// The documented ACL line (docs/security.md), minus `ACL SETUSER <name>
+/// on >password`: read from the page itself, so that the documented line
+/// is the tested one.
 fn redbaton_acl() -> &'static str {
     const LINE_START: &str = "ACL SETUSER locker on >long-random-password ";
-    include_str!("../README.md")
+    include_str!("../docs/security.md")
         .lines()
         .find_map(|line| line.strip_prefix(LINE_START))
-        .expect("the README documents the ACL line")
+        .expect("docs/security.md documents the ACL line")
 }
 const PASSWORD: &str = "pa55-w0rd-do-not-log";
 

@@ -187,7 +187,7 @@ impl Manager {
                 if !self.id_refused.swap(true, Ordering::Relaxed) {
                     log::warn!(
                         "redbaton: Redis refused CLIENT ID ({err}); waiters wake on the server's timer, \
-                         up to 100 ms late (hz 10). Grant +client|id +client|unblock (see the README's ACL line)"
+                         up to 100 ms late (hz 10). Grant +client|id +client|unblock (see the ACL line in redbaton's docs/security.md)"
                     );
                 }
                 Ok(None)

@@ -142,7 +142,7 @@ fn unblock(commands: &Pool, client_id: i64, refused: &AtomicBool, io_timeout: Du
             if !refused.swap(true, Ordering::Relaxed) {
                 log::warn!(
                     "redbaton: Redis refused CLIENT UNBLOCK ({err}); waiters now wake on the server's \
-                     timer, up to 100 ms late (hz 10). Grant +client|id +client|unblock (see the README's ACL line)"
+                     timer, up to 100 ms late (hz 10). Grant +client|id +client|unblock (see the ACL line in redbaton's docs/security.md)"
                 );
             }
         }

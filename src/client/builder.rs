@@ -250,8 +250,25 @@ impl fmt::Debug for Topology {
 
 /// Settings of a [`Client`]; every setter documents its default.
 ///
-/// Bad values are reported by [`build`](ClientBuilder::build), not by the
-/// setters.
+/// Every setting has a range; [`build`](ClientBuilder::build) refuses a
+/// value outside it with [`Error::InvalidConfig`] naming the setting
+/// ([`Error::InvalidLease`] for `default_lease`); the setters report
+/// nothing.
+///
+/// | setting | default | range | meaning |
+/// |---|---|---|---|
+/// | [`prefix`](ClientBuilder::prefix) | `"redbaton"` | non-empty, no `{` or `}` | first segment of every key |
+/// | [`pool_size`](ClientBuilder::pool_size) | 8 | 1 to 1024 | connections for lock commands, each held one round trip |
+/// | [`parking_connections`](ClientBuilder::parking_connections) | 16 | 1 to 1024 | connections that may sit in `BLPOP` at once (one per lock name per process) |
+/// | [`default_lease`](ClientBuilder::default_lease) | 30 s | 1 ms to 1 year | lease of renewed locks; the watchdog renews at a third of it |
+/// | [`max_park`](ClientBuilder::max_park) | 2 s | 1 ms to 1 year | longest single `BLPOP`; bounds the cost of a lost wake-up |
+/// | [`io_timeout`](ClientBuilder::io_timeout) | 3 s | 1 ms to 1 year | connect, each reply, and each wait for a pooled connection |
+/// | [`baton_ttl`](ClientBuilder::baton_ttl) | 5 s | 1 ms to 1 year | how long an unclaimed baton stays |
+/// | [`fence_counter_ttl`](ClientBuilder::fence_counter_ttl) | 1 day | 1 ms to 1 year | how long a lock's fencing counter stays after its last acquisition |
+/// | [`max_local_handoffs`](ClientBuilder::max_local_handoffs) | 8 | 0 to 1,000,000 | hand-offs to threads of the same client in a row before a release in Redis; 0 = off |
+/// | [`node_timeout`](ClientBuilder::node_timeout) | 1 % of the lock's lease, 50 ms to `io_timeout` | 1 ms to 1 year | Redlock: how long one master may take in a round before it counts as not there |
+/// | [`clock_drift(ratio, fixed)`](ClientBuilder::clock_drift) | 0.01, 2 ms | ratio 0 to 0.5; fixed up to 1 year | Redlock: the allowance `ratio × lease + fixed` for clocks that disagree; a lock is valid for its lease less this and the round's time |
+/// | [`replica_acks(n, timeout)`](ClientBuilder::replica_acks) | off | n 1 to 1024; timeout 1 ms to under `io_timeout` | replicas that must confirm each acquisition, hand-off, renewal and last release (`WAIT`) |
 ///
 /// # Examples
 ///

@@ -1,5 +1,6 @@
 //! The Redis that examples and benches run against.
 
+use crate::launch::{NOT_FOUND, NOT_FOUND_FOR_EXAMPLES};
 use crate::RedisServer;
 
 /// `REDIS_URL` when it is set, otherwise a throwaway `redis-server` that
@@ -16,12 +17,19 @@ impl DemoRedis {
     /// Uses `REDIS_URL`, or starts a throwaway server from PATH.
     ///
     /// # Errors
-    /// The one-line hint to install `redis-server`, or why it did not start.
+    /// The one-line hint to install `redis-server` (or set `REDIS_URL`) to
+    /// run the program, or why the server did not start.
     pub fn from_env() -> Result<DemoRedis, String> {
         if let Ok(url) = std::env::var("REDIS_URL") {
             return Ok(DemoRedis { url, server: None });
         }
-        let server = RedisServer::try_start()?;
+        let server = RedisServer::try_start().map_err(|err| {
+            if err == NOT_FOUND {
+                NOT_FOUND_FOR_EXAMPLES.to_owned()
+            } else {
+                err
+            }
+        })?;
         Ok(DemoRedis {
             url: server.url(),
             server: Some(server),

@@ -19,9 +19,26 @@ use crate::process::kill_and_reap;
 /// Bound on reaping a SIGKILLed server, which normally takes microseconds.
 pub(crate) const REAP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The one line shown when the binary is missing, so a contributor without
-/// Redis installed immediately knows what to do.
-pub(crate) const NOT_FOUND: &str = "redis-server not found on PATH (or at $REDBATON_TEST_SERVER): install it (Debian/Ubuntu: apt-get install redis-server) to run redbaton's tests";
+/// The one line shown when the binary is missing, so that someone without
+/// Redis installed knows at once what to do; `$for` says what it is for.
+macro_rules! not_found {
+    ($for:literal) => {
+        concat!(
+            "redis-server not found on PATH (or at $REDBATON_TEST_SERVER): install it ",
+            "(Debian/Ubuntu: apt-get install redis-server) ",
+            $for
+        )
+    };
+}
+
+/// `not_found!` for the tests.
+pub(crate) const NOT_FOUND: &str = not_found!("to run redbaton's tests");
+
+/// `not_found!` for the examples and benches, which can also use a
+/// running Redis instead.
+pub(crate) const NOT_FOUND_FOR_EXAMPLES: &str = not_found!(
+    "to run redbaton's examples and benches, or set REDIS_URL to use a Redis of your own"
+);
 
 /// Names the server binary the tests start instead of `redis-server` on
 /// `PATH` (a Valkey `valkey-server`, a Redis built from source): every

@@ -5,7 +5,7 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use testkit::{pid_exists, ChildProcess, RedisServer};
+use testkit::{pid_exists, ChildProcess, DemoRedis, RedisServer};
 
 const ROLE: &str = "TESTKIT_CHILD_ROLE";
 const WAIT: Duration = Duration::from_secs(10);
@@ -26,6 +26,13 @@ fn child_entry() {
             Ok(server) => println!("STARTED: {}", server.port()),
             Err(err) => println!("ERROR: {err}"),
         },
+        Ok("demo") => {
+            std::env::remove_var("REDIS_URL");
+            match DemoRedis::from_env() {
+                Ok(redis) => println!("STARTED: {}", redis.url),
+                Err(err) => println!("ERROR: {err}"),
+            }
+        }
         Ok("ticker") => {
             // Runs until killed, but never longer than the deadline.
             let deadline = Instant::now() + Duration::from_secs(60);
@@ -86,6 +93,22 @@ fn missing_redis_server_is_one_clear_line() {
     assert_eq!(
         child.wait_for_line("ERROR:", WAIT),
         "redis-server not found on PATH (or at $REDBATON_TEST_SERVER): install it (Debian/Ubuntu: apt-get install redis-server) to run redbaton's tests"
+    );
+}
+
+#[test]
+fn missing_redis_server_for_an_example_speaks_of_the_example() {
+    let mut child = ChildProcess::spawn_test(
+        "child_entry",
+        &[
+            (ROLE, "demo".to_owned()),
+            ("PATH", "/nonexistent-testkit-path".to_owned()),
+            (testkit::SERVER_VAR, String::new()),
+        ],
+    );
+    assert_eq!(
+        child.wait_for_line("ERROR:", WAIT),
+        "redis-server not found on PATH (or at $REDBATON_TEST_SERVER): install it (Debian/Ubuntu: apt-get install redis-server) to run redbaton's examples and benches, or set REDIS_URL to use a Redis of your own"
     );
 }
 

@@ -87,7 +87,7 @@ fn a_resent_acquisition_whose_reply_was_lost_finds_its_own_first_run() {
 
 /// Issue 21 item 10: a waiter SIGKILLed while queued, the holder unlocks,
 /// the name is never used again: every key under the name's tag expires
-/// (the README's promise), none is left without a TTL.
+/// (docs/how-it-works.md's promise), none is left without a TTL.
 #[test]
 fn a_killed_waiters_keys_all_expire_after_the_names_last_use() {
     let server = RedisServer::start();

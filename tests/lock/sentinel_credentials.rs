@@ -94,7 +94,7 @@ fn sentinels_without_a_password_in_front_of_a_master_with_one() {
     }
     // Until the client has seen `+switch-master` (and the old master is
     // demoted), a lock may still be taken on the old master, which stays
-    // writable for a while (see the README): look until it is taken on
+    // writable for a while (see docs/deployments.md): look until it is taken on
     // the new one, which needs the master URL's password.
     let lock = first.lock("after-failover").unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -109,7 +109,7 @@ pub fn top_commands(
 }
 
 /// Keys under the client's prefix, on every server that answers, that
-/// have no TTL and are not one of the README's documented exceptions.
+/// have no TTL and are not one of the documented exceptions.
 pub fn keys_without_ttl(deployment: &Deployment) -> Vec<String> {
     let mut found = Vec::new();
     for server in servers(deployment) {
@@ -141,7 +141,7 @@ pub fn keys_without_ttl(deployment: &Deployment) -> Vec<String> {
     found
 }
 
-/// The README's key layout: the identity counter (one per prefix), a rate
+/// The key layout (docs/how-it-works.md): the identity counter (one per prefix), a rate
 /// limiter's configuration and a semaphore's state (kept for the name's
 /// life), a latch's count while it is not zero.
 fn documented_without_ttl(key: &str) -> bool {

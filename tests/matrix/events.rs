@@ -402,7 +402,7 @@ fn busy(stage: &mut Stage<'_>) -> Outcome {
     let took = started.elapsed();
     Outcome {
         // A baton pushed while the server was busy may be lost: waiters
-        // then come back after `max_park` (as the README says).
+        // then come back after `max_park` (as `ClientBuilder::max_park` says).
         allowance: took + stage.spec.max_park,
         note: format!("busy for {} ms", took.as_millis()),
         victim: None,

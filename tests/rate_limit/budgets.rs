@@ -358,7 +358,7 @@ fn a_client_whose_requests_arrive_late_still_gets_only_the_configured_rate() {
 
     // Together, the two get the configured rate between them. (Not fairly:
     // a refused caller retries when the permit is due, and the near client's
-    // retry arrives first, so it takes nearly all; see the README.)
+    // retry arrives first, so it takes nearly all; see docs/rate-limiter.md.)
     near_limiter.delete().unwrap();
     near_limiter
         .set_rate(RateMode::Overall, 20, Duration::from_secs(1))

@@ -25,7 +25,7 @@ fn child_entry() {
 }
 
 /// A key of read-write lock `name` under the default prefix, as the
-/// README's key layout gives it: `part` is `write`, `readers`, `depths`,
+/// key layout (docs/how-it-works.md) gives it: `part` is `write`, `readers`, `depths`,
 /// `writers`, `rbaton`, `wbaton` or `fence`.
 pub fn rw_key(name: &str, part: &str) -> String {
     format!("redbaton:{{{}}}:rw:{part}", support::hash_tag(name))

@@ -215,24 +215,25 @@ fn a_quorum_client_refuses_semaphores_as_the_wrong_topology() {
     }
 }
 
-/// The commands the README's semaphore section adds to the lock's ACL line.
+/// The commands docs/security.md adds to the lock's ACL line for the
+/// semaphore.
 const SEMAPHORE_ACL: &str =
     "+hget +hdel +hvals +llen +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zscore";
 
-/// The README's ACL line plus the semaphore's commands, as the README
+/// The ACL line plus the semaphore's commands, as docs/security.md
 /// states them: every call works under a user limited to them.
 #[test]
 fn everything_works_under_a_user_limited_to_the_documented_acl() {
-    let readme = include_str!("../../README.md");
-    let flat: String = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    let page = include_str!("../../docs/security.md");
+    let flat: String = page.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
         flat.contains(SEMAPHORE_ACL),
-        "the README lists {SEMAPHORE_ACL}"
+        "docs/security.md lists {SEMAPHORE_ACL}"
     );
-    let lock_acl = readme
+    let lock_acl = page
         .lines()
         .find_map(|line| line.strip_prefix("ACL SETUSER locker on >long-random-password "))
-        .expect("the README documents the ACL line");
+        .expect("docs/security.md documents the ACL line");
     let rules: Vec<&str> = lock_acl
         .split_whitespace()
         .chain(SEMAPHORE_ACL.split_whitespace())

@@ -31,7 +31,7 @@ fn child_entry() {
     support::run_child_role(&[processes::run_child]);
 }
 
-/// The keys of semaphore `name` under the default prefix, as the README
+/// The keys of semaphore `name` under the default prefix, as docs/how-it-works.md
 /// documents them (names used in tests contain no `%`, `{` or `}`):
 /// state, holders, counts, waiters, baton.
 pub(crate) fn sem_keys(name: &str) -> [String; 5] {

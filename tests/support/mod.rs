@@ -338,13 +338,13 @@ pub fn is_asleep(tid: u32) -> bool {
         .is_some_and(|(_, rest)| rest.trim_start().starts_with('S'))
 }
 
-/// The lock key of `name` under the default prefix, as the README documents
+/// The lock key of `name` under the default prefix, as docs/how-it-works.md documents
 /// it (names used in tests contain no `%`, `{` or `}`).
 pub fn lock_key(name: &str) -> String {
     format!("redbaton:{{{}}}:lock", hash_tag(name))
 }
 
-/// The hash tag of `name` as the README's key layout gives it: `%`, `{`
+/// The hash tag of `name` as the key layout (docs/how-it-works.md) gives it: `%`, `{`
 /// and `}` percent-encoded.
 pub fn hash_tag(name: &str) -> String {
     name.replace('%', "%25")
