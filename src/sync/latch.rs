@@ -24,6 +24,13 @@ const MAX_COUNT: u64 = 1 << 53;
 /// its round instead of starting another.
 const ENDED_ROUND_KEPT: Duration = Duration::from_secs(300);
 
+/// How long a count-down the replicas did not confirm is sent again in
+/// the background, at least: a count-down has no lease that would end its
+/// effect, and a lost one keeps the round shut for good, so it outlasts a
+/// failover (the sentinels' down-after, election and promotion: seconds
+/// to tens of seconds), not only the client's default lease.
+const COUNT_DOWN_RESENT_FOR: Duration = Duration::from_secs(60);
+
 /// A handle on one distributed count-down latch, made by
 /// [`Client::count_down_latch`](crate::Client::count_down_latch).
 ///
@@ -112,8 +119,8 @@ impl CountDownLatch {
     /// down but too few replicas confirmed it: do not count down again,
     /// the client sends this same count-down again in the background (it
     /// counts once) until the current master's replicas confirm it, for
-    /// at most the client's default lease, so that a failover does not
-    /// lose it.
+    /// a minute or the client's default lease, whichever is longer, so
+    /// that a failover does not lose it.
     pub fn count_down(&self) -> Result<u64, Error> {
         let Look::Counting { round } = self.look(None)? else {
             return Ok(0);
@@ -134,8 +141,8 @@ impl CountDownLatch {
         match send_count_down(&context.backend, &self.keys, acks, &call) {
             Err(err @ Error::NotReplicated { .. }) => {
                 let (backend, keys) = (Arc::clone(&context.backend), Arc::clone(&self.keys));
-                let lease = context.config.default_lease;
-                let cleanup = Cleanup::new(&self.keys.name, sent, lease, move || {
+                let resent_for = context.config.default_lease.max(COUNT_DOWN_RESENT_FOR);
+                let cleanup = Cleanup::new(&self.keys.name, sent, resent_for, move || {
                     send_count_down(&backend, &keys, acks, &call).map(drop)
                 });
                 context.finish_later(cleanup);

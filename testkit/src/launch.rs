@@ -174,6 +174,14 @@ pub(crate) fn server_args(
         "--daemonize".into(),
         "no".into(),
     ]);
+    if !extra_args.iter().any(|a| a == "--sentinel") {
+        // A replica's full sync starts at once instead of after the
+        // default 5 s pause (kept for more replicas to join one diskless
+        // transfer): a failover in a test then ends in well under a
+        // second, not after the sentinels' failover-timeout.
+        args.push("--repl-diskless-sync-delay".into());
+        args.push("0".into());
+    }
     args.extend(extra_args.iter().map(OsString::from));
     if cluster_enabled(extra_args) && !extra_args.iter().any(|a| a == "--cluster-config-file") {
         args.push("--cluster-config-file".into());

@@ -112,7 +112,17 @@ pub fn top_commands(
 /// have no TTL and are not one of the documented exceptions.
 pub fn keys_without_ttl(deployment: &Deployment) -> Vec<String> {
     let mut found = Vec::new();
+    // Under Sentinel, the master is the one the sentinels name: an old
+    // master keeps its keys (and says "master") until they convert it,
+    // which can take them seconds after the failover.
+    let named = match deployment.topology() {
+        crate::support::Topology::Sentinel => deployment.sentinels().current_master_port(),
+        _ => None,
+    };
     for server in servers(deployment) {
+        if named.is_some_and(|port| port != server.port()) {
+            continue;
+        }
         let Some(mut conn) = quick_connection(server) else {
             continue;
         };

@@ -275,6 +275,26 @@ pub fn waiter_killed(stage: &mut Stage<'_>) -> Outcome {
     }
 }
 
+/// Whether no sentinel is still failing the master over: one that ends
+/// its failover late (by its failover-timeout) sends the replicas their
+/// `REPLICAOF` again, which can cut a replica that was already in sync.
+fn no_failover_in_progress(sentinels: &testkit::RedisSentinels) -> bool {
+    sentinels.sentinels().iter().all(|sentinel| {
+        let Ok(mut conn) = sentinel.try_connection() else {
+            return false;
+        };
+        redis::cmd("SENTINEL")
+            .arg("MASTER")
+            .arg(SERVICE)
+            .query::<Vec<String>>(&mut conn)
+            .is_ok_and(|fields| {
+                fields
+                    .chunks(2)
+                    .any(|pair| pair[0] == "flags" && !pair[1].contains("failover"))
+            })
+    })
+}
+
 /// Fails the sentinels' master over (by command, or by killing it) and
 /// waits until they name the new one.
 fn fail_over(deployment: &Deployment, event: Event) -> Outcome {
@@ -324,6 +344,7 @@ fn fail_over(deployment: &Deployment, event: Event) -> Outcome {
                 .arg("replication")
                 .query::<String>(&mut conn)
                 .is_ok_and(|info| info.contains("state=online"))
+                && no_failover_in_progress(sentinels)
         },
     );
     let took = started.elapsed();

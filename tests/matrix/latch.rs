@@ -22,6 +22,10 @@ const ROUNDS: u64 = 4;
 const EVENT_ROUND: u64 = 2;
 /// Count-downs per round.
 const COUNT: u64 = 2;
+/// How long a waiter waits for its round: longer than the longest event
+/// (a Sentinel failover lasts until the new master has a replica in sync,
+/// 5-7 s here), which happens while the round's waiters are parked.
+const WAITER_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// This file's child-process role; false for another's.
 pub(crate) fn run_child(role: &str, text: &str) -> bool {
@@ -81,7 +85,7 @@ fn wait_rounds(spec: &Spec, latch: &redbaton::CountDownLatch) -> (u64, u64, Vec<
             .query::<()>(&mut witness)
             .unwrap();
         let opened = loop {
-            match latch.wait_for(Duration::from_secs(6)) {
+            match latch.wait_for(WAITER_TIMEOUT) {
                 Ok(opened) => break opened,
                 Err(error) => {
                     let transient = error.is_transient();
@@ -158,7 +162,11 @@ pub fn run(setup: &Setup, event: Event) -> Report {
         if !armed {
             assert!(
                 coordinator.try_set_count(COUNT).unwrap(),
-                "round {round}: the latch was open"
+                "round {round} could not start: the last one still counts ({} left; count-downs \
+                 of round {}: {:?}; errors {coordinator_errors:?})",
+                count_of(observer),
+                round - 1,
+                counts_after_one,
             );
         }
         armed = false;
@@ -248,7 +256,15 @@ pub fn run(setup: &Setup, event: Event) -> Report {
             };
             let _ = counted;
             if counts_after_one.len() < round as usize {
-                counts_after_one.push(count_of(observer));
+                // A count-down the replicas did not confirm is sent again
+                // in the background: the count may take a moment to show
+                // it (and must then show it once).
+                let mut count = count_of(observer);
+                within(Duration::from_secs(5), || {
+                    count = count_of(observer);
+                    count < COUNT
+                });
+                counts_after_one.push(count);
             }
         }
         let opened = Instant::now();

@@ -125,7 +125,6 @@ matrix! {
     rw_sentinel_master_killed: RwLock, Sentinel, Event::MasterKilled;
     sem_sentinel_failover: Semaphore, Sentinel, Event::Failover;
     sem_sentinel_master_killed: Semaphore, Sentinel, Event::MasterKilled;
-    #[ignore = "a documented Sentinel limit (docs/deployments.md, what can grant a lock twice): with 2 replicas and replica_acks(1), a count-down that reaches the old master after the sentinels chose the new one is confirmed by the other replica, which is then attached to the new master and loses it; that round never opens"]
     latch_sentinel_failover: Latch, Sentinel, Event::Failover;
     latch_sentinel_master_killed: Latch, Sentinel, Event::MasterKilled;
     latch_sentinel_rearm: Latch, Sentinel, Event::Rearm;
