@@ -330,14 +330,33 @@ fn bad_counts_damaged_keys_and_a_quorum_are_clear_errors() {
 #[cfg(feature = "sentinel")]
 #[test]
 fn a_count_down_the_replica_missed_is_sent_again_to_the_new_master() {
+    count_down_missed_then_failover(None);
+}
+
+/// The same when the failover comes after the client's default lease: a
+/// count-down has no lease, and its resend outlasts one (a lost count-down
+/// would keep the round shut for good).
+#[cfg(feature = "sentinel")]
+#[test]
+fn a_count_down_is_sent_again_for_longer_than_the_default_lease() {
+    count_down_missed_then_failover(Some(Duration::from_secs(1)));
+}
+
+/// Counts down with the replica cut off, then fails over to it, `lease`
+/// (the client's default lease) and a half after the count-down when one
+/// is given.
+#[cfg(feature = "sentinel")]
+fn count_down_missed_then_failover(lease: Option<Duration>) {
     use support::{cut_replica, eventually, Topology, SERVICE};
     let deployment = Deployment::start(Topology::Sentinel);
     let sentinels = deployment.sentinels();
-    let client = deployment
+    let mut builder = deployment
         .builder()
-        .replica_acks(1, Duration::from_millis(300))
-        .build()
-        .unwrap();
+        .replica_acks(1, Duration::from_millis(300));
+    if let Some(lease) = lease {
+        builder = builder.default_lease(lease);
+    }
+    let client = builder.build().unwrap();
     let latch = client.count_down_latch("counted-before-failover").unwrap();
     assert!(latch.try_set_count(1).unwrap());
     support::wait_for_replica(sentinels.master(), "test-sync");
@@ -348,6 +367,10 @@ fn a_count_down_the_replica_missed_is_sent_again_to_the_new_master() {
         matches!(counted, Ok(0) | Err(Error::NotReplicated { .. })),
         "{counted:?}"
     );
+    if let Some(lease) = lease {
+        // The event under test is time itself: the lease passing.
+        std::thread::sleep(lease + lease / 2);
+    }
     let old = sentinels.master().port();
     let started = Instant::now();
     redis::cmd("SENTINEL")
