@@ -146,3 +146,48 @@ fn a_damaged_configuration_is_reported_not_guessed() {
         assert!(matches!(err, Error::WrongType { .. }), "{err}");
     }
 }
+
+/// A server busy with a slow script answers `BUSY` for a while: a waiting
+/// acquisition rides that out until its deadline, as a lock's waiter does,
+/// and a `try_acquire` (which never waits) reports it.
+#[test]
+fn a_busy_server_is_ridden_out_until_the_deadline() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let limiter = overall_limiter(&client, "api", 10, Duration::from_secs(1));
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("busy-reply-threshold")
+        .arg("50")
+        .query::<()>(&mut server.connection())
+        .unwrap();
+    let mut busy_conn = server.connection();
+    let busy = std::thread::spawn(move || {
+        redis::cmd("EVAL")
+            .arg(
+                "local s = redis.call('TIME') \
+                 while true do \
+                   local n = redis.call('TIME') \
+                   if (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 800000 then return 1 end \
+                 end",
+            )
+            .arg(0)
+            .query::<i64>(&mut busy_conn)
+    });
+    let mut probe = server.connection();
+    crate::support::eventually(Duration::from_secs(5), "the server answers BUSY", || {
+        redis::cmd("PING")
+            .query::<String>(&mut probe)
+            .is_err_and(|err| err.code() == Some("BUSY"))
+    });
+    let refused = limiter.try_acquire(1).unwrap_err();
+    assert!(refused.is_transient(), "{refused:?}");
+    let started = Instant::now();
+    let granted = limiter.try_acquire_for(1, Duration::from_secs(5));
+    assert!(
+        matches!(granted, Ok(true)),
+        "{granted:?} after {:?}",
+        started.elapsed()
+    );
+    busy.join().unwrap().unwrap();
+}

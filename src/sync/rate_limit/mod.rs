@@ -11,6 +11,7 @@ use redis::ErrorKind;
 use crate::context::Context;
 use crate::error::Error;
 use crate::keys::LimiterKeys;
+use crate::parking::ride_out;
 use crate::scripts;
 use crate::scripts::reply::TakeReply;
 
@@ -167,6 +168,13 @@ impl RateLimiter {
     /// permits first. Not first-come first-served: a caller that asks for
     /// many permits can be overtaken by callers that ask for few.
     ///
+    /// A failing Redis (a failover, a slot migration, `BUSY`) is ridden
+    /// out for the client's I/O timeout, then its last error is returned;
+    /// [`try_acquire_for`](RateLimiter::try_acquire_for) and
+    /// [`try_acquire_until`](RateLimiter::try_acquire_until) ride it out
+    /// until their deadline. [`try_acquire`](RateLimiter::try_acquire),
+    /// which never waits, reports it at once.
+    ///
     /// # Errors
     /// As [`try_acquire`](RateLimiter::try_acquire).
     pub fn acquire(&self, permits: u64) -> Result<(), Error> {
@@ -257,9 +265,14 @@ impl RateLimiter {
     }
 
     /// The first attempt, then sleep-and-retry until granted or `deadline`.
+    /// A failing Redis (a failover, a migration, `BUSY`) is ridden out as a
+    /// lock's waiter does: until `deadline`, or for the I/O timeout without
+    /// one; then its last error is returned.
     fn acquire_until(&self, permits: u64, deadline: Option<Instant>) -> Result<bool, Error> {
+        let patience = self.context.config.io_timeout;
         loop {
-            let wait = match self.attempt(permits)? {
+            let taken = ride_out(deadline, patience, || self.attempt(permits))?;
+            let wait = match taken {
                 Take::Granted { .. } => return Ok(true),
                 Take::Refused { wait } => wait,
             };
