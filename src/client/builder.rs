@@ -498,7 +498,9 @@ impl ClientBuilder {
     /// one the replicas did not confirm returns the error and is sent again
     /// in the background, to whichever master is current after a failover,
     /// until it is confirmed there or its lease is over, so that a lock
-    /// released just before a failover is free on the new master. An
+    /// released just before a failover is free on the new master. A rate
+    /// limiter's grant is confirmed too (an unconfirmed one is
+    /// `NotReplicated`, its permits taken: fewer granted, never more). An
     /// unconfirmed renewal or `extend`
     /// is logged as a warning but stands: the master has the longer lease,
     /// and giving it up would strand the lock there. A lock confirmed this

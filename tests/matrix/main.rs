@@ -128,7 +128,6 @@ matrix! {
     latch_sentinel_failover: Latch, Sentinel, Event::Failover;
     latch_sentinel_master_killed: Latch, Sentinel, Event::MasterKilled;
     latch_sentinel_rearm: Latch, Sentinel, Event::Rearm;
-    #[ignore = "intermittent: once in four full runs 405 permits in 8.3 s at 40/s across a failover (the bucket is not confirmed by a replica, so the new master may have an older one)"]
     rate_sentinel_failover: Rate, Sentinel, Event::Failover;
     rate_sentinel_master_killed: Rate, Sentinel, Event::MasterKilled;
 

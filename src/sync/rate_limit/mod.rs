@@ -11,6 +11,7 @@ use redis::ErrorKind;
 use crate::context::Context;
 use crate::error::Error;
 use crate::keys::LimiterKeys;
+use crate::lease::confirm;
 use crate::parking::ride_out;
 use crate::scripts;
 use crate::scripts::reply::TakeReply;
@@ -291,18 +292,36 @@ impl RateLimiter {
     }
 
     /// One run of the acquire script; `permits == 0` only reads.
+    ///
+    /// Under `replica_acks`, a grant is confirmed with `WAIT` like a lock's
+    /// acquisition: a bucket the promoted replica never saw drawn down would
+    /// grant the same permits again after a failover. An unconfirmed grant
+    /// is [`Error::NotReplicated`] (transient: a waiting caller asks again);
+    /// its permits stay taken on the master, so a failover errs towards
+    /// granting fewer, never more.
     fn attempt(&self, permits: u64) -> Result<Take, Error> {
-        let reply: TakeReply =
-            self.context
-                .backend
-                .run(&self.keys.config, &self.keys.name, |c| {
-                    scripts::RATE_ACQUIRE
-                        .key(&self.keys.config)
-                        .key(&self.keys.overall)
-                        .key(&self.keys.per_client)
-                        .arg(permits)
-                        .invoke(c)
-                })?;
+        let acks = if permits > 0 {
+            self.context.config.replica_acks
+        } else {
+            None
+        };
+        let reply: TakeReply = confirm::exchange_confirmed(
+            &self.context.backend,
+            &self.keys.config,
+            &self.keys.name,
+            acks,
+            |reply| matches!(reply, TakeReply::Granted { .. }),
+            |c| {
+                scripts::RATE_ACQUIRE
+                    .key(&self.keys.config)
+                    .key(&self.keys.overall)
+                    .key(&self.keys.per_client)
+                    .arg(permits)
+                    .invoke(c)
+            },
+        )
+        .map(|sent| sent.value)
+        .map_err(|failed| failed.error)?;
         let name = || self.keys.name.clone();
         match reply {
             TakeReply::Granted { left } => Ok(Take::Granted { left }),
