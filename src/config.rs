@@ -1,6 +1,7 @@
 //! The client's settings, checked once: every setting is stored here and
 //! nowhere else, and every limit of the crate is named here.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Error;
@@ -23,6 +24,9 @@ const HANDOFFS: std::ops::RangeInclusive<u32> = 0..=1_000_000;
 pub(crate) struct Config {
     /// First segment of every key; non-empty, no braces.
     pub(crate) prefix: String,
+    /// What every connection calls itself (`CLIENT SETNAME`), so that an
+    /// operator can tell whose connections and locks they see.
+    pub(crate) client_name: Arc<str>,
     /// Connections for short commands.
     pub(crate) pool_size: u32,
     /// Connections that may sit in `BLPOP` at once.
@@ -147,6 +151,7 @@ impl Config {
     /// Checks every setting against its documented range.
     pub(crate) fn validate(&self) -> Result<(), Error> {
         validate_prefix(&self.prefix)?;
+        validate_client_name(&self.client_name)?;
         validate_lease(self.default_lease)?;
         for (what, value, range) in [
             ("pool_size", self.pool_size, CONNECTIONS),
@@ -212,6 +217,42 @@ pub(crate) fn validate_lease(lease: Duration) -> Result<(), Error> {
         return Err(Error::InvalidLease { lease });
     }
     Ok(())
+}
+
+/// The longest client name taken: far more than a host and a process id
+/// need, short enough for `CLIENT LIST` to stay readable.
+const MAX_CLIENT_NAME: usize = 128;
+
+/// Checks a connection name as Redis takes it: printable ASCII without
+/// spaces, and not too long.
+fn validate_client_name(name: &str) -> Result<(), Error> {
+    let printable = name.bytes().all(|b| (b'!'..=b'~').contains(&b));
+    if name.is_empty() || name.len() > MAX_CLIENT_NAME || !printable {
+        return Err(Error::InvalidConfig(format!(
+            "client name {name:?} must be 1 to {MAX_CLIENT_NAME} printable ASCII characters \
+             without spaces (Redis refuses others in CLIENT SETNAME)"
+        )));
+    }
+    Ok(())
+}
+
+/// The client name when none is set: `redbaton:<host>:<pid>`, the host as
+/// the system names it, with anything Redis would refuse in a name turned
+/// into `-`.
+pub(crate) fn default_client_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(|| std::env::var("COMPUTERNAME").ok())
+        .map(|host| host.trim().to_owned())
+        .filter(|host| !host.is_empty())
+        .unwrap_or_else(|| "unknown-host".to_owned());
+    let host: String = host
+        .chars()
+        .take(64)
+        .map(|c| if c.is_ascii_graphic() { c } else { '-' })
+        .collect();
+    format!("redbaton:{host}:{}", std::process::id())
 }
 
 /// Checks a key prefix: non-empty and brace-free, so that it cannot open a

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::backend::Backend;
+use crate::client_name::NameRecord;
 use crate::config::Config;
 use crate::error::Error;
 use crate::identity::Identities;
@@ -37,11 +38,13 @@ pub(crate) struct Context {
 impl Context {
     /// Assembles a client's runtime.
     pub(crate) fn new(config: Config, backend: Arc<Backend>) -> Self {
+        let identities = Identities::new(keys::identity_counter(&config.prefix));
+        let name = NameRecord::new(&backend, &config, &identities.instance().to_string());
         Context {
-            identities: Identities::new(keys::identity_counter(&config.prefix)),
+            identities,
             lock_room: WaitingRoom::new(Arc::clone(&backend), &config),
             room: WaitingRoom::new(Arc::clone(&backend), &config),
-            leases: Arc::new(LeaseRuntime::new()),
+            leases: Arc::new(LeaseRuntime::new(name)),
             backend,
             config,
             requests: AtomicU64::new(0),
@@ -53,6 +56,9 @@ impl Context {
         // Before the thread-local cache: a forked child inherits the
         // calling thread's identity and must not use it.
         self.backend.check_process()?;
+        if let Some(name) = &self.leases.name {
+            name.refresh_if_due();
+        }
         self.identities.current(|counter| {
             // Independent masters share no counter: the instance's own
             // count, after its random id, is unique without one.

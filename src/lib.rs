@@ -181,6 +181,7 @@
 // transport, and the settings and errors everything uses.
 mod backend;
 mod client;
+mod client_name;
 mod config;
 mod context;
 mod error;

@@ -211,3 +211,145 @@ fn the_eviction_check_runs_under_the_documented_acl_and_warns_when_refused() {
     assert_eq!(warned.len(), 1, "{logs:#?}");
     assert!(warned[0].contains("could not") || warned[0].contains("not checked"));
 }
+
+/// The names of the connections `client` holds to `server`, from
+/// `CLIENT LIST` (its own connection excluded).
+fn connection_names(server: &RedisServer) -> Vec<String> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut server.connection())
+        .unwrap();
+    list.lines()
+        .filter(|line| !line.contains("cmd=client|list"))
+        .filter_map(|line| {
+            line.split(' ')
+                .find_map(|field| field.strip_prefix("name="))
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+/// Issue 25, item 4: an operator reading `CLIENT LIST` can tell which host
+/// and process each connection belongs to: every connection a client opens
+/// (commands and parking) carries its name, `redbaton:<host>:<pid>` unless
+/// set.
+#[test]
+fn every_connection_is_named_for_the_operator() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let lock = client.lock("named").unwrap();
+    let held = lock.lock().unwrap();
+    // A waiter parks, on a parking connection of its own.
+    let waiter = {
+        let client = Client::open(&server.url()).unwrap();
+        thread::spawn(move || {
+            let lock = client.lock("named").unwrap();
+            lock.try_lock_for(Duration::from_secs(5))
+                .map(|guard| guard.is_some())
+        })
+    };
+    support::eventually(Duration::from_secs(5), "a parked waiter", || {
+        redis::cmd("INFO")
+            .arg("clients")
+            .query::<String>(&mut server.connection())
+            .unwrap()
+            .contains("blocked_clients:1")
+    });
+    let names = connection_names(&server);
+    let expected = format!("redbaton:{}:{}", hostname(), std::process::id());
+    assert!(names.len() >= 2, "{names:?}");
+    assert!(names.iter().all(|name| *name == expected), "{names:?}");
+    drop(held);
+    assert!(waiter.joined().unwrap());
+
+    let custom = Client::builder(server.url())
+        .client_name("billing-worker-7")
+        .build()
+        .unwrap();
+    drop(custom.lock("custom").unwrap().lock().unwrap());
+    assert!(connection_names(&server).contains(&"billing-worker-7".to_owned()));
+
+    for bad in ["", "has space", "new\nline", &"x".repeat(129)] {
+        let built = Client::builder(server.url()).client_name(bad).build();
+        assert!(
+            matches!(built, Err(redbaton::Error::InvalidConfig(_))),
+            "{bad:?}: {built:?}"
+        );
+    }
+}
+
+/// The host as the default name spells it.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .chars()
+        .take(64)
+        .map(|c| if c.is_ascii_graphic() { c } else { '-' })
+        .collect()
+}
+
+/// A user whose ACL refuses `CLIENT SETNAME` still works, with unnamed
+/// connections and one warning.
+#[test]
+fn a_refused_client_name_is_one_warning_not_a_failure() {
+    record_logs();
+    let server = RedisServer::start();
+    let no_name = redbaton_acl().replace("+client|setname", "");
+    add_user(&server, "no-name", &no_name);
+    let client = Client::builder(user_url(&server, "no-name", PASSWORD))
+        .client_name("refused-name")
+        .build()
+        .unwrap();
+    let lock = client.lock("unnamed").unwrap();
+    for _ in 0..3 {
+        drop(lock.lock().unwrap());
+    }
+    assert!(!connection_names(&server).contains(&"refused-name".to_owned()));
+    let logs = LOGS.0.lock().unwrap().clone();
+    let warned = logs
+        .iter()
+        .filter(|line| line.starts_with("WARN") && line.contains("CLIENT SETNAME"))
+        .count();
+    assert_eq!(warned, 1, "{logs:#?}");
+}
+
+/// Issue 25, item 4: `holder()` names the holding client, as its own
+/// client set it, to any client that asks; the name lives in one key per
+/// client instance, with a TTL, and is written once (not per acquisition).
+#[test]
+fn the_holder_shows_its_clients_name() {
+    let server = RedisServer::start();
+    let holder_client = Client::builder(server.url())
+        .client_name("inventory-worker-3")
+        .build()
+        .unwrap();
+    let lock = holder_client.lock("stock").unwrap();
+    drop(lock.lock().unwrap());
+    let records: Vec<String> = redis::cmd("KEYS")
+        .arg("redbaton:client:*")
+        .query(&mut server.connection())
+        .unwrap();
+    assert_eq!(records.len(), 1, "{records:?}");
+    let ttl = |server: &RedisServer| -> i64 {
+        redis::cmd("PTTL")
+            .arg(&records[0])
+            .query(&mut server.connection())
+            .unwrap()
+    };
+    let first = ttl(&server);
+    assert!(first > 0, "the record expires: {first}");
+    // Not written again by later acquisitions: its TTL only runs down.
+    support::eventually(Duration::from_secs(2), "a millisecond passes", || {
+        ttl(&server) < first
+    });
+    for _ in 0..5 {
+        drop(lock.lock().unwrap());
+    }
+    assert!(ttl(&server) < first, "rewritten by an acquisition");
+    let held = lock.lock().unwrap();
+    let observer = Client::open(&server.url()).unwrap();
+    let seen = observer.lock("stock").unwrap().holder().unwrap().unwrap();
+    assert_eq!(seen.client_name.as_deref(), Some("inventory-worker-3"));
+    drop(held);
+}

@@ -20,6 +20,7 @@ use redis::{ConnectionLike, ErrorKind, RedisResult, ServerErrorKind, Value};
 use scheduled_thread_pool::ScheduledThreadPool;
 
 use super::classify::{describe_io, ScriptTracer};
+use super::pool::set_client_name;
 use super::single::{NodeParked, SendError, Single};
 use super::{addrs_of, client_at, slot, Failed, Parked, Sent};
 use crate::config::Config;
@@ -345,6 +346,7 @@ impl Cluster {
             .map_err(unreachable)?;
         conn.set_read_timeout(Some(self.config.io_timeout))
             .map_err(unreachable)?;
+        set_client_name(&mut conn, &self.config.client_name).map_err(unreachable)?;
         let reply: Value = match redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn) {
             Ok(reply) => reply,
             Err(err)

@@ -108,6 +108,8 @@ impl r2d2::HandleError<RedisError> for ConnectFailures {
 pub(crate) struct Manager {
     client: redis::Client,
     io_timeout: Duration,
+    /// Sent with `CLIENT SETNAME` on every new connection.
+    client_name: Arc<str>,
     /// Whether to read each new connection's `CLIENT ID`.
     identify: bool,
     /// Set once the server refused `CLIENT ID`.
@@ -127,6 +129,7 @@ impl r2d2::ManageConnection for Manager {
             .map_err(|err| self.why_dropped(err))?;
         inner.set_read_timeout(Some(self.io_timeout))?;
         inner.set_write_timeout(Some(self.io_timeout))?;
+        set_client_name(&mut inner, &self.client_name)?;
         let client_id = if self.identify {
             self.read_client_id(&mut inner)?
         } else {
@@ -197,6 +200,31 @@ impl Manager {
     }
 }
 
+/// Names a new connection (`CLIENT SETNAME`), so that `CLIENT LIST` tells
+/// an operator whose it is. A refusal (an ACL without it) leaves the
+/// connection unnamed, with one warning per process (every server of a
+/// deployment has the same ACL as a rule); a transport error is returned.
+pub(crate) fn set_client_name(conn: &mut redis::Connection, name: &str) -> RedisResult<()> {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    match redis::cmd("CLIENT")
+        .arg("SETNAME")
+        .arg(name)
+        .query::<()>(conn)
+    {
+        Ok(()) => Ok(()),
+        Err(err) if !breaks_connection(&err) => {
+            if !WARNED.swap(true, Ordering::Relaxed) {
+                log::warn!(
+                    "redbaton: Redis refused CLIENT SETNAME ({err}); connections stay unnamed in \
+                     CLIENT LIST. Grant +client|setname (see redbaton's docs/security.md)"
+                );
+            }
+            Ok(())
+        }
+        Err(err) => Err(err),
+    }
+}
+
 /// What a server says on a new connection before any command, if it
 /// speaks first (an error line, as at `maxclients`). Short timeouts: this
 /// only runs after a failed connect.
@@ -237,6 +265,7 @@ impl Pool {
         client: redis::Client,
         max_size: u32,
         io_timeout: Duration,
+        client_name: &Arc<str>,
         name: &str,
         identify: bool,
         workers: &Arc<ScheduledThreadPool>,
@@ -247,6 +276,7 @@ impl Pool {
         let manager = Manager {
             client,
             io_timeout,
+            client_name: Arc::clone(client_name),
             identify,
             id_refused: AtomicBool::new(false),
             failures: failures.clone(),

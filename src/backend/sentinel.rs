@@ -20,6 +20,7 @@ use redis::{ConnectionLike, RedisResult, Value};
 use scheduled_thread_pool::ScheduledThreadPool;
 
 use super::classify::{describe_io, is_auth_failure, ScriptTracer};
+use super::pool::set_client_name;
 use super::single::{SendError, Single};
 use super::{addrs_of, client_at, Failed, Parked, Sent};
 use crate::config::Config;
@@ -274,6 +275,7 @@ impl Sentinel {
     ) -> RedisResult<T> {
         let mut conn = client.get_connection_with_timeout(self.config.io_timeout)?;
         conn.set_read_timeout(Some(self.config.io_timeout))?;
+        set_client_name(&mut conn, &self.config.client_name)?;
         command(&mut conn)
     }
 
@@ -316,9 +318,10 @@ impl Sentinel {
         }
         let shared = Arc::downgrade(&self.shared);
         let io_timeout = self.config.io_timeout;
+        let name = Arc::clone(&self.config.client_name);
         let started = thread::Builder::new()
             .name(THREAD_NAME.to_owned())
-            .spawn(move || follow_switches(&shared, io_timeout));
+            .spawn(move || follow_switches(&shared, io_timeout, &name));
         match started {
             Ok(_) => *watching = true,
             // Failovers are still noticed, one failed exchange later.
@@ -330,7 +333,7 @@ impl Sentinel {
 /// Subscribes to `+switch-master` on one sentinel after another, and
 /// forgets the master when the service's master switches. Ends when the
 /// client is gone.
-fn follow_switches(shared: &Weak<Shared>, io_timeout: Duration) {
+fn follow_switches(shared: &Weak<Shared>, io_timeout: Duration, name: &str) {
     let mut next = 0usize;
     loop {
         let Some(client) = shared
@@ -340,7 +343,7 @@ fn follow_switches(shared: &Weak<Shared>, io_timeout: Duration) {
             return;
         };
         next += 1;
-        match subscribe(shared, &client, io_timeout) {
+        match subscribe(shared, &client, io_timeout, name) {
             // The client is gone.
             Ok(()) => return,
             Err(err) => log::debug!(
@@ -359,8 +362,10 @@ fn subscribe(
     shared: &Weak<Shared>,
     client: &redis::Client,
     io_timeout: Duration,
+    name: &str,
 ) -> RedisResult<()> {
     let mut conn = client.get_connection_with_timeout(io_timeout)?;
+    set_client_name(&mut conn, name)?;
     let mut events = conn.as_pubsub();
     events.subscribe("+switch-master")?;
     events.set_read_timeout(Some(WATCH_TICK))?;

@@ -8,7 +8,9 @@ use redis::RedisResult;
 
 use super::Client;
 use crate::backend::Backend;
-use crate::config::{ClockDrift, Config, NodeTimeout, ReplicaAcks, MAX_DRIFT_RATIO};
+use crate::config::{
+    default_client_name, ClockDrift, Config, NodeTimeout, ReplicaAcks, MAX_DRIFT_RATIO,
+};
 use crate::context::Context;
 use crate::error::Error;
 use crate::scripts;
@@ -258,6 +260,7 @@ impl fmt::Debug for Topology {
 /// | setting | default | range | meaning |
 /// |---|---|---|---|
 /// | [`prefix`](ClientBuilder::prefix) | `"redbaton"` | non-empty, no `{` or `}` | first segment of every key |
+/// | [`client_name`](ClientBuilder::client_name) | `redbaton:<hostname>:<pid>` | 1 to 128 printable ASCII, no spaces | what every connection calls itself (`CLIENT SETNAME`) |
 /// | [`pool_size`](ClientBuilder::pool_size) | 8 | 1 to 1024 | connections for lock commands, each held one round trip |
 /// | [`parking_connections`](ClientBuilder::parking_connections) | 16 | 1 to 1024 | connections that may sit in `BLPOP` at once (one per lock name per process) |
 /// | [`default_lease`](ClientBuilder::default_lease) | 30 s | 1 ms to 1 year | lease of renewed locks; the watchdog renews at a third of it |
@@ -286,6 +289,8 @@ impl fmt::Debug for Topology {
 pub struct ClientBuilder {
     topology: Topology,
     prefix: String,
+    /// `None`: [`default_client_name`].
+    client_name: Option<String>,
     pool_size: u32,
     parking_connections: u32,
     default_lease: Duration,
@@ -323,6 +328,7 @@ impl ClientBuilder {
         ClientBuilder {
             topology: topology.into(),
             prefix: "redbaton".to_owned(),
+            client_name: None,
             pool_size: 8,
             parking_connections: 16,
             default_lease: Duration::from_secs(30),
@@ -345,6 +351,17 @@ impl ClientBuilder {
     /// Defaults to `"redbaton"`.
     pub fn prefix(mut self, prefix: &str) -> Self {
         self.prefix = prefix.to_owned();
+        self
+    }
+
+    /// What this client's connections call themselves on the server
+    /// (`CLIENT SETNAME`), so that `CLIENT LIST` tells an operator which
+    /// host and process each belongs to. 1 to 128 printable ASCII
+    /// characters, no spaces. Defaults to `redbaton:<hostname>:<pid>`. A
+    /// server whose ACL refuses `CLIENT SETNAME` leaves the connections
+    /// unnamed, with one warning in the log (once per process).
+    pub fn client_name(mut self, name: &str) -> Self {
+        self.client_name = Some(name.to_owned());
         self
     }
 
@@ -564,6 +581,7 @@ impl ClientBuilder {
         #[cfg_attr(not(feature = "redlock"), allow(unused_mut))]
         let mut config = Config {
             prefix: self.prefix,
+            client_name: self.client_name.unwrap_or_else(default_client_name).into(),
             pool_size: self.pool_size,
             parking_connections: self.parking_connections,
             default_lease: self.default_lease,
@@ -634,6 +652,7 @@ impl fmt::Debug for ClientBuilder {
         let mut f = f.debug_struct("ClientBuilder");
         f.field("topology", &self.topology)
             .field("prefix", &self.prefix)
+            .field("client_name", &self.client_name)
             .field("pool_size", &self.pool_size)
             .field("parking_connections", &self.parking_connections)
             .field("default_lease", &self.default_lease)

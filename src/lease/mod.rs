@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 use redis::{ServerErrorKind, Value};
 
 use crate::backend::{is_transient_reply, Backend};
+use crate::client_name::NameRecord;
 
 pub(crate) use registry::{DueRenewal, Ownerships};
 pub use watchdog::WatchdogStats;
@@ -216,13 +217,17 @@ pub(crate) fn earlier(sent: Instant, margin: Duration) -> Instant {
 pub(crate) struct LeaseRuntime {
     pub(crate) registry: Ownerships,
     pub(crate) watchdog: Watchdog,
+    /// The client's name record, kept alive by the watchdog's rounds too
+    /// (a renewed lock may be held long after the client's last call).
+    pub(crate) name: Option<NameRecord>,
 }
 
 impl LeaseRuntime {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(name: Option<NameRecord>) -> Self {
         LeaseRuntime {
             registry: Ownerships::default(),
             watchdog: Watchdog::new(),
+            name,
         }
     }
 }

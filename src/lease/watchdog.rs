@@ -212,6 +212,9 @@ fn run(runtime: &Weak<LeaseRuntime>, wake: &Receiver<()>) {
         // for them (`WAIT`) on this thread.
         renew_due(&runtime);
         clean_up_due(&runtime);
+        if let Some(name) = &runtime.name {
+            name.refresh_if_due();
+        }
     }
 }
 

@@ -13,6 +13,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::client_name;
 use crate::config::validate_lease;
 use crate::context::Context;
 use crate::error::Error;
@@ -160,13 +161,24 @@ impl Lock {
     }
 
     /// Who holds the lock now, or `None` when it is free. One script call
-    /// (an atomic read); the answer may be stale by the time it arrives.
+    /// (an atomic read), and a `GET` of the holder's client name; the
+    /// answer may be stale by the time it arrives.
     ///
     /// # Errors
     /// Redis failures; [`Error::WrongType`] when the key holds something
     /// else.
     pub fn holder(&self) -> Result<Option<Holder>, Error> {
-        self.raw.holder(&self.keys)
+        let Some(mut holder) = self.raw.holder(&self.keys)? else {
+            return Ok(None);
+        };
+        if self.context.leases.name.is_some() {
+            holder.client_name = client_name::name_of(
+                &self.context.backend,
+                &self.context.config.prefix,
+                holder.owner.as_str(),
+            )?;
+        }
+        Ok(Some(holder))
     }
 
     /// Blocks until the calling thread holds the lock.

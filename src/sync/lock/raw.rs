@@ -60,6 +60,14 @@ pub struct Holder {
     pub fencing_token: u64,
     /// Time left on the lease; `None` if the key has no expiry.
     pub remaining_lease: Option<Duration>,
+    /// The name of the holder's client
+    /// ([`ClientBuilder::client_name`](crate::ClientBuilder::client_name),
+    /// `redbaton:<hostname>:<pid>` by default), so that an operator can
+    /// tell which host and process holds the lock. `None` when it is not
+    /// known: on a Redlock quorum, for a client of an earlier redbaton version,
+    /// or for one that made no lock call and renewed nothing for longer
+    /// than its record lasts (ten minutes, or three default leases).
+    pub client_name: Option<String>,
 }
 
 impl From<HolderRow> for Holder {
@@ -69,6 +77,7 @@ impl From<HolderRow> for Holder {
             depth: row.depth,
             fencing_token: row.fence,
             remaining_lease: row.lease_left,
+            client_name: None,
         }
     }
 }
