@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::error::Error;
+use crate::keys;
 
 /// How long a client's name record lives without a refresh: long enough
 /// that the client's watchdog rounds (a third of a lease apart) and its
@@ -23,9 +24,15 @@ fn record_ttl(config: &Config) -> Duration {
 }
 
 /// The key that names client instance `instance` (the part of an owner
-/// identity before its last `:`).
+/// identity before its last `:`). Tagged with the identity counter's name,
+/// so that on a Cluster it lives on the node the client's first `INCR`
+/// went to: a client's lock calls reach no node beyond those of its locks
+/// and that counter.
 fn record_key(prefix: &str, instance: &str) -> String {
-    format!("{prefix}:client:{instance}")
+    format!(
+        "{prefix}:{{{}}}:client:{instance}",
+        keys::identity_counter(prefix)
+    )
 }
 
 /// One client's name record, and when it was last written.

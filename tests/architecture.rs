@@ -8,8 +8,19 @@ use std::path::{Path, PathBuf};
 /// The top-level modules, from the facade down; a module may use those
 /// after it in this list (and, within a row, those after it in the row).
 const LAYERS: &[&str] = &[
-    "locked", "client", "sync", "context", "lease", "parking", "scripts", "identity", "keys",
-    "backend", "config", "error",
+    "locked",
+    "client",
+    "sync",
+    "context",
+    "lease",
+    "parking",
+    "client_name",
+    "scripts",
+    "identity",
+    "keys",
+    "backend",
+    "config",
+    "error",
 ];
 
 fn rank(module: &str) -> Option<usize> {

@@ -327,7 +327,7 @@ fn the_holder_shows_its_clients_name() {
     let lock = holder_client.lock("stock").unwrap();
     drop(lock.lock().unwrap());
     let records: Vec<String> = redis::cmd("KEYS")
-        .arg("redbaton:client:*")
+        .arg("redbaton:{redbaton:identity}:client:*")
         .query(&mut server.connection())
         .unwrap();
     assert_eq!(records.len(), 1, "{records:?}");

@@ -311,6 +311,8 @@ fn keys_of_one_lock_share_a_cluster_slot_for_any_name() {
                 .query::<Vec<String>>(&mut raw)
                 .unwrap(),
         );
+        // The clients' name records are per client, not per lock.
+        keys.retain(|key| !key.starts_with("redbaton:{redbaton:identity}:client:"));
         keys.sort();
         keys.dedup();
         assert_eq!(
