@@ -23,6 +23,7 @@
 mod classify;
 #[cfg(feature = "cluster")]
 mod cluster;
+mod hub;
 mod pool;
 #[cfg(feature = "redlock")]
 mod quorum;
@@ -306,11 +307,11 @@ impl Backend {
     ) -> Result<Parked, Error> {
         self.check_process()?;
         match &self.flavor {
-            Flavor::Single(single) => single.park(name, list, park, precise),
+            Flavor::Single(single) => single.park(name, list, park),
             #[cfg(feature = "cluster")]
             Flavor::Cluster(cluster) => cluster.park(name, list, park, precise),
             #[cfg(feature = "sentinel")]
-            Flavor::Sentinel(sentinel) => sentinel.park(name, list, park, precise),
+            Flavor::Sentinel(sentinel) => sentinel.park(name, list, park),
             #[cfg(feature = "redlock")]
             Flavor::Quorum(quorum) => quorum.park(name, list, park, precise),
         }

@@ -10,6 +10,7 @@ use redis::{ConnectionLike, RedisResult};
 use scheduled_thread_pool::{OnPoolDropBehavior, ScheduledThreadPool};
 
 use super::classify::{self, breaks_connection, describe_io, ScriptTracer};
+use super::hub::{self, Hub};
 use super::pool::{Pool, PooledConn};
 use super::unblock::Unblocker;
 use super::version;
@@ -24,10 +25,13 @@ pub(super) struct Single {
     /// Short commands: scripts, `INCR`, `EXISTS`. Each is held for one round
     /// trip, never while waiting.
     commands: Pool,
-    /// Connections parked in `BLPOP`.
+    /// Connections parked in `BLPOP` on one key each (a cluster's parks).
     parking: Pool,
+    /// Connections parked in `BLPOP` on many keys each, shared by every
+    /// waiter (one server, Sentinel, a quorum's masters).
+    hub: Hub,
     /// Ends parks on time rather than on the server's timer tick.
-    unblocker: Unblocker,
+    unblocker: Arc<Unblocker>,
     io_timeout: Duration,
     trace: ScriptTracer,
     memory_policy_checked: AtomicBool,
@@ -77,19 +81,31 @@ impl Single {
             false,
             workers,
         );
+        let unblocker = Arc::new(Unblocker::new(commands.clone(), config.io_timeout));
+        // Parked connections are identified, so that the timer can end
+        // their park.
+        let parking = Pool::new(
+            client,
+            config.parking_connections,
+            config.io_timeout,
+            "parking",
+            true,
+            workers,
+        );
         Single {
-            unblocker: Unblocker::new(commands.clone(), config.io_timeout),
-            commands,
-            // Parked connections are identified, so that the timer can end
-            // their park.
-            parking: Pool::new(
-                client,
-                config.parking_connections,
+            hub: Hub::new(
+                parking.clone(),
+                commands.clone(),
+                Arc::clone(&unblocker),
+                &config.prefix,
+                config.parking_connections.min(hub::MAX_SHARDS),
+                config.baton_ttl,
                 config.io_timeout,
-                "parking",
-                true,
-                workers,
+                trace,
             ),
+            unblocker,
+            commands,
+            parking,
             io_timeout: config.io_timeout,
             trace,
             memory_policy_checked: AtomicBool::new(false),
@@ -270,21 +286,12 @@ impl Single {
         }
     }
 
-    /// Parks in `BLPOP` on `list` for at most `park`; see
-    /// [`Backend::park`](super::Backend::park). A redirection means a
-    /// cluster node was given as one server (or as the sentinels' master):
-    /// the next attempt says so.
-    pub(super) fn park(
-        &self,
-        name: &str,
-        list: &str,
-        park: Duration,
-        precise: bool,
-    ) -> Result<Parked, Error> {
-        match self.park_on(name, list, Instant::now() + park, precise, false)? {
-            NodeParked::Parked(parked) => Ok(parked),
-            NodeParked::Redirected(err) => Ok(Parked::ConnectionFailed(self.classify(err, name))),
-        }
+    /// Parks until a token of `list` comes or `park` has passed, on the
+    /// hub's shared parking connections; see
+    /// [`Backend::park`](super::Backend::park). The park's end is the
+    /// waiter's own timer, so every park is precise.
+    pub(super) fn park(&self, name: &str, list: &str, park: Duration) -> Result<Parked, Error> {
+        self.hub.park(name, list, park)
     }
 
     /// Parks in `BLPOP` on `list` until `park_until` at most, after
