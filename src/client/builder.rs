@@ -339,10 +339,18 @@ impl ClientBuilder {
         self
     }
 
-    /// How many connections may be parked in `BLPOP` at once. A process parks
-    /// at most one per lock name it is waiting for, however many of its
-    /// threads wait; waiters beyond this limit look again every maximum park
-    /// time instead. Between 1 and 1024. Defaults to 16.
+    /// How many connections may be parked in `BLPOP` at once, per server.
+    ///
+    /// On one server, Sentinel's master and each master of a Redlock
+    /// quorum, every name the client waits for shares at most
+    /// min(this, 4) parking connections, each blocked in one `BLPOP` over
+    /// many names' baton lists: thousands of waited names cost no more
+    /// connections than one, and each waiter is woken by its own release.
+    /// On a Redis Cluster a parked connection waits on one name (a
+    /// multi-key `BLPOP` must stay within one slot): a process parks one
+    /// per name it waits for, however many of its threads wait, up to this
+    /// many per node; waiters beyond the limit look again every maximum
+    /// park time instead. Between 1 and 1024. Defaults to 16.
     pub fn parking_connections(mut self, count: u32) -> Self {
         self.parking_connections = count;
         self
