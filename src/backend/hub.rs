@@ -62,6 +62,12 @@ const BACKSTOP: Duration = Duration::from_secs(2);
 /// How long a key whose waiters left stays in the blocked call.
 const VACANT_GRACE: Duration = Duration::from_millis(250);
 
+/// The least a park that ends at the maximum park time (not at a deadline
+/// or a lease end) lasts: the server's timer tick (`hz` 10) made it so
+/// when parks ended on Redis's timeout, and a tiny maximum park would
+/// otherwise send a waiter's attempts as fast as the round trips go.
+const IMPRECISE_FLOOR: Duration = Duration::from_millis(100);
+
 /// The value pushed on a control list.
 const CONTROL_TOKEN: &str = "reissue";
 
@@ -188,9 +194,21 @@ impl Hub {
     }
 
     /// Parks the calling thread until a token of `list` comes to it, or
-    /// `park` has passed, or the blocked call it relies on fails.
-    pub(super) fn park(&self, name: &str, list: &str, park: Duration) -> Result<Parked, Error> {
+    /// `park` has passed (at least [`IMPRECISE_FLOOR`] unless `precise`),
+    /// or the blocked call it relies on fails.
+    pub(super) fn park(
+        &self,
+        name: &str,
+        list: &str,
+        park: Duration,
+        precise: bool,
+    ) -> Result<Parked, Error> {
         let inner = &self.inner;
+        let park = if precise {
+            park
+        } else {
+            park.max(IMPRECISE_FLOOR)
+        };
         let until = Instant::now() + park;
         let wake = Arc::new(Condvar::new());
         let shard = inner.shard_of(list);
@@ -352,7 +370,7 @@ impl State {
     fn keys_of(&mut self, inner: &Inner, shard: usize) -> Vec<String> {
         let now = Instant::now();
         self.keys.retain(|_, entry| {
-            entry.waiters.len() > 0
+            !entry.waiters.is_empty()
                 || !(entry.drop_next
                     || entry
                         .vacant_since

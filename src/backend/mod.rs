@@ -307,11 +307,11 @@ impl Backend {
     ) -> Result<Parked, Error> {
         self.check_process()?;
         match &self.flavor {
-            Flavor::Single(single) => single.park(name, list, park),
+            Flavor::Single(single) => single.park(name, list, park, precise),
             #[cfg(feature = "cluster")]
             Flavor::Cluster(cluster) => cluster.park(name, list, park, precise),
             #[cfg(feature = "sentinel")]
-            Flavor::Sentinel(sentinel) => sentinel.park(name, list, park),
+            Flavor::Sentinel(sentinel) => sentinel.park(name, list, park, precise),
             #[cfg(feature = "redlock")]
             Flavor::Quorum(quorum) => quorum.park(name, list, park, precise),
         }

@@ -153,9 +153,15 @@ impl Sentinel {
     }
 
     /// Parks on the master.
-    pub(super) fn park(&self, name: &str, list: &str, park: Duration) -> Result<Parked, Error> {
+    pub(super) fn park(
+        &self,
+        name: &str,
+        list: &str,
+        park: Duration,
+        precise: bool,
+    ) -> Result<Parked, Error> {
         let master = self.master()?;
-        let parked = master.server.park(name, list, park)?;
+        let parked = master.server.park(name, list, park, precise)?;
         if let Parked::ConnectionFailed(_) = &parked {
             // Killed, or `UNBLOCKED` when it was demoted.
             self.shared.forget(Some(master.generation));

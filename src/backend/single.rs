@@ -18,7 +18,9 @@ use super::{Failed, Parked, Sent};
 use crate::config::Config;
 use crate::error::Error;
 
-/// The least time given to opening a parking connection.
+/// The least time given to opening a parking connection (a cluster's
+/// parks).
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 const CONNECT_ALLOWANCE: Duration = Duration::from_millis(50);
 
 pub(super) struct Single {
@@ -26,11 +28,14 @@ pub(super) struct Single {
     /// trip, never while waiting.
     commands: Pool,
     /// Connections parked in `BLPOP` on one key each (a cluster's parks).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     parking: Pool,
     /// Connections parked in `BLPOP` on many keys each, shared by every
     /// waiter (one server, Sentinel, a quorum's masters).
     hub: Hub,
-    /// Ends parks on time rather than on the server's timer tick.
+    /// Ends parks on time rather than on the server's timer tick (a
+    /// cluster's parks).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     unblocker: Arc<Unblocker>,
     io_timeout: Duration,
     trace: ScriptTracer,
@@ -289,15 +294,23 @@ impl Single {
     /// Parks until a token of `list` comes or `park` has passed, on the
     /// hub's shared parking connections; see
     /// [`Backend::park`](super::Backend::park). The park's end is the
-    /// waiter's own timer, so every park is precise.
-    pub(super) fn park(&self, name: &str, list: &str, park: Duration) -> Result<Parked, Error> {
-        self.hub.park(name, list, park)
+    /// waiter's own timer: a `precise` park ends on time; the others last
+    /// at least the server's timer tick, as they did in Redis.
+    pub(super) fn park(
+        &self,
+        name: &str,
+        list: &str,
+        park: Duration,
+        precise: bool,
+    ) -> Result<Parked, Error> {
+        self.hub.park(name, list, park, precise)
     }
 
     /// Parks in `BLPOP` on `list` until `park_until` at most, after
     /// `ASKING` when `asking` (a cluster's importing node serves the list
     /// for this one command). A redirection is handed back, not
     /// classified: a cluster follows it.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(super) fn park_on(
         &self,
         name: &str,
@@ -379,6 +392,7 @@ impl Single {
 
 /// How a park on one node ended, before a flavor that routes acts on a
 /// redirection.
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(super) enum NodeParked {
     /// Parked (or could not), as the caller sees it.
     Parked(Parked),
@@ -388,6 +402,7 @@ pub(super) enum NodeParked {
 }
 
 /// A cluster's `MOVED` or `ASK`: the command did not run here.
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 fn is_redirection(err: &redis::RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
     matches!(
@@ -399,6 +414,7 @@ fn is_redirection(err: &redis::RedisError) -> bool {
 /// Replies that end a park without a token and call for another look: a
 /// cluster between two configurations (`TRYAGAIN`, `CLUSTERDOWN`), or a
 /// master demoted under the waiter (`UNBLOCKED`).
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 fn ends_park(err: &redis::RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
     matches!(

@@ -367,7 +367,10 @@ impl ClientBuilder {
 
     /// The longest a waiter sits in one `BLPOP` before it looks at the lock
     /// again. Waiters wake earlier when the holder releases or its lease
-    /// ends, so this only bounds the cost of a lost wake-up. Defaults to 2 s.
+    /// ends, so this only bounds the cost of a lost wake-up. A park that
+    /// ends at this time (not at a deadline or a lease end) lasts at least
+    /// 100 ms, the server's timer tick, as it did when parks ended on
+    /// Redis's timeout. Defaults to 2 s.
     pub fn max_park(mut self, max_park: Duration) -> Self {
         self.max_park = max_park;
         self
