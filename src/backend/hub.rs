@@ -15,8 +15,14 @@
 //!   stays in its list and is popped by the next call.
 //! - **Time is local**: a waiter's park ends by its own timer (a condition
 //!   variable with a deadline), never by a Redis timeout, so it is precise
-//!   without a command. The blocked call's own timeout is only a backstop
-//!   ([`BACKSTOP`]) for a server that went silent.
+//!   without a command (a park that ends at the maximum park time lasts
+//!   at least [`IMPRECISE_FLOOR`], as Redis's timer tick made it). The
+//!   blocked call's own timeout is only a backstop ([`BACKSTOP`]) for a
+//!   server that went silent.
+//! - **Cost**: each return of a call (a token, a control token) sends the
+//!   shard's whole key list again, so a wake-up costs O(names waited on /
+//!   shards) in bytes and server work; waiters joining meanwhile share
+//!   one re-issue.
 //! - **Nothing is lost**: a token popped for a key whose waiters all left
 //!   goes to another local waiter of that key if one came, else back on
 //!   its list (`RPUSH` of the same value, then `PEXPIRE` with the baton
