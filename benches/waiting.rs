@@ -6,11 +6,13 @@
 //! max; the most connections the server had while the waiters waited
 //! (both clients and the sampler's own); and what the waiters sent while
 //! waiting (script calls and `BLPOP`s per waiter per second, from `INFO
-//! commandstats` over the second before the first release).
+//! commandstats` over the 4 s before the first release: twice the
+//! maximum park).
 //!
 //! ```text
 //! cargo bench --bench waiting                # N = 16, 256, 1024
 //! cargo bench --bench waiting -- 16 10000    # other N
+//! WAITING_MAX_PARK_SECS=30 cargo bench --bench waiting -- 10000
 //! ```
 //!
 //! Needs `redis-server` on PATH. One private server per N.
@@ -54,41 +56,66 @@ fn commandstats(admin: &mut redis::Connection) -> std::collections::BTreeMap<Str
 fn run(names: usize) {
     let server = RedisServer::start();
     let mut admin = server.connection();
-    let holder = Client::builder(server.url()).build().unwrap();
-    let waiting = Client::builder(server.url()).build().unwrap();
+    // A long I/O timeout: at 10,000 names the waiters' first attempts
+    // queue for the command pool (8 connections) longer than the default
+    // 3 s on a small machine. Waiting itself does not use it.
+    let io_timeout = Duration::from_secs(60);
+    let holder = Client::builder(server.url())
+        .io_timeout(io_timeout)
+        .build()
+        .unwrap();
+    // WAITING_MAX_PARK_SECS: the waiting client's maximum park (default
+    // 2 s, the client's default).
+    let max_park = std::env::var("WAITING_MAX_PARK_SECS")
+        .ok()
+        .and_then(|secs| secs.parse().ok())
+        .map_or(Duration::from_secs(2), Duration::from_secs);
+    let waiting = Client::builder(server.url())
+        .io_timeout(io_timeout)
+        .max_park(max_park)
+        .build()
+        .unwrap();
     let keys: Vec<String> = (0..names).map(|n| format!("bench:wait:{n}")).collect();
     let guards: Vec<_> = keys
         .iter()
         .map(|name| holder.lock(name).unwrap().lock().unwrap())
         .collect();
 
-    let ready = Arc::new(Barrier::new(names + 1));
+    // Waiters start in batches of 256, each batch once the one before has
+    // made its first attempts: thousands of threads asking the command
+    // pool (8 connections) at once starve each other of the machine's
+    // cores (each waiting checkout wakes every 20 ms) until the I/O
+    // timeout passes.
     let (acquired, acquisitions) = mpsc::channel();
-    let waiters: Vec<_> = keys
-        .iter()
-        .enumerate()
-        .map(|(n, name)| {
+    let mut waiters = Vec::with_capacity(names);
+    for batch in keys.chunks(256) {
+        let ready = Arc::new(Barrier::new(batch.len() + 1));
+        let first = waiters.len();
+        for (offset, name) in batch.iter().enumerate() {
+            let n = first + offset;
             let lock = waiting.lock(name).unwrap();
             let (ready, acquired) = (Arc::clone(&ready), acquired.clone());
-            thread::Builder::new()
+            let started = thread::Builder::new()
                 .stack_size(128 * 1024)
                 .spawn(move || {
                     ready.wait();
-                    let guard = lock.try_lock_for(Duration::from_secs(60)).unwrap();
+                    let guard = lock.try_lock_for(Duration::from_secs(120)).unwrap();
                     let at = Instant::now();
                     assert!(guard.is_some(), "{n}: not acquired");
                     acquired.send((n, at)).unwrap();
                 })
-                .expect("a waiter thread")
-        })
-        .collect();
-    ready.wait();
-    // Every waiter has made its first attempt and parked; then one
-    // quiet second of waiting is counted.
-    thread::sleep(Duration::from_millis(500 + names as u64 / 10));
+                .expect("a waiter thread");
+            waiters.push(started);
+        }
+        ready.wait();
+        thread::sleep(Duration::from_millis(300));
+    }
+    // Every waiter has made its first attempt and parked; then 4 s of
+    // waiting (two maximum parks) are counted.
+    thread::sleep(Duration::from_millis(500));
     let before = commandstats(&mut admin);
     let quiet = Instant::now();
-    thread::sleep(Duration::from_secs(1));
+    thread::sleep(Duration::from_secs(4));
     let after = commandstats(&mut admin);
     let quiet = quiet.elapsed().as_secs_f64();
     let sent = |command: &str| {
