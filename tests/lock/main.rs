@@ -5,7 +5,6 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-mod at_scale;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod errors;
