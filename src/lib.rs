@@ -198,6 +198,7 @@ pub use client::{Client, ClientBuilder, Topology};
 pub use error::Error;
 pub use lease::WatchdogStats;
 pub use sync::{CountDownLatch, Holder, Lock, LockGuard, Owner, Rate, RateLimiter, RateMode};
+pub use sync::{MultiLock, MultiLockGuard};
 pub use sync::{ReadGuard, RwLock, WriteGuard};
 pub use sync::{Semaphore, SemaphorePermit};
 

@@ -309,6 +309,24 @@ impl Backend {
         }
     }
 
+    /// Groups `keys` (by index) by cluster slot, groups in slot order and
+    /// each group in the order of `keys`, for scripts over several objects
+    /// (a script's keys must share one slot). One group, except on a
+    /// cluster.
+    pub(crate) fn slot_groups(&self, keys: &[&str]) -> Vec<Vec<usize>> {
+        match &self.flavor {
+            #[cfg(feature = "cluster")]
+            Flavor::Cluster(_) => {
+                let mut groups = std::collections::BTreeMap::<u16, Vec<usize>>::new();
+                for (index, key) in keys.iter().enumerate() {
+                    groups.entry(slot::of(key)).or_default().push(index);
+                }
+                groups.into_values().collect()
+            }
+            _ => vec![(0..keys.len()).collect()],
+        }
+    }
+
     /// Parks in `BLPOP` on `list` for at most `park`, on a parking
     /// connection (never one a releasing holder needs). Whether a token
     /// came does not matter to the caller: either way it looks again. A

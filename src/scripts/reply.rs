@@ -37,6 +37,41 @@ impl FromRedisValue for AcquireReply {
     }
 }
 
+/// What `lock/acquire_many.lua` answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ManyReply {
+    /// Every name taken or re-entered: (fence, depth) per name, in the
+    /// order of the call's names.
+    Acquired(Vec<(u64, u64)>),
+    /// The name at `index` (0-based) is held by another identity, whose
+    /// lease ends in `lease_left` (`None`: no expiry). Nothing was taken.
+    Held {
+        index: usize,
+        lease_left: Option<Duration>,
+    },
+}
+
+impl FromRedisValue for ManyReply {
+    fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
+        let reply: Vec<i64> = FromRedisValue::from_redis_value(value)?;
+        match reply[..] {
+            [0, index, pttl] if index >= 1 => Ok(ManyReply::Held {
+                index: usize::try_from(index - 1).unwrap_or(usize::MAX),
+                lease_left: u64::try_from(pttl).ok().map(Duration::from_millis),
+            }),
+            [1, ref pairs @ ..] if !pairs.is_empty() && pairs.len() % 2 == 0 => {
+                Ok(ManyReply::Acquired(
+                    pairs
+                        .chunks_exact(2)
+                        .map(|pair| (pair[0].unsigned_abs(), pair[1].unsigned_abs()))
+                        .collect(),
+                ))
+            }
+            _ => Err(unexpected("lock/acquire_many.lua", &reply)),
+        }
+    }
+}
+
 /// What `lock/release.lua` answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ReleaseReply {

@@ -4,6 +4,7 @@
 //! on each other's internals.
 
 mod guard;
+mod multi;
 #[cfg(feature = "redlock")]
 mod quorum;
 mod raw;
@@ -24,6 +25,7 @@ use crate::scripts::lock::AcquireArgs;
 use crate::scripts::reply::AcquireReply;
 
 pub use guard::LockGuard;
+pub use multi::{MultiLock, MultiLockGuard};
 #[cfg(feature = "redlock")]
 pub(crate) use quorum::QuorumLock;
 pub(crate) use raw::{DeploymentLock, RawLock};

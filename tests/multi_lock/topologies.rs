@@ -1,0 +1,114 @@
+//! The multi-lock on a cluster (names across slots, and names that share
+//! one) and on Sentinel; refused on a Redlock quorum.
+
+#[allow(unused_imports)]
+use std::time::Duration;
+
+#[allow(unused_imports)]
+use crate::support::{Deployment, Topology};
+
+/// On a cluster, a set whose names span slots is all or none too: a name
+/// held in a later slot undoes the earlier slots' names.
+#[cfg(feature = "cluster")]
+#[test]
+fn a_cluster_set_across_slots_is_all_or_none() {
+    let deployment = Deployment::start(Topology::Cluster);
+    let (holder, other) = (deployment.client(), deployment.client());
+    let names: Vec<String> = (0..6).map(|i| format!("cl-{i}")).collect();
+    let set = other.multi_lock(&names).unwrap();
+    let free = |name: &str| {
+        let key = crate::support::lock_key(name);
+        redis::cmd("EXISTS")
+            .arg(&key)
+            .query::<i64>(&mut deployment.server_for(&key).connection())
+            .unwrap()
+            == 0
+    };
+    // Hold each name in turn: the attempt fails and leaves the others free.
+    for held_name in &names {
+        let held = holder.lock(held_name).unwrap().lock().unwrap();
+        assert!(set.try_lock().unwrap().is_none());
+        for name in names.iter().filter(|n| *n != held_name) {
+            assert!(
+                free(name),
+                "{name} held after a failed attempt ({held_name} held)"
+            );
+        }
+        held.unlock().unwrap();
+    }
+    let guard = set.lock().unwrap();
+    assert_eq!(guard.fencing_tokens().count(), 6);
+    assert!(names.iter().all(|n| !free(n)));
+    // A waiter parks and wins when the name in its way is released.
+    let held = holder.lock("cl-3").unwrap();
+    drop(guard);
+    let held = held.lock().unwrap();
+    let waiter =
+        std::thread::spawn(move || set.try_lock_for(Duration::from_secs(20)).unwrap().is_some());
+    let parked_at = deployment.server_for(&crate::support::lock_key("cl-3"));
+    crate::support::eventually(Duration::from_secs(5), "the waiter parks", || {
+        crate::support::blocked_clients(parked_at) == 1
+    });
+    held.unlock().unwrap();
+    assert!(crate::support::JoinWithin::joined(waiter));
+}
+
+/// Two names that share a cluster slot go in one script.
+#[cfg(feature = "cluster")]
+#[test]
+fn cluster_names_of_one_slot_are_taken_in_one_script() {
+    let deployment = Deployment::start(Topology::Cluster);
+    let client = deployment.client();
+    // Two names whose lock keys share a slot (each name is its own hash
+    // tag, so they meet by the CRC only): found with CLUSTER KEYSLOT.
+    let server = deployment.server_for(&crate::support::lock_key("slot-0"));
+    let mut con = server.connection();
+    let mut slot = |name: &str| -> i64 {
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(crate::support::lock_key(name))
+            .query(&mut con)
+            .unwrap()
+    };
+    let mut seen = std::collections::HashMap::new();
+    let pair = (0..100_000)
+        .map(|i| format!("slot-{i}"))
+        .find_map(|name| {
+            let s = slot(&name);
+            seen.insert(s, name.clone()).map(|first| (first, name))
+        })
+        .expect("two names in one slot");
+    let set = client.multi_lock([&pair.0, &pair.1]).unwrap();
+    let guard = set.lock().unwrap();
+    assert_eq!(guard.fencing_tokens().count(), 2);
+    let other = deployment.client();
+    assert!(other.lock(&pair.1).unwrap().try_lock().unwrap().is_none());
+    guard.unlock().unwrap();
+    assert!(other.lock(&pair.0).unwrap().try_lock().unwrap().is_some());
+}
+
+#[cfg(feature = "sentinel")]
+#[test]
+fn a_sentinel_set_is_all_or_none() {
+    let deployment = Deployment::start(Topology::Sentinel);
+    let (holder, other) = (deployment.client(), deployment.client());
+    let held = holder.lock("sn-b").unwrap().lock().unwrap();
+    let set = other.multi_lock(["sn-a", "sn-b"]).unwrap();
+    assert!(set.try_lock().unwrap().is_none());
+    assert!(other.lock("sn-a").unwrap().holder().unwrap().is_none());
+    held.unlock().unwrap();
+    let guard = set.try_lock().unwrap().expect("both free");
+    assert!(holder.lock("sn-a").unwrap().try_lock().unwrap().is_none());
+    guard.unlock().unwrap();
+}
+
+#[cfg(feature = "redlock")]
+#[test]
+fn a_quorum_refuses_the_multi_lock() {
+    let deployment = Deployment::start(Topology::Masters);
+    let client = deployment.client();
+    assert!(matches!(
+        client.multi_lock(["q-a", "q-b"]),
+        Err(redbaton::Error::WrongTopology { .. })
+    ));
+}
