@@ -66,10 +66,11 @@ fn a_waiter_moves_to_the_name_in_its_way() {
     });
     rx.recv().unwrap();
     let set = waiter.multi_lock(["move-a", "move-b"]).unwrap();
+    let (won, when) = mpsc::channel();
     let waiting = thread::spawn(move || {
-        set.try_lock_for(Duration::from_secs(20))
-            .unwrap()
-            .map(|guard| guard.fencing_tokens().count())
+        let guard = set.try_lock_for(Duration::from_secs(20)).unwrap();
+        won.send(Instant::now()).unwrap();
+        guard.map(|guard| guard.fencing_tokens().count())
     });
     eventually(Duration::from_secs(5), "the waiter parks on a", || {
         blocked_clients(&server) == 1
@@ -80,9 +81,13 @@ fn a_waiter_moves_to_the_name_in_its_way() {
         blocked_clients(&server) == 1 && !exists(&server, "move-a")
     });
     assert!(!waiting.is_finished());
+    let released = Instant::now();
     holder_thread.thread().unpark();
     holder_thread.joined();
     assert_eq!(waiting.joined(), Some(2));
+    // Woken by `b`'s release, not by the end of a 30 s park.
+    let woken = when.recv().unwrap().duration_since(released);
+    assert!(woken < Duration::from_secs(2), "woken after {woken:?}");
 }
 
 /// A waiter whose deadline passes returns `None` holding nothing.
@@ -131,7 +136,7 @@ fn a_local_hand_off_of_one_name_becomes_the_whole_set_or_nothing() {
     let multi = thread::spawn(move || {
         tx.send(thread_id()).unwrap();
         let guard = set.try_lock_for(Duration::from_secs(20)).unwrap();
-        guard.map(|guard| guard.fencing_token("hand-a").is_some())
+        guard.map(|guard| guard.fencing_tokens().count())
     });
     let tid = rx.recv().unwrap();
     eventually(Duration::from_secs(5), "the multi-lock waits", || {
@@ -143,5 +148,5 @@ fn a_local_hand_off_of_one_name_becomes_the_whole_set_or_nothing() {
     assert!(plain.joined(), "the plain waiter got `a` after all");
     assert!(!multi.is_finished());
     held_b.unlock().unwrap();
-    assert_eq!(multi.joined(), Some(true));
+    assert_eq!(multi.joined(), Some(2));
 }
