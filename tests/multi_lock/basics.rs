@@ -189,3 +189,36 @@ fn a_failed_attempt_leaves_nothing_under_this_thread() {
     }
     held.unlock().unwrap();
 }
+
+/// Uncontended, a set of names on one server costs one round trip to
+/// take and one to release, as one lock does: with every request held up
+/// 100 ms by a proxy, a cycle takes two delays, not three or four.
+#[test]
+fn an_uncontended_cycle_is_one_round_trip_each_way() {
+    let server = RedisServer::start();
+    let proxy = testkit::FaultProxy::start(server.port());
+    let client = Client::builder(proxy.url())
+        .io_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let set = client.multi_lock(["rt-a", "rt-b", "rt-c"]).unwrap();
+    let single = client.lock("rt-single").unwrap();
+    // Connections, the thread's identity and the scripts, before timing.
+    set.lock().unwrap().unlock().unwrap();
+    single.lock().unwrap().unlock().unwrap();
+    let delay = Duration::from_millis(100);
+    proxy.set_delay(delay);
+    let cycle = |run: &dyn Fn()| {
+        let start = Instant::now();
+        run();
+        start.elapsed()
+    };
+    let multi = cycle(&|| set.lock().unwrap().unlock().unwrap());
+    let one = cycle(&|| single.lock().unwrap().unlock().unwrap());
+    proxy.set_delay(Duration::ZERO);
+    assert!(one >= delay * 2, "{one:?}");
+    assert!(
+        multi >= delay * 2 && multi < delay * 5 / 2,
+        "a cycle of three names took {multi:?} (one name: {one:?})"
+    );
+}

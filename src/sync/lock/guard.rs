@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::raw::{self, RawLock};
+use super::raw::{self, RawLock, ReleaseOne};
 use crate::backend::{Failed, Sent};
 use crate::config::validate_lease;
 use crate::context::Context;
@@ -179,6 +179,27 @@ impl LockGuard {
     }
 
     fn release(&mut self) -> Result<(), Error> {
+        let Some(left) = self.leave()? else {
+            return Ok(());
+        };
+        let sent = Instant::now();
+        let ownership = &self.ownership;
+        let released = self.raw.release(
+            &self.keys,
+            &ownership.identity,
+            ownership.fence,
+            left,
+            ownership.mode.lease(),
+        );
+        self.settle_release(released, left, sent)
+    }
+
+    /// The release up to what it sends to Redis: withdraws from the
+    /// watchdog and, for the last guard, hands the lock to a waiter of this
+    /// process if there is one. `Some(left)`: a release leaving `left`
+    /// guards must now be sent (and settled with
+    /// [`settle_release`](LockGuard::settle_release)); `None`: done.
+    pub(super) fn leave(&mut self) -> Result<Option<usize>, Error> {
         self.released = true;
         let context = &self.context;
         let ownership = &self.ownership;
@@ -200,23 +221,27 @@ impl LockGuard {
             // The last guard: hand the lock to a waiter of this process if
             // there is one (and the run of local hand-offs is not too long).
             if let Some(reservation) = context.lock_room.reserve(&self.keys.baton) {
-                return self.hand_off(reservation);
+                return self.hand_off(reservation).map(|()| None);
             }
             context.lock_room.released_globally(&self.keys.baton);
         }
-        let sent = Instant::now();
-        let released = self.raw.release(
-            &self.keys,
-            &ownership.identity,
-            ownership.fence,
-            left,
-            ownership.mode.lease(),
-        );
-        self.settle_release(released, left, sent)
+        Ok(Some(left))
+    }
+
+    /// The release [`leave`](LockGuard::leave) asked for, leaving `left`
+    /// guards, for a batch of releases sent together.
+    pub(super) fn release_one(&self, left: usize) -> ReleaseOne<'_> {
+        ReleaseOne {
+            keys: &self.keys,
+            identity: &self.ownership.identity,
+            fence: self.ownership.fence,
+            guards_left: left,
+            lease: self.ownership.mode.lease(),
+        }
     }
 
     /// What a release sent at `sent`, leaving `left` guards, came to.
-    fn settle_release(
+    pub(super) fn settle_release(
         &self,
         released: Result<Sent<ReleaseReply>, Failed>,
         left: usize,

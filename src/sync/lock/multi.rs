@@ -12,7 +12,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{raw, Lock, LockGuard};
+use super::raw::{self, RawLock, ReleaseOne};
+use super::{Lock, LockGuard};
 use crate::context::Context;
 use crate::error::Error;
 use crate::lease::{earlier, Claim, LeaseMode};
@@ -301,21 +302,20 @@ impl MultiLock {
     /// global order; a group that finds a name held undoes the groups
     /// taken before it (released in reverse order).
     fn attempt(&self, identity: &Arc<str>, waited: bool) -> Result<Tried, Error> {
-        let mut taken = Vec::with_capacity(self.locks.len());
+        // Dropped on the way out when a group fails: the groups taken
+        // before it are released, last first.
+        let mut taken = MultiLockGuard {
+            raw: Arc::clone(&self.locks[0].raw),
+            guards: Vec::with_capacity(self.locks.len()),
+            groups: Vec::with_capacity(self.groups.len()),
+        };
         for group in &self.groups {
-            match self.attempt_group(identity, waited, group, &mut taken) {
-                Ok(None) => {}
-                Ok(Some(held)) => {
-                    release_in_reverse(taken);
-                    return Ok(held);
-                }
-                Err(err) => {
-                    release_in_reverse(taken);
-                    return Err(err);
-                }
+            if let Some(held) = self.attempt_group(identity, waited, group, &mut taken.guards)? {
+                return Ok(held);
             }
+            taken.groups.push(group.len());
         }
-        Ok(Tried::Acquired(MultiLockGuard { guards: taken }))
+        Ok(Tried::Acquired(taken))
     }
 
     /// One script over the names `group` (indices into `locks`, one slot):
@@ -395,13 +395,6 @@ impl MultiLock {
     }
 }
 
-/// Lets guards go, last taken first.
-fn release_in_reverse(mut guards: Vec<LockGuard>) {
-    while let Some(guard) = guards.pop() {
-        drop(guard);
-    }
-}
-
 impl fmt::Debug for MultiLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MultiLock")
@@ -425,8 +418,11 @@ impl fmt::Debug for MultiLock {
 #[must_use = "the locks are released as soon as the guard is dropped"]
 #[clippy::has_significant_drop]
 pub struct MultiLockGuard {
+    raw: Arc<dyn RawLock>,
     /// In the order taken: slot, then name.
     guards: Vec<LockGuard>,
+    /// How many of `guards` each slot's group holds, in order.
+    groups: Vec<usize>,
 }
 
 impl MultiLockGuard {
@@ -466,26 +462,67 @@ impl MultiLockGuard {
             .unwrap_or_else(Instant::now)
     }
 
-    /// Releases every name, last taken first, and reports the first
-    /// failure. Every release is sent, whatever the others' outcome.
+    /// Releases every name, last slot first, and reports the first
+    /// failure. Every release is sent, whatever the others' outcome: the
+    /// names of one slot together, in one round trip, unless a name goes
+    /// to a waiter of this process (a local hand-off, as a [`LockGuard`]'s
+    /// release does).
     ///
     /// # Errors
     /// As [`LockGuard::unlock`], for the first name whose release failed.
     pub fn unlock(mut self) -> Result<(), Error> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<(), Error> {
         let mut first = Ok(());
-        while let Some(guard) = self.guards.pop() {
-            let released = guard.unlock();
+        let mut keep = |outcome: Result<(), Error>| {
             if first.is_ok() {
-                first = released;
+                first = outcome;
+            }
+        };
+        let mut end = self.guards.len();
+        for &size in self.groups.iter().rev() {
+            let start = end.saturating_sub(size);
+            let group = &mut self.guards[start..end];
+            end = start;
+            // (place in the group, guards left) of each release to send.
+            let mut pending = Vec::with_capacity(group.len());
+            for (place, guard) in group.iter_mut().enumerate().rev() {
+                match guard.leave() {
+                    Ok(Some(left)) => pending.push((place, left)),
+                    Ok(None) => {}
+                    Err(err) => keep(Err(err)),
+                }
+            }
+            if pending.is_empty() {
+                continue;
+            }
+            let batch: Vec<ReleaseOne<'_>> = pending
+                .iter()
+                .map(|&(place, left)| group[place].release_one(left))
+                .collect();
+            let sent = Instant::now();
+            let replies = self.raw.release_many(&batch);
+            drop(batch);
+            for (&(place, left), reply) in pending.iter().zip(replies) {
+                keep(group[place].settle_release(reply, left, sent));
             }
         }
+        // Each guard has been released: dropping them sends nothing more.
+        self.guards.clear();
         first
     }
 }
 
 impl Drop for MultiLockGuard {
     fn drop(&mut self) {
-        release_in_reverse(std::mem::take(&mut self.guards));
+        if self.guards.is_empty() {
+            return;
+        }
+        if let Err(err) = self.release() {
+            log::warn!("redbaton: releasing a multi-lock on drop failed: {err}");
+        }
     }
 }
 

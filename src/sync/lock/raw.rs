@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::{ServerErrorKind, Value};
+use redis::{FromRedisValue, ServerErrorKind, Value};
 
 use crate::backend::{Backend, Failed, Sent};
 use crate::config::{Config, ReplicaAcks};
@@ -118,6 +118,16 @@ pub(crate) trait RawLock: RenewLeases {
         lease: Duration,
     ) -> Result<Sent<ReleaseReply>, Failed>;
 
+    /// Sends `batch` (releases of plain locks whose keys share one cluster
+    /// slot): one result per release, in order. By default one release
+    /// after the other; one deployment sends them together.
+    fn release_many(&self, batch: &[ReleaseOne<'_>]) -> Vec<Result<Sent<ReleaseReply>, Failed>> {
+        batch
+            .iter()
+            .map(|r| self.release(r.keys, r.identity, r.fence, r.guards_left, r.lease))
+            .collect()
+    }
+
     /// Sends the last release of the ownership `fence` of `identity` again
     /// (for a clean-up): done once the current master does not have it,
     /// released now or before, and under `replica_acks` its replicas
@@ -182,6 +192,17 @@ pub(crate) trait RawLock: RenewLeases {
         let _ = (keys, identity);
         Ok(())
     }
+}
+
+/// One release of a batch ([`RawLock::release_many`]): as the arguments
+/// of [`RawLock::release`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReleaseOne<'a> {
+    pub(crate) keys: &'a LockKeys,
+    pub(crate) identity: &'a str,
+    pub(crate) fence: u64,
+    pub(crate) guards_left: usize,
+    pub(crate) lease: Duration,
 }
 
 /// What a clean-up's sends of a release or an undo achieved so far: on a
@@ -495,6 +516,79 @@ impl RawLock for DeploymentLock {
         })
     }
 
+    /// One pipeline, one round trip, for the whole batch. Under
+    /// `replica_acks` (each last release confirmed on its own) and for fair
+    /// locks (whose releases name a waiter to wake), one by one.
+    fn release_many(&self, batch: &[ReleaseOne<'_>]) -> Vec<Result<Sent<ReleaseReply>, Failed>> {
+        let one_by_one = batch.len() < 2
+            || self.acks.is_some()
+            || batch.iter().any(|release| release.keys.fair.is_some());
+        if one_by_one {
+            return batch
+                .iter()
+                .map(|r| self.release(r.keys, r.identity, r.fence, r.guards_left, r.lease))
+                .collect();
+        }
+        let calls: Vec<Call> = batch
+            .iter()
+            .map(|r| {
+                calls::release(
+                    r.keys,
+                    r.identity,
+                    r.fence,
+                    r.guards_left,
+                    r.lease,
+                    self.baton_ttl,
+                )
+            })
+            .collect();
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for call in &calls {
+            call.add_to(&mut pipe);
+        }
+        let first = batch[0].keys;
+        // Sending the pipeline twice (after NOSCRIPT, or on a fresh
+        // connection) is safe: each release sets the depth it leaves, and
+        // a last release sent again is told "not the owner" (`resent`).
+        let sent = self.backend.exchange(&first.lock, &first.name, |c| {
+            let mut values: Vec<Value> = pipe.query(c)?;
+            if forgot_script(&values) {
+                calls[0].load(c)?;
+                values = pipe.query(c)?;
+            }
+            if values.len() != calls.len() {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "unexpected reply",
+                    format!("{} replies to {} releases", values.len(), calls.len()),
+                )));
+            }
+            values
+                .into_iter()
+                .map(|value| {
+                    let value = value.extract_error()?;
+                    Ok(ReleaseReply::from_redis_value(value)?)
+                })
+                .collect::<redis::RedisResult<Vec<ReleaseReply>>>()
+        });
+        match sent {
+            Ok(Sent { value, resent }) => value
+                .into_iter()
+                .map(|value| Ok(Sent { value, resent }))
+                .collect(),
+            Err(failed) => batch
+                .iter()
+                .map(|_| {
+                    Err(Failed {
+                        error: failed.error.clone(),
+                        outcome_unknown: failed.outcome_unknown,
+                    })
+                })
+                .collect(),
+        }
+    }
+
     fn release_again(
         &self,
         keys: &LockKeys,
@@ -664,11 +758,6 @@ impl DeploymentLock {
         if let Some(acks) = self.acks {
             pipe.add_command(wait_command(acks));
         }
-        let forgot = |values: &[Value]| {
-            values.iter().any(|value| {
-                matches!(value, Value::ServerError(err) if err.kind() == Some(ServerErrorKind::NoScript))
-            })
-        };
         let key = requests[0].key;
         let replies = self.backend.run(key, "(watchdog renewal)", |c| {
             if !self.renew_loaded.load(Ordering::Relaxed) {
@@ -676,7 +765,7 @@ impl DeploymentLock {
                 self.renew_loaded.store(true, Ordering::Relaxed);
             }
             let values: Vec<Value> = pipe.query(c)?;
-            if !forgot(&values) {
+            if !forgot_script(&values) {
                 return Ok(values);
             }
             first.load(c)?;
@@ -736,6 +825,14 @@ impl<'a> At<'a> {
             name: &keys.name,
         }
     }
+}
+
+/// Whether a pipeline's replies say the server does not have the script
+/// (after a restart or `SCRIPT FLUSH`): load it and send the pipeline again.
+fn forgot_script(values: &[Value]) -> bool {
+    values.iter().any(|value| {
+        matches!(value, Value::ServerError(err) if err.kind() == Some(ServerErrorKind::NoScript))
+    })
 }
 
 /// `WAIT replicas timeout`: how many replicas have every write this
