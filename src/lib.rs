@@ -366,6 +366,8 @@ mod guides {
     struct Lock;
     #[doc = include_str!("../docs/fair-lock.md")]
     struct FairLock;
+    #[doc = include_str!("../docs/multi-lock.md")]
+    struct MultiLock;
     #[doc = include_str!("../docs/rwlock.md")]
     struct RwLock;
     #[doc = include_str!("../docs/semaphore.md")]
