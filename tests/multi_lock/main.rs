@@ -4,6 +4,7 @@
 mod support;
 
 mod basics;
+mod failures;
 mod stress;
 mod topologies;
 mod waiting;
