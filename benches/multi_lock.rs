@@ -39,7 +39,9 @@ fn main() {
     let server = RedisServer::start();
     let client = Client::open(server.url().as_str()).expect("a client of the local server");
     let one = client.lock("bench:multi:one").unwrap();
-    let two = client.multi_lock(["bench:multi:a", "bench:multi:b"]).unwrap();
+    let two = client
+        .multi_lock(["bench:multi:a", "bench:multi:b"])
+        .unwrap();
     let three = client
         .multi_lock(["bench:multi:c", "bench:multi:d", "bench:multi:e"])
         .unwrap();
@@ -58,6 +60,12 @@ fn main() {
     let ratio = |d: Duration| d.as_secs_f64() / one.as_secs_f64();
     println!("uncontended cycle, median of {ROUNDS} (one server on loopback):");
     println!("  Lock            {one:>10.1?}");
-    println!("  MultiLock of 2  {two:>10.1?}  {:.2} x one lock (target <= 1.2)", ratio(two));
-    println!("  MultiLock of 3  {three:>10.1?}  {:.2} x one lock", ratio(three));
+    println!(
+        "  MultiLock of 2  {two:>10.1?}  {:.2} x one lock (target <= 1.2)",
+        ratio(two)
+    );
+    println!(
+        "  MultiLock of 3  {three:>10.1?}  {:.2} x one lock",
+        ratio(three)
+    );
 }

@@ -12,6 +12,13 @@ mod waiting;
 use redbaton::{Client, Lock};
 use testkit::RedisServer;
 
+/// Entry point of the child processes; does nothing in a normal test run.
+#[test]
+#[ignore = "child-process entry point, started by the tests of this binary"]
+fn child_entry() {
+    support::run_child_role(&[stress::run_child]);
+}
+
 /// Whether any key of lock `name` is held in Redis, looked up on `server`.
 fn exists(server: &RedisServer, name: &str) -> bool {
     redis::cmd("EXISTS")

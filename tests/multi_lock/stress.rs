@@ -10,7 +10,7 @@ use redbaton::Client;
 use testkit::RedisServer;
 
 use crate::my_owner;
-use crate::support::{client, JoinWithin};
+use crate::support::{client, spawn_child, JoinWithin};
 
 const NAMES: [&str; 5] = ["st-0", "st-1", "st-2", "st-3", "st-4"];
 
@@ -76,9 +76,9 @@ fn inside(con: &mut redis::Connection, names: &[&str], tally: &mut Tally) {
     }
 }
 
-fn worker(server: &RedisServer, client: &Client, seed: u64, rounds: usize) -> Tally {
+fn worker(url: &str, client: &Client, seed: u64, rounds: usize) -> Tally {
     let mut rng = Rng(seed);
-    let mut con = server.connection();
+    let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
     let mut tally = Tally::default();
     let me = my_owner(client, &seed.to_string());
     for _ in 0..rounds {
@@ -123,17 +123,99 @@ fn worker(server: &RedisServer, client: &Client, seed: u64, rounds: usize) -> Ta
     tally
 }
 
+/// This file's child-process roles (run by the binary's `child_entry`).
+pub(crate) fn run_child(role: &str, url: &str) -> bool {
+    if role != "mixed" {
+        return false;
+    }
+    let client = Client::open(url).unwrap();
+    let mut raw = redis::Client::open(url).unwrap().get_connection().unwrap();
+    println!("READY");
+    // Start together with the other processes, so that they contend.
+    let _: (String, String) = redis::cmd("BLPOP")
+        .arg("go")
+        .arg(10)
+        .query(&mut raw)
+        .unwrap();
+    let seed = u64::from(std::process::id());
+    let tallies: Vec<Tally> = thread::scope(|scope| {
+        let handles: Vec<_> = (0..4u64)
+            .map(|i| {
+                let client = &client;
+                scope.spawn(move || worker(url, client, seed * 31 + i, CHILD_ROUNDS))
+            })
+            .collect();
+        handles.into_iter().map(JoinWithin::joined).collect()
+    });
+    let sum = |f: &dyn Fn(&Tally) -> u64| tallies.iter().map(f).sum::<u64>();
+    let entered: Vec<String> = (0..NAMES.len())
+        .map(|n| sum(&|t| t.entered[n]).to_string())
+        .collect();
+    println!(
+        "RESULT {} {} {}",
+        sum(&|t| t.overlaps),
+        sum(&|t| t.leftovers),
+        entered.join(" ")
+    );
+    true
+}
+
+const CHILD_ROUNDS: usize = 60;
+
+/// The same mix in three processes of four threads each.
+#[test]
+fn processes_on_overlapping_sets_exclude_and_all_finish() {
+    let server = RedisServer::start();
+    let mut children: Vec<_> = (0..3).map(|_| spawn_child("mixed", &server)).collect();
+    for child in &mut children {
+        child.wait_for_line("READY", Duration::from_secs(30));
+    }
+    let mut con = server.connection();
+    let start = Instant::now();
+    redis::cmd("RPUSH")
+        .arg("go")
+        .arg(1)
+        .arg(2)
+        .arg(3)
+        .query::<()>(&mut con)
+        .unwrap();
+    let mut entered = [0u64; 5];
+    for child in &mut children {
+        let results = child.lines_with_prefix_until_exit("RESULT", Duration::from_secs(120));
+        assert_eq!(results.len(), 1, "{results:?}");
+        let numbers: Vec<u64> = results[0].split(' ').map(|n| n.parse().unwrap()).collect();
+        assert_eq!(numbers[0], 0, "two holders of one name at once");
+        assert_eq!(numbers[1], 0, "a name held after a failed attempt");
+        for (sum, n) in entered.iter_mut().zip(&numbers[2..]) {
+            *sum += n;
+        }
+    }
+    let took = start.elapsed();
+    for (name, sum) in NAMES.iter().zip(entered) {
+        let counted: u64 = redis::cmd("GET")
+            .arg(format!("entered:{name}"))
+            .query::<Option<u64>>(&mut con)
+            .unwrap()
+            .unwrap_or(0);
+        assert_eq!(counted, sum, "{name}");
+    }
+    assert!(entered.iter().sum::<u64>() > 0);
+    eprintln!("3 processes x 4 threads x {CHILD_ROUNDS} rounds in {took:?}");
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+}
+
 #[test]
 fn overlapping_sets_and_single_names_exclude_and_all_finish() {
     let server = RedisServer::start();
     let clients: Vec<Client> = (0..3).map(|_| client(&server)).collect();
-    let rounds = 40;
+    let rounds = 100;
     let start = Instant::now();
+    let url = server.url();
     let tallies: Vec<Tally> = thread::scope(|scope| {
         let handles: Vec<_> = (0..9u64)
             .map(|i| {
-                let (server, client) = (&server, &clients[(i % 3) as usize]);
-                scope.spawn(move || worker(server, client, 0x9E37_79B9 + i * 7919, rounds))
+                let (url, client) = (&url, &clients[(i % 3) as usize]);
+                scope.spawn(move || worker(url, client, 0x9E37_79B9 + i * 7919, rounds))
             })
             .collect();
         handles.into_iter().map(JoinWithin::joined).collect()
