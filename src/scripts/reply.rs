@@ -290,6 +290,27 @@ mod tests {
         );
         assert!(AcquireReply::from_redis_value(ints(&[7])).is_err());
         assert_eq!(
+            ManyReply::from_redis_value(ints(&[1, 42, 1, 7, 2])).unwrap(),
+            ManyReply::Acquired(vec![(42, 1), (7, 2)])
+        );
+        assert_eq!(
+            ManyReply::from_redis_value(ints(&[0, 2, 900])).unwrap(),
+            ManyReply::Held {
+                index: 1,
+                lease_left: Some(Duration::from_millis(900))
+            }
+        );
+        assert_eq!(
+            ManyReply::from_redis_value(ints(&[0, 1, -1])).unwrap(),
+            ManyReply::Held {
+                index: 0,
+                lease_left: None
+            }
+        );
+        for bad in [&[1][..], &[1, 42], &[0, 0, 5], &[0, 1], &[2, 1, 1]] {
+            assert!(ManyReply::from_redis_value(ints(bad)).is_err(), "{bad:?}");
+        }
+        assert_eq!(
             ReleaseReply::from_redis_value(Value::Int(-1)).unwrap(),
             ReleaseReply::NotOwner
         );
