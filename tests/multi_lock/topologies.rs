@@ -112,3 +112,54 @@ fn a_quorum_refuses_the_multi_lock() {
         Err(redbaton::Error::WrongTopology { .. })
     ));
 }
+
+/// Under `replica_acks`, a set is granted only once a replica has every
+/// name; when none can confirm, every name the script took is undone.
+#[cfg(feature = "sentinel")]
+#[test]
+fn with_replica_acks_a_set_is_confirmed_or_undone_whole() {
+    use crate::support::{cut_replica, restore_replica};
+    let deployment = Deployment::start(Topology::Sentinel);
+    let sentinels = deployment.sentinels();
+    let client = deployment
+        .builder()
+        .replica_acks(1, Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let set = client.multi_lock(["ra-a", "ra-b"]).unwrap();
+    let locked = |name: &str| client.lock(name).unwrap().is_locked().unwrap();
+
+    cut_replica(sentinels);
+    let err = set.try_lock().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            redbaton::Error::NotReplicated {
+                wanted: 1,
+                acknowledged: 0,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        !locked("ra-a") && !locked("ra-b"),
+        "the unconfirmed set was undone"
+    );
+
+    restore_replica(sentinels);
+    let guard = set
+        .try_lock_for(Duration::from_secs(5))
+        .unwrap()
+        .expect("both free");
+    let replica = &sentinels.replicas()[0];
+    for name in ["ra-a", "ra-b"] {
+        let on_replica: i64 = redis::cmd("EXISTS")
+            .arg(crate::support::lock_key(name))
+            .query(&mut replica.connection())
+            .unwrap();
+        assert_eq!(on_replica, 1, "{name} granted before the replica had it");
+    }
+    guard.unlock().unwrap();
+    assert!(!locked("ra-a") && !locked("ra-b"));
+}
