@@ -269,7 +269,15 @@ impl MultiLock {
             )?;
             match waited {
                 Waited::Acquired(Step::Done(guard)) => return Ok(Some(guard)),
-                Waited::Acquired(Step::Moved(other)) => index = other,
+                Waited::Acquired(Step::Moved(other)) => {
+                    // A parker looks before it parks, deadline or not: a
+                    // set whose names are taken in turn must not keep it
+                    // moving past its deadline.
+                    if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                        return Ok(None);
+                    }
+                    index = other;
+                }
                 Waited::Granted(grant) => {
                     // A releasing thread of this process handed this one
                     // name over. Holding it alone is not the set: try the
