@@ -192,7 +192,7 @@ fn a_failed_attempt_leaves_nothing_under_this_thread() {
 
 /// Uncontended, a set of names on one server costs one round trip to
 /// take and one to release, as one lock does: with every request held up
-/// 100 ms by a proxy, a cycle takes two delays, not three or four.
+/// 200 ms by a proxy, a cycle takes two delays, not three or four.
 #[test]
 fn an_uncontended_cycle_is_one_round_trip_each_way() {
     let server = RedisServer::start();
@@ -206,7 +206,7 @@ fn an_uncontended_cycle_is_one_round_trip_each_way() {
     // Connections, the thread's identity and the scripts, before timing.
     set.lock().unwrap().unlock().unwrap();
     single.lock().unwrap().unlock().unwrap();
-    let delay = Duration::from_millis(100);
+    let delay = Duration::from_millis(200);
     proxy.set_delay(delay);
     let cycle = |run: &dyn Fn()| {
         let start = Instant::now();

@@ -327,5 +327,5 @@ fn a_stream_of_single_name_lockers_does_not_starve_a_set() {
     });
     waits.sort();
     eprintln!("set waits among single-name lockers: {waits:?}");
-    assert!(waits[9] < Duration::from_secs(5), "{waits:?}");
+    assert!(waits[9] < Duration::from_secs(10), "{waits:?}");
 }
