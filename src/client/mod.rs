@@ -103,8 +103,7 @@ impl Client {
     ///
     /// # Errors
     /// [`Error::InvalidName`] when a name is empty or too long, or when
-    /// there is none; [`Error::WrongTopology`] on a Redlock quorum
-    /// (`Topology::masters`), where the multi-lock is not offered yet.
+    /// there is none.
     ///
     /// # Examples
     ///
@@ -121,15 +120,6 @@ impl Client {
         &self,
         names: impl IntoIterator<Item = S>,
     ) -> Result<MultiLock, Error> {
-        if self.context.backend.masters().is_some() {
-            return Err(Error::WrongTopology {
-                addr: self.context.backend.addr().to_owned(),
-                detail: "(independent masters of a Redlock quorum) do not offer the multi-lock \
-                         yet: take the locks one by one in a fixed order, or make a client of \
-                         one deployment for it"
-                    .to_owned(),
-            });
-        }
         let locks = MultiLock::unique_names(names)?
             .iter()
             .map(|name| self.lock(name))

@@ -102,15 +102,56 @@ fn a_sentinel_set_is_all_or_none() {
     guard.unlock().unwrap();
 }
 
+/// On a Redlock quorum, the names are taken one Redlock round each, in
+/// name order: a name held undoes the names taken before it on every
+/// master; each name has the quorum's token; a waiter parks and wins.
 #[cfg(feature = "redlock")]
 #[test]
-fn a_quorum_refuses_the_multi_lock() {
+fn a_quorum_set_is_all_or_none_on_every_master() {
     let deployment = Deployment::start(Topology::Masters);
-    let client = deployment.client();
-    assert!(matches!(
-        client.multi_lock(["q-a", "q-b"]),
-        Err(redbaton::Error::WrongTopology { .. })
-    ));
+    let (holder, other) = (deployment.client(), deployment.client());
+    let names = ["q-a", "q-b", "q-c"];
+    let set = other.multi_lock(names).unwrap();
+    let on_any_master = |name: &str| {
+        let key = crate::support::lock_key(name);
+        deployment.servers_for(&key).iter().any(|server| {
+            redis::cmd("EXISTS")
+                .arg(&key)
+                .query::<i64>(&mut server.connection())
+                .unwrap()
+                == 1
+        })
+    };
+    for held_name in names {
+        let held = holder.lock(held_name).unwrap().lock().unwrap();
+        assert!(set.try_lock().unwrap().is_none());
+        for name in names.iter().filter(|n| **n != held_name) {
+            assert!(
+                !on_any_master(name),
+                "{name} left on a master ({held_name} held)"
+            );
+        }
+        held.unlock().unwrap();
+    }
+    let guard = set.lock().unwrap();
+    for name in names {
+        let seen = holder.lock(name).unwrap().holder().unwrap().unwrap();
+        assert_eq!(Some(seen.fencing_token), guard.fencing_token(name));
+    }
+    drop(guard);
+    assert!(names.iter().all(|name| !on_any_master(name)));
+
+    let held = holder.lock("q-c").unwrap().lock().unwrap();
+    let waiter =
+        std::thread::spawn(move || set.try_lock_for(Duration::from_secs(20)).unwrap().is_some());
+    crate::support::eventually(Duration::from_secs(5), "the waiter parks", || {
+        deployment
+            .servers_for(&crate::support::lock_key("q-c"))
+            .iter()
+            .any(|server| crate::support::blocked_clients(server) == 1)
+    });
+    held.unlock().unwrap();
+    assert!(crate::support::JoinWithin::joined(waiter));
 }
 
 /// Under `replica_acks`, a set is granted only once a replica has every
@@ -162,4 +203,48 @@ fn with_replica_acks_a_set_is_confirmed_or_undone_whole() {
     }
     guard.unlock().unwrap();
     assert!(!locked("ra-a") && !locked("ra-b"));
+}
+
+/// Overlapping sets on a quorum, from threads of two clients: exclusion
+/// per name (a marker on a separate server) and everyone done in time.
+#[cfg(feature = "redlock")]
+#[test]
+fn overlapping_quorum_sets_exclude_and_all_finish() {
+    use crate::support::JoinWithin;
+    let deployment = Deployment::start(Topology::Masters);
+    let markers = testkit::RedisServer::start();
+    let clients = [deployment.client(), deployment.client()];
+    let sets = [["qo-a", "qo-b"], ["qo-b", "qo-c"], ["qo-a", "qo-c"]];
+    let start = std::time::Instant::now();
+    let overlaps: u64 = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..6usize)
+            .map(|i| {
+                let (client, names, markers) = (&clients[i % 2], sets[i % 3], &markers);
+                scope.spawn(move || {
+                    let set = client.multi_lock(names).unwrap();
+                    let mut con = markers.connection();
+                    let mut overlaps = 0;
+                    for _ in 0..15 {
+                        let guard = set
+                            .try_lock_for(Duration::from_secs(30))
+                            .unwrap()
+                            .expect("a quorum set waited 30 s");
+                        for name in names {
+                            let inside: i64 = redis::cmd("INCR").arg(name).query(&mut con).unwrap();
+                            overlaps += u64::from(inside != 1);
+                        }
+                        for name in names {
+                            let _: i64 = redis::cmd("DECR").arg(name).query(&mut con).unwrap();
+                        }
+                        drop(guard);
+                    }
+                    overlaps
+                })
+            })
+            .collect();
+        handles.into_iter().map(JoinWithin::joined).sum()
+    });
+    assert_eq!(overlaps, 0, "two holders of one name at once");
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(60), "took {took:?}");
 }

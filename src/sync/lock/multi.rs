@@ -59,7 +59,8 @@ pub struct MultiLock {
     locks: Vec<Lock>,
     /// Indices into `locks` grouped by cluster slot: groups in slot order,
     /// names in name order within a group. Sets are always taken in this
-    /// global order (one group on one server or Sentinel).
+    /// global order (one group on one server or Sentinel; one group per
+    /// name, in name order, on a quorum).
     groups: Vec<Vec<usize>>,
 }
 
@@ -143,7 +144,8 @@ impl MultiLock {
     /// Blocks until the calling thread holds every name of the set.
     ///
     /// Uncontended, one script call per cluster slot the names fall in
-    /// (one on one server or Sentinel).
+    /// (one on one server or Sentinel; on a Redlock quorum, one round per
+    /// name), and as many to release.
     ///
     /// # Errors
     /// As [`Lock::lock`]; on error nothing of the set is held.

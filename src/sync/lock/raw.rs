@@ -89,21 +89,41 @@ pub(crate) trait RawLock: RenewLeases {
 
     /// Takes or re-enters every one of `names` (plain locks whose keys
     /// share one cluster slot, at least one) in one atomic exchange, or
-    /// none of them: then reports the first name held by another. Only
-    /// one deployment offers it; the default refuses (the client refuses
-    /// a multi-lock on a quorum before it gets here).
+    /// none of them: then reports the first name held by another. By
+    /// default (a quorum, whose multi-locks go one name at a time) one name
+    /// only, through [`RawLock::attempt`]; one deployment takes any number.
     fn attempt_many(
         &self,
         names: &[ManyName<'_>],
         args: ManyArgs<'_>,
     ) -> Result<ManyReply, Failed> {
-        let _ = (names, args);
-        Err(Failed {
-            error: Error::WrongTopology {
-                addr: "(quorum)".to_owned(),
-                detail: "offers no multi-lock".to_owned(),
+        let [name] = names else {
+            return Err(Failed {
+                error: Error::InvalidConfig(format!(
+                    "this deployment takes the names of a multi-lock one at a time, not {}",
+                    names.len()
+                )),
+                outcome_unknown: false,
+            });
+        };
+        let one = AcquireArgs {
+            identity: args.identity,
+            lease: name.lease,
+            held_fence: name.held_fence,
+            depth: name.depth,
+            fence_ttl: args.fence_ttl,
+            request: args.request,
+            waited: args.waited,
+            place_ttl: Duration::ZERO,
+            arrival: 0,
+            proposed_token: 0,
+        };
+        Ok(match self.attempt(name.keys, one)? {
+            AcquireReply::Acquired { fence, depth } => ManyReply::Acquired(vec![(fence, depth)]),
+            AcquireReply::Held { lease_left, .. } => ManyReply::Held {
+                index: 0,
+                lease_left,
             },
-            outcome_unknown: false,
         })
     }
 
