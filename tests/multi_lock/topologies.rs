@@ -205,16 +205,14 @@ fn with_replica_acks_a_set_is_confirmed_or_undone_whole() {
     assert!(!locked("ra-a") && !locked("ra-b"));
 }
 
-/// Overlapping sets on a quorum, from threads of two clients: exclusion
-/// per name (a marker on a separate server) and everyone done in time.
-#[cfg(feature = "redlock")]
-#[test]
-fn overlapping_quorum_sets_exclude_and_all_finish() {
+/// Overlapping sets from threads of two clients: exclusion per name (a
+/// marker on a separate server) and everyone done in time.
+#[allow(dead_code)]
+fn overlapping_sets_exclude_and_all_finish(deployment: &Deployment) {
     use crate::support::JoinWithin;
-    let deployment = Deployment::start(Topology::Masters);
     let markers = testkit::RedisServer::start();
     let clients = [deployment.client(), deployment.client()];
-    let sets = [["qo-a", "qo-b"], ["qo-b", "qo-c"], ["qo-a", "qo-c"]];
+    let sets = [["ov-a", "ov-b"], ["ov-b", "ov-c"], ["ov-a", "ov-c"]];
     let start = std::time::Instant::now();
     let overlaps: u64 = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..6usize)
@@ -228,7 +226,7 @@ fn overlapping_quorum_sets_exclude_and_all_finish() {
                         let guard = set
                             .try_lock_for(Duration::from_secs(30))
                             .unwrap()
-                            .expect("a quorum set waited 30 s");
+                            .expect("a set waited 30 s");
                         for name in names {
                             let inside: i64 = redis::cmd("INCR").arg(name).query(&mut con).unwrap();
                             overlaps += u64::from(inside != 1);
@@ -247,4 +245,16 @@ fn overlapping_quorum_sets_exclude_and_all_finish() {
     assert_eq!(overlaps, 0, "two holders of one name at once");
     let took = start.elapsed();
     assert!(took < Duration::from_secs(60), "took {took:?}");
+}
+
+#[cfg(feature = "redlock")]
+#[test]
+fn overlapping_quorum_sets_exclude_and_all_finish() {
+    overlapping_sets_exclude_and_all_finish(&Deployment::start(Topology::Masters));
+}
+
+#[cfg(feature = "cluster")]
+#[test]
+fn overlapping_cluster_sets_across_slots_exclude_and_all_finish() {
+    overlapping_sets_exclude_and_all_finish(&Deployment::start(Topology::Cluster));
 }
