@@ -222,3 +222,22 @@ fn an_uncontended_cycle_is_one_round_trip_each_way() {
         "a cycle of three names took {multi:?} (one name: {one:?})"
     );
 }
+
+/// A name lost meanwhile (force-unlocked) makes `unlock` report it, and
+/// every other name is released all the same.
+#[test]
+fn unlock_reports_a_lost_name_and_releases_the_others() {
+    let server = RedisServer::start();
+    let (holder, admin) = (client(&server), client(&server));
+    let set = holder
+        .multi_lock(["lostn-a", "lostn-b", "lostn-c"])
+        .unwrap();
+    let guard = set.lock().unwrap();
+    assert!(admin.lock("lostn-b").unwrap().force_unlock().unwrap());
+    let released = guard.unlock();
+    assert!(
+        matches!(&released, Err(Error::LockLost { name }) if name == "lostn-b"),
+        "{released:?}"
+    );
+    assert!(!exists(&server, "lostn-a") && !exists(&server, "lostn-c"));
+}
