@@ -190,6 +190,7 @@ mod keys;
 mod lease;
 #[cfg(feature = "macros")]
 mod locked;
+mod observe;
 mod parking;
 mod scripts;
 mod sync;
@@ -197,6 +198,7 @@ mod sync;
 pub use client::{Client, ClientBuilder, Topology};
 pub use error::Error;
 pub use lease::WatchdogStats;
+pub use observe::{Acquisition, Event, HoldKind, LostReason, LostSignal};
 pub use sync::{CountDownLatch, Holder, Lock, LockGuard, Owner, Rate, RateLimiter, RateMode};
 pub use sync::{ReadGuard, RwLock, WriteGuard};
 pub use sync::{Semaphore, SemaphorePermit};

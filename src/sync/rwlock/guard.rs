@@ -7,11 +7,14 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crossbeam_channel::Receiver;
+
 use super::raw::{self, Kind, RawRwLock};
 use crate::context::Context;
 use crate::error::Error;
 use crate::keys::RwKeys;
 use crate::lease::{LeaseMode, LeaseStatus};
+use crate::observe::{Event, HoldKind, LostReason};
 use crate::scripts::reply::ReleaseReply;
 
 /// One guard's share of a hold: a read hold or the write hold of one
@@ -33,6 +36,20 @@ pub(super) struct Hold {
 }
 
 impl Hold {
+    /// What is held, for events.
+    fn hold_kind(&self) -> HoldKind {
+        match self.kind {
+            Kind::Read => HoldKind::Read,
+            Kind::Write => HoldKind::Write,
+        }
+    }
+
+    /// A receiver of this hold's loss signal (see `LockGuard::lost`).
+    fn lost_signal(&self) -> Receiver<LostReason> {
+        self.context
+            .lost_signal(&self.status, self.mode, &self.keys.name, self.hold_kind())
+    }
+
     /// The key the hold's lease lives on (and the registry files it under).
     fn lease_key(&self) -> &str {
         match self.kind {
@@ -49,6 +66,10 @@ impl Hold {
             .leases
             .registry
             .leave(self.lease_key(), &self.identity, &self.status);
+        if !matches!(left, Some(left) if left > 0) {
+            // The hold ends here: its loss signal is disconnected, untold.
+            self.status.close_signal();
+        }
         let Some(left) = left.filter(|_| !self.status.is_marked_lost()) else {
             return Err(self.lost());
         };
@@ -95,8 +116,13 @@ impl Hold {
 
     /// Marks this hold lost and makes the error for it.
     fn lost(&self) -> Error {
-        if self.status.mark_lost() {
+        if self.status.mark_lost(LostReason::NotHeld) {
             log::warn!("redbaton: read-write lock {:?} was lost", self.keys.name);
+            self.context.observer().emit(|| Event::Lost {
+                name: &self.keys.name,
+                kind: self.hold_kind(),
+                reason: LostReason::NotHeld,
+            });
         }
         self.context
             .leases
@@ -191,6 +217,15 @@ macro_rules! hold_accessors {
             /// not a promise: the lease may end the next moment.
             pub fn is_lost(&self) -> bool {
                 self.hold.status.is_lost()
+            }
+
+            /// A receiver that gets the [`LostReason`] once, when this
+            /// hold is found lost, to block or `select!` on; disconnected
+            /// without a message when the hold's last guard releases. As
+            /// [`LockGuard::lost`](crate::LockGuard::lost), whose
+            /// documentation says when it fires.
+            pub fn lost(&self) -> Receiver<LostReason> {
+                self.hold.lost_signal()
             }
 
             /// When this hold ends at the latest unless its lease is

@@ -23,6 +23,7 @@ use crate::context::Context;
 use crate::error::Error;
 use crate::keys::RwKeys;
 use crate::lease::{LeaseMode, Leased, RenewLeases};
+use crate::observe::HoldKind;
 use crate::parking::{self, Attempt, Waited};
 use crate::scripts::rwlock::{ReadArgs, RwAcquireReply, WriteArgs};
 
@@ -117,13 +118,14 @@ impl RwProtocol {
 
 impl RwLock {
     pub(crate) fn new(context: Arc<Context>, protocol: &RwProtocol, keys: RwKeys) -> RwLock {
-        let leased = |key: &str, renewer: &Arc<dyn RenewLeases>| Leased {
+        let leased = |kind, key: &str, renewer: &Arc<dyn RenewLeases>| Leased {
             name: keys.name.as_str().into(),
+            kind,
             key: key.into(),
             renewer: Arc::clone(renewer),
         };
-        let read_leased = leased(&keys.readers, &protocol.read);
-        let write_leased = leased(&keys.write, &protocol.write);
+        let read_leased = leased(HoldKind::Read, &keys.readers, &protocol.read);
+        let write_leased = leased(HoldKind::Write, &keys.write, &protocol.write);
         RwLock {
             context,
             raw: Arc::clone(&protocol.raw),

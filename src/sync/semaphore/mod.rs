@@ -96,6 +96,7 @@ impl Semaphore {
     ) -> Semaphore {
         let leased = Leased {
             name: keys.name.as_str().into(),
+            kind: crate::observe::HoldKind::Permits,
             key: keys.holders.as_str().into(),
             renewer: Arc::clone(&raw) as Arc<dyn RenewLeases>,
         };

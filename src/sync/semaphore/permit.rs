@@ -5,12 +5,15 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crossbeam_channel::Receiver;
+
 use super::raw::{self, RawSemaphore};
 use crate::backend::Sent;
 use crate::context::Context;
 use crate::error::Error;
 use crate::keys::SemaphoreKeys;
 use crate::lease::{LeaseMode, LeaseStatus};
+use crate::observe::{Event, HoldKind, LostReason};
 use crate::scripts::semaphore::ReleaseReply;
 
 /// What one acquisition holds.
@@ -89,6 +92,17 @@ impl SemaphorePermit {
         self.held.status.is_lost()
     }
 
+    /// A receiver that gets the [`LostReason`] once, when these permits
+    /// are found lost, to block or `select!` on; disconnected without a
+    /// message when the permit is released. As
+    /// [`LockGuard::lost`](crate::LockGuard::lost), whose documentation
+    /// says when it fires.
+    pub fn lost(&self) -> Receiver<LostReason> {
+        let held = &self.held;
+        self.context
+            .lost_signal(&held.status, held.mode, &self.keys.name, HoldKind::Permits)
+    }
+
     /// When the permits' lease ends at the latest unless renewed, by this
     /// process's clock: the lease counted from before the request that set
     /// it was sent, so never later than its end in Redis. Renewals move it
@@ -121,10 +135,12 @@ impl SemaphorePermit {
             .leases
             .registry
             .leave(&self.keys.holders, &held.id, &held.status);
+        // The holding ends here: its loss signal is disconnected, untold.
+        held.status.close_signal();
         // Out of time by this clock is not enough to skip the release: the
         // lease may still run in Redis, and the script checks the id.
         if left.is_none() || held.status.is_marked_lost() {
-            return Err(self.lost());
+            return Err(self.lost_error());
         }
         let sent = Instant::now();
         match self.raw.release(&self.keys, &held.id) {
@@ -141,7 +157,7 @@ impl SemaphorePermit {
             Ok(Sent {
                 value: ReleaseReply::NotHeld,
                 ..
-            }) => Err(self.lost()),
+            }) => Err(self.lost_error()),
             Ok(Sent {
                 value: ReleaseReply::Refused(refusal),
                 ..
@@ -164,14 +180,19 @@ impl SemaphorePermit {
     }
 
     /// Marks the permits lost and makes the error for it.
-    fn lost(&self) -> Error {
+    fn lost_error(&self) -> Error {
         let held = &self.held;
-        if held.status.mark_lost() {
+        if held.status.mark_lost(LostReason::NotHeld) {
             log::warn!(
                 "redbaton: {} permit(s) of semaphore {:?} were lost",
                 held.permits,
                 self.keys.name
             );
+            self.context.observer().emit(|| Event::Lost {
+                name: &self.keys.name,
+                kind: HoldKind::Permits,
+                reason: LostReason::NotHeld,
+            });
         }
         self.context
             .leases
