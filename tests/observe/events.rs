@@ -18,6 +18,8 @@ struct Seen {
     thread: ThreadId,
     what: String,
     fencing_token: Option<u64>,
+    /// What an acquisition, release or loss was of.
+    kind: Option<HoldKind>,
     /// `waited` of an acquisition or a wait, `held` of a release.
     took: Option<Duration>,
 }
@@ -32,6 +34,7 @@ impl Recorder {
         move |event| {
             let mut took = None;
             let mut fencing_token = None;
+            let mut held_kind = None;
             let what = match *event {
                 Event::Acquired {
                     name,
@@ -41,16 +44,24 @@ impl Recorder {
                     how,
                     ..
                 } => {
-                    assert_eq!(kind, HoldKind::Lock);
+                    held_kind = Some(kind);
                     took = Some(waited);
                     fencing_token = token;
                     format!("acquired {name} {how:?}")
                 }
-                Event::Released { name, held, .. } => {
+                Event::Released {
+                    name, held, kind, ..
+                } => {
+                    held_kind = Some(kind);
                     took = Some(held);
                     format!("released {name}")
                 }
-                Event::Lost { name, reason, .. } => format!("lost {name} {reason:?}"),
+                Event::Lost {
+                    name, reason, kind, ..
+                } => {
+                    held_kind = Some(kind);
+                    format!("lost {name} {reason:?}")
+                }
                 Event::Parked { name, .. } => format!("parked {name}"),
                 Event::Woken { name, waited, .. } => {
                     took = Some(waited);
@@ -64,6 +75,7 @@ impl Recorder {
                 thread: thread::current().id(),
                 what,
                 fencing_token,
+                kind: held_kind,
                 took,
             });
         }
@@ -111,6 +123,7 @@ fn an_uncontended_cycle_is_acquired_then_released() {
     let events = recorder.events();
     assert_eq!(events[0].fencing_token, Some(token));
     assert!(events[0].took.unwrap() < Duration::from_secs(2));
+    assert!(events.iter().all(|s| s.kind == Some(HoldKind::Lock)));
     assert!(events.iter().all(|s| s.thread == thread::current().id()));
 }
 
@@ -260,4 +273,80 @@ fn a_panicking_hook_does_not_break_the_client_and_is_logged_once() {
     assert!(!lock.is_locked().unwrap());
     assert_eq!(*calls.lock().unwrap(), 6, "called for every event");
     assert_eq!(crate::logged("event hook panicked") - before, 1);
+}
+
+#[test]
+fn read_write_and_permit_cycles_say_what_they_hold() {
+    let server = RedisServer::start();
+    let recorder = Recorder::default();
+    let client = observed(&server, &recorder);
+    let rw = client.rw_lock("rw").unwrap();
+    rw.read().unwrap().unlock().unwrap();
+    let write = rw.try_write().unwrap().expect("free");
+    let token = write.fencing_token();
+    write.unlock().unwrap();
+    let fair = client.fair_lock("fair").unwrap();
+    fair.lock().unwrap().unlock().unwrap();
+    let semaphore = client.semaphore("pool").unwrap();
+    semaphore.try_set_permits(2).unwrap();
+    semaphore.acquire_many(2).unwrap().release().unwrap();
+    let events = recorder.events();
+    let seen: Vec<(String, Option<HoldKind>, Option<u64>)> = events
+        .into_iter()
+        .map(|s| (s.what, s.kind, s.fencing_token))
+        .collect();
+    let acquired = |name: &str| format!("acquired {name} FirstAttempt");
+    let released = |name: &str| format!("released {name}");
+    assert_eq!(
+        seen,
+        [
+            (acquired("rw"), Some(HoldKind::Read), None),
+            (released("rw"), Some(HoldKind::Read), None),
+            (acquired("rw"), Some(HoldKind::Write), Some(token)),
+            (released("rw"), Some(HoldKind::Write), None),
+            (acquired("fair"), Some(HoldKind::FairLock), seen[4].2),
+            (released("fair"), Some(HoldKind::FairLock), None),
+            (acquired("pool"), Some(HoldKind::Permits), None),
+            (released("pool"), Some(HoldKind::Permits), None),
+        ]
+    );
+    assert!(seen[4].2.is_some(), "a fair lock has a fencing token");
+}
+
+#[test]
+fn redis_going_away_is_told_as_failed_renewals_a_loss_and_a_background_release() {
+    let server = RedisServer::start();
+    let recorder = Recorder::default();
+    let client = Client::builder(server.url())
+        .io_timeout(Duration::from_millis(300))
+        .on_event(recorder.hook())
+        .build()
+        .unwrap();
+    let renewed = client
+        .lock("renewed")
+        .unwrap()
+        .with_lease(Duration::from_millis(600))
+        .unwrap()
+        .lock()
+        .unwrap();
+    let released = client.lock("released").unwrap().lock().unwrap();
+    server.kill();
+    assert!(released.unlock().is_err(), "Redis is gone");
+    eventually(Duration::from_secs(5), "the loss is told", || {
+        recorder
+            .whats()
+            .iter()
+            .any(|w| w.starts_with("lost renewed"))
+    });
+    let whats = recorder.whats();
+    let at = |what: &str| whats.iter().position(|w| w == what);
+    let failed = at("renewal failed renewed").expect("a failed renewal is told");
+    let lost = at(&format!("lost renewed {:?}", LostReason::Unreachable)).expect("lost");
+    assert!(failed < lost, "{whats:?}");
+    assert!(at("release retried released").is_some(), "{whats:?}");
+    assert!(
+        !whats.iter().any(|w| w.starts_with("released")),
+        "nothing was released: {whats:?}"
+    );
+    drop(renewed);
 }

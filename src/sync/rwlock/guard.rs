@@ -14,7 +14,7 @@ use crate::context::Context;
 use crate::error::Error;
 use crate::keys::RwKeys;
 use crate::lease::{LeaseMode, LeaseStatus};
-use crate::observe::{Event, HoldKind, LostReason};
+use crate::observe::{Acquisition, Event, HoldKind, LostReason};
 use crate::scripts::reply::ReleaseReply;
 
 /// One guard's share of a hold: a read hold or the write hold of one
@@ -33,6 +33,8 @@ pub(super) struct Hold {
     /// Shared by the guards of this hold (re-entry) and the watchdog.
     pub(super) status: Arc<LeaseStatus>,
     pub(super) released: bool,
+    /// When the hold was made; measured only for the event hook.
+    pub(super) acquired: Option<Instant>,
 }
 
 impl Hold {
@@ -58,7 +60,33 @@ impl Hold {
         }
     }
 
+    /// Tells the event hook of this hold, got `how` after a call that
+    /// started at `start` (`None`: no hook was set then).
+    fn announce(&self, start: Option<Instant>, how: Acquisition) {
+        if let Some(start) = start {
+            self.context.observer().emit(|| Event::Acquired {
+                name: &self.keys.name,
+                kind: self.hold_kind(),
+                waited: start.elapsed(),
+                fencing_token: (self.kind == Kind::Write).then_some(self.token),
+                how,
+            });
+        }
+    }
+
     fn release(&mut self) -> Result<(), Error> {
+        let released = self.release_once();
+        if let (Ok(()), Some(acquired)) = (&released, self.acquired) {
+            self.context.observer().emit(|| Event::Released {
+                name: &self.keys.name,
+                kind: self.hold_kind(),
+                held: acquired.elapsed(),
+            });
+        }
+        released
+    }
+
+    fn release_once(&mut self) -> Result<(), Error> {
         self.released = true;
         let context = &self.context;
         // Withdraw from the watchdog first, so that it stops renewing.
@@ -226,6 +254,12 @@ macro_rules! hold_accessors {
             /// documentation says when it fires.
             pub fn lost(&self) -> Receiver<LostReason> {
                 self.hold.lost_signal()
+            }
+
+            /// Tells the event hook of this guard (see `Hold::announce`).
+            pub(super) fn announced(self, start: Option<Instant>, how: Acquisition) -> Self {
+                self.hold.announce(start, how);
+                self
             }
 
             /// When this hold ends at the latest unless its lease is

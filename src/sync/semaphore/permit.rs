@@ -13,7 +13,7 @@ use crate::context::Context;
 use crate::error::Error;
 use crate::keys::SemaphoreKeys;
 use crate::lease::{LeaseMode, LeaseStatus};
-use crate::observe::{Event, HoldKind, LostReason};
+use crate::observe::{Acquisition, Event, HoldKind, LostReason};
 use crate::scripts::semaphore::ReleaseReply;
 
 /// What one acquisition holds.
@@ -55,6 +55,8 @@ pub struct SemaphorePermit {
     keys: Arc<SemaphoreKeys>,
     held: Held,
     released: bool,
+    /// When the permit was made; measured only for the event hook.
+    acquired: Option<Instant>,
 }
 
 impl SemaphorePermit {
@@ -64,13 +66,30 @@ impl SemaphorePermit {
         keys: Arc<SemaphoreKeys>,
         held: Held,
     ) -> Self {
+        let acquired = context.observer().is_set().then(Instant::now);
         SemaphorePermit {
             context,
             raw,
             keys,
             held,
             released: false,
+            acquired,
         }
+    }
+
+    /// Tells the event hook of this permit, got `how` after a call that
+    /// started at `start` (`None`: no hook was set then).
+    pub(super) fn announced(self, start: Option<Instant>, how: Acquisition) -> Self {
+        if let Some(start) = start {
+            self.context.observer().emit(|| Event::Acquired {
+                name: &self.keys.name,
+                kind: HoldKind::Permits,
+                waited: start.elapsed(),
+                fencing_token: None,
+                how,
+            });
+        }
+        self
     }
 
     /// How many permits this guard holds.
@@ -125,6 +144,18 @@ impl SemaphorePermit {
     }
 
     fn give_back(&mut self) -> Result<(), Error> {
+        let released = self.give_back_once();
+        if let (Ok(()), Some(acquired)) = (&released, self.acquired) {
+            self.context.observer().emit(|| Event::Released {
+                name: &self.keys.name,
+                kind: HoldKind::Permits,
+                held: acquired.elapsed(),
+            });
+        }
+        released
+    }
+
+    fn give_back_once(&mut self) -> Result<(), Error> {
         self.released = true;
         let held = &self.held;
         // Withdraw from the watchdog first, so that it stops renewing (a
