@@ -228,6 +228,15 @@ fn dropping_or_unlocking_a_guard_never_fires_its_signal() {
     let lost = permit.lost();
     permit.release().unwrap();
     assert_eq!(lost.try_recv(), Err(TryRecvError::Disconnected));
+
+    // A permit whose holding was removed behind its back, released before
+    // the watchdog looked.
+    let semaphore = long.semaphore("released").unwrap();
+    let permit = semaphore.acquire().unwrap();
+    let lost = permit.lost();
+    redis(&server, &["DEL", "redbaton:{released}:sem:holders"]);
+    assert!(matches!(permit.release(), Err(Error::PermitsLost { .. })));
+    assert_eq!(lost.try_recv(), Err(TryRecvError::Disconnected));
 }
 
 #[test]
