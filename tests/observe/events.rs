@@ -26,10 +26,10 @@ struct Seen {
 
 /// Everything a client's hook was told.
 #[derive(Debug, Clone, Default)]
-struct Recorder(Arc<Mutex<Vec<Seen>>>);
+pub(crate) struct Recorder(Arc<Mutex<Vec<Seen>>>);
 
 impl Recorder {
-    fn hook(&self) -> impl Fn(&Event<'_>) + Send + Sync + 'static {
+    pub(crate) fn hook(&self) -> impl Fn(&Event<'_>) + Send + Sync + 'static {
         let seen = Arc::clone(&self.0);
         move |event| {
             let mut took = None;
@@ -86,7 +86,7 @@ impl Recorder {
     }
 
     /// The short forms, in order.
-    fn whats(&self) -> Vec<String> {
+    pub(crate) fn whats(&self) -> Vec<String> {
         self.events().into_iter().map(|s| s.what).collect()
     }
 

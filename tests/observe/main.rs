@@ -6,6 +6,8 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+#[cfg(any(feature = "cluster", feature = "sentinel", feature = "redlock"))]
+mod deployments;
 mod events;
 mod signal;
 
