@@ -39,8 +39,10 @@ pub enum LostReason {
     /// Redis answered that the hold is no longer this thread's, without
     /// telling which of [`Gone`](LostReason::Gone) and
     /// [`TakenOver`](LostReason::TakenOver) happened: what read holds,
-    /// permits and a quorum of masters report, and what a refused `extend`
-    /// or release reports.
+    /// permits and a quorum of masters report, what a refused `extend`
+    /// or release reports, and what a lock reports when more than eight
+    /// were found lost in one renewal round (telling them apart takes a
+    /// round trip each).
     NotHeld,
 }
 

@@ -123,6 +123,10 @@ impl fmt::Debug for Cleanup {
 /// first, are dropped: those locks end with their lease).
 const MAX_CLEANUPS: usize = 10_000;
 
+/// Losses per round whose reason the watchdog asks Redis for (one round
+/// trip each, `RenewLeases::why_lost`); the others are `NotHeld`.
+const EXPLAINED_PER_ROUND: usize = 8;
+
 /// Pause between tries of a clean-up while Redis does not answer.
 const CLEANUP_RETRY: Duration = Duration::from_millis(50);
 
@@ -318,6 +322,7 @@ fn renew_due(runtime: &LeaseRuntime) {
     // Ownerships renewed by the same protocol go out together.
     due.sort_by_key(|d| Arc::as_ptr(&d.leased.renewer).cast::<()>());
     let mut round = WatchdogStats::default();
+    let mut explained = 0;
     for group in due.chunk_by(|a, b| Arc::ptr_eq(&a.leased.renewer, &b.leased.renewer)) {
         let requests: Vec<RenewRequest<'_>> = group
             .iter()
@@ -335,7 +340,7 @@ fn renew_due(runtime: &LeaseRuntime) {
         for (index, renewal) in group.iter().enumerate() {
             // A missing outcome is a round that did not come back.
             let outcome = outcomes.get(index).copied().unwrap_or(RenewOutcome::Retry);
-            apply(runtime, renewal, outcome, sent, now, &mut round);
+            apply(runtime, renewal, outcome, sent, now, &mut round, &mut explained);
         }
     }
     let mut stats = runtime.watchdog.stats.lock();
@@ -350,6 +355,7 @@ fn apply(
     sent: Instant,
     now: Instant,
     round: &mut WatchdogStats,
+    explained: &mut usize,
 ) {
     let request = RenewRequest {
         name: &due.leased.name,
@@ -358,9 +364,15 @@ fn apply(
         fence: due.fence,
         lease: due.renewal.lease,
     };
-    // Asked before the table is locked (it may take a round trip).
+    // Asked before the table is locked (it may take a round trip), for a
+    // few losses per round: a flushed Redis must not cost the other
+    // ownerships' renewals a round trip per lost one.
     let reason = match outcome {
-        RenewOutcome::Lost => Some(due.leased.renewer.why_lost(&request)),
+        RenewOutcome::Lost if *explained < EXPLAINED_PER_ROUND => {
+            *explained += 1;
+            Some(due.leased.renewer.why_lost(&request))
+        }
+        RenewOutcome::Lost => Some(LostReason::NotHeld),
         RenewOutcome::Retry if now >= due.status.valid_until() => Some(LostReason::Unreachable),
         RenewOutcome::Retry | RenewOutcome::Renewed => None,
     };
