@@ -58,6 +58,11 @@ pub(crate) struct LeaseStatus {
     /// The loss signal: empty (no allocation, no timer) until a guard's
     /// `lost()` asks for it.
     signal: Mutex<Signal>,
+    /// Set (under `signal`'s lock) when a guard first asks for the loss
+    /// signal, so that a release of a hold nobody watched takes no lock.
+    /// The guards of a hold (and so `lost()` and their release) are on one
+    /// thread, or a permit's owner: a release never races the first ask.
+    watched: AtomicBool,
 }
 
 /// The receivers handed out by `lost()`, and whether they were told.
@@ -79,6 +84,7 @@ impl LeaseStatus {
             lost: AtomicBool::new(false),
             valid_until: Mutex::new(valid_until),
             signal: Mutex::new(Signal::default()),
+            watched: AtomicBool::new(false),
         }
     }
 
@@ -115,6 +121,7 @@ impl LeaseStatus {
     pub(crate) fn subscribe(&self) -> Receiver<LostReason> {
         let (sender, receiver) = crossbeam_channel::bounded(1);
         let mut signal = self.signal.lock();
+        self.watched.store(true, Ordering::Release);
         match signal.reason {
             // Room for one: never blocks.
             Some(reason) => drop(sender.try_send(reason)),
@@ -142,6 +149,9 @@ impl LeaseStatus {
     /// The last guard released: the receivers are disconnected, never told
     /// (a release is not a loss, whatever it finds).
     pub(crate) fn close_signal(&self) {
+        if !self.watched.load(Ordering::Acquire) {
+            return;
+        }
         let mut signal = self.signal.lock();
         signal.closed = true;
         signal.senders.clear();

@@ -340,7 +340,15 @@ fn renew_due(runtime: &LeaseRuntime) {
         for (index, renewal) in group.iter().enumerate() {
             // A missing outcome is a round that did not come back.
             let outcome = outcomes.get(index).copied().unwrap_or(RenewOutcome::Retry);
-            apply(runtime, renewal, outcome, sent, now, &mut round, &mut explained);
+            apply(
+                runtime,
+                renewal,
+                outcome,
+                sent,
+                now,
+                &mut round,
+                &mut explained,
+            );
         }
     }
     let mut stats = runtime.watchdog.stats.lock();
