@@ -154,6 +154,20 @@ impl Backend {
         }
     }
 
+    /// For a quorum: whether master `index` (its place in
+    /// [`Backend::masters`]) is left out of rounds until its probe finds
+    /// it answering. False for every other flavor.
+    pub(crate) fn is_suspect(&self, index: usize) -> bool {
+        match &self.flavor {
+            #[cfg(feature = "redlock")]
+            Flavor::Quorum(quorum) => quorum.is_suspect(index),
+            _ => {
+                let _ = index;
+                false
+            }
+        }
+    }
+
     /// For a quorum: where the calling thread's next park should go, a
     /// master (by its place in [`Backend::masters`]) on which its last
     /// round found the lock held, or `None` for the quorum's usual parking
@@ -252,7 +266,7 @@ impl Backend {
             .map_err(|failed| failed.error)
     }
 
-    /// Sends `packed` to every master of a quorum at once, then reads
+    /// Sends `packed` to the masters of a quorum at once, then reads
     /// every reply, each within `timeout` of the start: a round costs the
     /// slowest answering master, never one timeout per master that does
     /// not answer. A master that stopped answering is left out (its result
@@ -260,17 +274,20 @@ impl Backend {
     /// probed in the background until it answers. Nothing is sent twice:
     /// a failure is that master's result. One result per master, in the
     /// order of [`Backend::masters`]; for any other flavor, one error.
-    pub(crate) fn send_all(
+    /// `only`: the masters to send it to (all: `None`); the others' results
+    /// are errors that nothing was sent.
+    pub(crate) fn send_to(
         &self,
         name: &str,
         packed: &[u8],
         timeout: Duration,
+        only: Option<&[bool]>,
     ) -> Vec<Result<redis::Value, Failed>> {
         match &self.flavor {
             #[cfg(feature = "redlock")]
-            Flavor::Quorum(quorum) => quorum.send_all(name, packed, timeout),
+            Flavor::Quorum(quorum) => quorum.send_to(name, packed, timeout, only),
             _ => {
-                let _ = (name, packed, timeout);
+                let _ = (name, packed, timeout, only);
                 vec![Err(Failed {
                     error: Error::WrongTopology {
                         addr: self.addr().to_owned(),

@@ -15,9 +15,11 @@
 //! - parking, on one reachable master at a time (the releaser pushes a
 //!   baton on every master where it held the lock), moving on to the next
 //!   when that one fails. A waiter parks where its last round found the
-//!   lock held when it can (`prefer_parking`): the holder may hold only a
-//!   majority, and the master it does not hold gets no baton when it
-//!   releases.
+//!   lock held when it can (`prefer_parking`), on one of the holder's
+//!   copies: the holder may hold only a majority, and the master it does
+//!   not hold gets no baton when it releases. A release that master did
+//!   not answer is sent again in the background until it does, and wakes
+//!   the waiters there then.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -106,15 +108,21 @@ impl Quorum {
         &self.masters
     }
 
-    /// See [`Backend::send_all`].
-    pub(super) fn send_all(
+    /// See [`Backend::send_to`].
+    pub(super) fn send_to(
         &self,
         name: &str,
         packed: &[u8],
         timeout: Duration,
+        only: Option<&[bool]>,
     ) -> Vec<Result<redis::Value, Failed>> {
         let until = Instant::now() + timeout;
-        let left_out = self.left_out();
+        let mut left_out = self.left_out();
+        if let Some(only) = only {
+            for (left_out, included) in left_out.iter_mut().zip(only) {
+                *left_out |= !included;
+            }
+        }
         let replies: Vec<Result<redis::Value, Failed>> = thread::scope(|scope| {
             let parts: Vec<Part<'_, '_>> = self
                 .masters
@@ -160,6 +168,13 @@ impl Quorum {
             }
         }
         replies
+    }
+
+    /// See [`Backend::is_suspect`].
+    pub(super) fn is_suspect(&self, index: usize) -> bool {
+        self.health
+            .get(index)
+            .is_some_and(|health| health.suspect.load(Ordering::Acquire))
     }
 
     /// Which masters this round leaves out: the suspects, as long as the

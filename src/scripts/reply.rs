@@ -46,6 +46,12 @@ pub(crate) enum ReleaseReply {
     Inner { depth: u64 },
     /// The caller does not own the lock; nothing changed.
     NotOwner,
+    /// Never a script's reply: a Redlock quorum's last release that freed
+    /// the lock on a majority while some masters did not answer (or were
+    /// left out as suspect). The lock is free, but those masters may still
+    /// hold their copy, and waiters parked there hear no baton until it
+    /// expires: the release must reach them in the background.
+    ReleasedInPart,
 }
 
 impl FromRedisValue for ReleaseReply {
@@ -79,14 +85,32 @@ impl<T: FromRedisValue> FromRedisValue for FairReply<T> {
     }
 }
 
-/// What `lock/handoff.lua` answered: the waiter's new fencing token, or
-/// `None` when the releaser no longer owned the lock.
+/// What `lock/handoff.lua` answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct HandoffReply(pub(crate) Option<u64>);
+pub(crate) struct HandoffReply {
+    /// The waiter's new fencing token, or `None` when the releaser no
+    /// longer owned the lock.
+    pub(crate) fence: Option<u64>,
+    /// Never set by a script: a Redlock quorum's hand-off that a majority
+    /// made while other masters did not answer. The giver's copy may still
+    /// stand on those, asleep waiters parked there: it is released in the
+    /// background.
+    pub(crate) in_part: bool,
+}
+
+impl HandoffReply {
+    /// A whole hand-off's reply: `fence`, or `None` (not the owner).
+    pub(crate) fn to(fence: Option<u64>) -> Self {
+        HandoffReply {
+            fence,
+            in_part: false,
+        }
+    }
+}
 
 impl FromRedisValue for HandoffReply {
     fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
-        Ok(HandoffReply(
+        Ok(HandoffReply::to(
             u64::try_from(i64::from_redis_value(value)?).ok(),
         ))
     }
@@ -240,7 +264,7 @@ mod tests {
         );
         assert_eq!(
             HandoffReply::from_redis_value(Value::Int(-1)).unwrap(),
-            HandoffReply(None)
+            HandoffReply::to(None)
         );
         assert_eq!(
             HolderReply::from_redis_value(Value::Array(vec![])).unwrap(),

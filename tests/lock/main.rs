@@ -22,6 +22,8 @@ mod processes;
 mod redlock;
 #[cfg(feature = "redlock")]
 mod redlock_limits;
+#[cfg(feature = "redlock")]
+mod redlock_replies;
 mod refusals;
 mod resent;
 mod safety;

@@ -58,6 +58,14 @@ pub const BASE: Duration = Duration::from_millis(1_800);
 /// How many replies the `LostReply` event loses, one after another.
 const LOST_REPLIES: usize = 12;
 
+/// The pause after each lost reply before the next is armed: longer than
+/// a client's way back to a master it gave up on (a probe's rest, then the
+/// background re-send's next try), so that replies are lost now and then.
+/// Shorter, and a lone re-send to one master of a quorum loses every reply
+/// for seconds: that is a partition, which the stopped-master events
+/// stage.
+const BETWEEN_LOSSES: Duration = Duration::from_millis(300);
+
 /// What an event did.
 #[derive(Debug, Default)]
 pub struct Outcome {
@@ -198,7 +206,7 @@ impl Event {
                     while proxy.is_armed() && Instant::now() < deadline {
                         thread::sleep(Duration::from_millis(5));
                     }
-                    thread::sleep(Duration::from_millis(150));
+                    thread::sleep(BETWEEN_LOSSES);
                 }
                 proxy.set_delay(Duration::ZERO);
                 Outcome {

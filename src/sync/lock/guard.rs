@@ -314,6 +314,15 @@ impl LockGuard {
                 value: ReleaseReply::Released,
                 ..
             }) => Ok(()),
+            // Free on a majority of a quorum's masters; the others get the
+            // release in the background, so that waiters parked there wake.
+            Ok(Sent {
+                value: ReleaseReply::ReleasedInPart,
+                ..
+            }) => {
+                self.release_later(sent);
+                Ok(())
+            }
             // Sent twice and "not the owner" the second time: the first
             // send, cut off on its way back, may have released it.
             Ok(Sent {
@@ -370,9 +379,19 @@ impl LockGuard {
         let sent = Instant::now();
         match self.raw.hand_off(&self.keys, args) {
             Ok(Sent {
-                value: HandoffReply(Some(fence)),
+                value:
+                    HandoffReply {
+                        fence: Some(fence),
+                        in_part,
+                    },
                 ..
             }) => {
+                if in_part {
+                    // Masters that did not answer may keep this ownership's
+                    // copy: released there in the background (owner- and
+                    // token-checked: the waiter's copies stay).
+                    self.release_later(sent);
+                }
                 // The new lease as the slowest clock may count it.
                 let sent = earlier(sent, self.raw.clock_margin(args.lease));
                 reservation.grant(Grant { fence, sent });
@@ -381,14 +400,14 @@ impl LockGuard {
             // Sent twice, and the second found the lock no longer ours: the
             // first may have handed it over. The waiter looks for itself.
             Ok(Sent {
-                value: HandoffReply(None),
+                value: HandoffReply { fence: None, .. },
                 resent: true,
             }) => {
                 reservation.fail();
                 Ok(())
             }
             Ok(Sent {
-                value: HandoffReply(None),
+                value: HandoffReply { fence: None, .. },
                 ..
             }) => {
                 reservation.fail();

@@ -3,7 +3,7 @@
 //! scripts as on one server, so that the handle, the guard, the wait loop
 //! and the watchdog are the same too.
 //!
-//! Every exchange goes to all masters at once (`Backend::send_all`): a
+//! Every exchange goes to all masters at once (`Backend::send_to`): a
 //! round costs the slowest answering master's round trip, or one node
 //! timeout (a share of the lease the round is about), never one per master
 //! that does not answer; a master that fails or is late counts as "not
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
 
-use super::raw::{Holder, Owner, RawLock};
+use super::raw::{Answered, Holder, Owner, RawLock};
 use crate::backend::{Backend, Failed, Sent};
 use crate::config::{ClockDrift, Config, NodeTimeout};
 use crate::error::Error;
@@ -97,9 +97,22 @@ impl QuorumLock {
         call: &Call,
         lease: Duration,
     ) -> Vec<Result<T, Failed>> {
+        self.round_to(key, name, call, lease, None)
+    }
+
+    /// [`QuorumLock::round_reporting`], to the masters `only` marks (all:
+    /// `None`).
+    fn round_to<T: FromRedisValue>(
+        &self,
+        key: &str,
+        name: &str,
+        call: &Call,
+        lease: Duration,
+        only: Option<&[bool]>,
+    ) -> Vec<Result<T, Failed>> {
         let timeout = self.node_timeout.for_lease(lease);
         self.quorum
-            .send_all(name, &call.packed(), timeout)
+            .send_to(name, &call.packed(), timeout, only)
             .into_iter()
             .zip(&self.masters)
             .map(|(reply, server)| match reply {
@@ -186,7 +199,9 @@ impl QuorumLock {
     /// masters, and their undos wake them again: a storm of rounds for as
     /// long as the winner holds the lock. The losers park where they found
     /// the winner's hold instead (`prefer_parking`): its release wakes them
-    /// there.
+    /// there. `may_hold`: per master, whether the request may have taken
+    /// the lock there; the first failure to undo it on one of those is
+    /// returned, for the caller to undo it again in the background.
     fn undo_everywhere(
         &self,
         keys: &LockKeys,
@@ -194,13 +209,65 @@ impl QuorumLock {
         request: u64,
         lease: Duration,
         lost_round: bool,
-    ) {
+        may_hold: &[bool],
+    ) -> Option<Error> {
         let call = calls::release_request(keys, identity, request, self.baton_ttl, lost_round);
-        for result in self.round::<Done>(&keys.lock, &keys.name, &call, lease) {
+        let replies = self.round::<Done>(&keys.lock, &keys.name, &call, lease);
+        // A master the request may have reached and the undo did not keeps
+        // that hold for its lease: the caller undoes it again later, or the
+        // waiters parked there sleep until it expires.
+        let mut unfinished = None;
+        for (result, may_hold) in replies.into_iter().zip(may_hold) {
             if let Err(err) = result {
-                // That master's key expires with its lease.
                 log::debug!("redbaton: undo on a master failed: {err}");
+                if *may_hold && unfinished.is_none() {
+                    unfinished = Some(err);
+                }
             }
+        }
+        unfinished
+    }
+
+    /// Sends `call` (a release or an undo, safe to repeat) to the masters
+    /// that have not answered it yet and are not suspect: done once every
+    /// master answered. A master that keeps failing costs nothing while it
+    /// is suspect (its probe decides when it is tried again), and masters
+    /// that answered are not sent it again.
+    fn finish<T: FromRedisValue>(
+        &self,
+        keys: &LockKeys,
+        call: &Call,
+        lease: Duration,
+        answered: &mut Answered,
+    ) -> Result<(), Error> {
+        let answered = &mut answered.0;
+        if answered.len() != self.masters.len() {
+            *answered = vec![false; self.masters.len()];
+        }
+        let due: Vec<bool> = (0..self.masters.len())
+            .map(|index| !answered[index] && !self.quorum.is_suspect(index))
+            .collect();
+        if due.contains(&true) {
+            let replies = self.round_to::<T>(&keys.lock, &keys.name, call, lease, Some(&due));
+            for (index, reply) in replies.into_iter().enumerate() {
+                match reply {
+                    _ if !due[index] => {}
+                    Ok(_) => answered[index] = true,
+                    // A definite refusal (the key holds something else
+                    // there): sending it again changes nothing.
+                    Err(failed) if !failed.error.is_transient() && !failed.error.is_timeout() => {
+                        return Err(failed.error)
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+        match answered.iter().position(|done| !done) {
+            None => Ok(()),
+            Some(index) => Err(Error::Unavailable {
+                addr: self.masters[index].addr().to_owned(),
+                detail: "has not answered yet; sent again once it does".to_owned(),
+            }),
         }
     }
 
@@ -314,25 +381,36 @@ impl RawLock for QuorumLock {
         let mut held = Vec::new();
         let mut errors = Vec::new();
         let mut maybe_ran = false;
+        // Per master: whether this round may have taken the lock there.
+        let mut may_hold = vec![false; replies.len()];
         // Where a waiter parks next: a master that found the lock held. This
         // round marked the lock there (`waited`), so its release or undo
         // pushes a baton there; a master where this round was granted may
-        // get none: the holder may never have had it.
-        let mut park_at = None;
+        // get none: the holder may never have had it. Not a master whose
+        // hold ends before the majority's: that is a copy left behind (by a
+        // hand-off or an undo that did not reach it), which the holder's
+        // release does not clear, so no baton comes from there.
+        let mut held_at = Vec::new();
         for (index, reply) in replies.iter().enumerate() {
             match reply {
-                Ok(AcquireReply::Acquired { fence, .. }) => granted.push(*fence),
+                Ok(AcquireReply::Acquired { fence, .. }) => {
+                    may_hold[index] = true;
+                    granted.push(*fence);
+                }
                 Ok(AcquireReply::Held { lease_left, .. }) => {
-                    park_at.get_or_insert(index);
-                    held.push(*lease_left);
+                    let lease_left = lease_left.unwrap_or(Duration::MAX);
+                    held_at.push((index, lease_left));
+                    held.push(lease_left);
                 }
                 Err(failed) => {
                     maybe_ran |= failed.outcome_unknown;
+                    may_hold[index] = failed.outcome_unknown;
                     errors.push(&failed.error);
                 }
             }
         }
-        self.quorum.prefer_parking(park_at);
+        self.quorum
+            .prefer_parking(parking_master(&held_at, self.quorum()));
         let valid = validity(args.lease, elapsed, self.drift).is_some();
         if granted.len() >= self.quorum() && valid {
             if !fresh {
@@ -357,10 +435,17 @@ impl RawLock for QuorumLock {
                 Err(error) => {
                     // A majority granted it: waiters may have parked behind
                     // it, and are owed a wake-up.
-                    self.undo_everywhere(keys, args.identity, args.request, args.lease, false);
+                    let unfinished = self.undo_everywhere(
+                        keys,
+                        args.identity,
+                        args.request,
+                        args.lease,
+                        false,
+                        &may_hold,
+                    );
                     return Err(Failed {
                         error,
-                        outcome_unknown: false,
+                        outcome_unknown: unfinished.is_some(),
                     });
                 }
             }
@@ -371,14 +456,31 @@ impl RawLock for QuorumLock {
         // anything less never was.
         if fresh && (!granted.is_empty() || maybe_ran) {
             let lost_round = granted.len() < self.quorum();
-            self.undo_everywhere(keys, args.identity, args.request, args.lease, lost_round);
+            let unfinished = self.undo_everywhere(
+                keys,
+                args.identity,
+                args.request,
+                args.lease,
+                lost_round,
+                &may_hold,
+            );
+            if let Some(error) = unfinished {
+                // A hold of this request may stand on a master the undo did
+                // not reach: reported as unknown, so that the caller undoes
+                // it in the background as soon as that master answers, not
+                // at the end of its lease (waiters that park there would
+                // hear nothing until then).
+                return Err(Failed {
+                    error,
+                    outcome_unknown: true,
+                });
+            }
         }
         if held.len() >= self.quorum() || (errors.is_empty() && granted.is_empty()) {
             // Held by someone else: wait for the shortest lease seen on a
             // majority.
             // No expiry counts as the longest.
-            let mut leases: Vec<Duration> =
-                held.iter().map(|l| l.unwrap_or(Duration::MAX)).collect();
+            let mut leases = held;
             leases.sort();
             let lease_left = leases
                 .get(self.quorum() - 1)
@@ -420,7 +522,7 @@ impl RawLock for QuorumLock {
         let mut errors = Vec::new();
         for reply in &replies {
             match reply {
-                Ok(ReleaseReply::Released) => had += 1,
+                Ok(ReleaseReply::Released | ReleaseReply::ReleasedInPart) => had += 1,
                 Ok(ReleaseReply::Inner { depth: d }) => {
                     had += 1;
                     depth = Some(*d);
@@ -432,6 +534,12 @@ impl RawLock for QuorumLock {
         if had >= self.quorum() || (errors.is_empty() && had > 0) {
             let value = match depth {
                 Some(depth) => ReleaseReply::Inner { depth },
+                // A master that did not answer may still hold its copy
+                // (its part of the acquisition may have run with the reply
+                // lost), and waiters that found the lock held there park
+                // there: only a release there wakes them before the copy
+                // expires.
+                None if !errors.is_empty() => ReleaseReply::ReleasedInPart,
                 None => ReleaseReply::Released,
             };
             if had < self.quorum() {
@@ -456,6 +564,21 @@ impl RawLock for QuorumLock {
             error: self.no_quorum(replies.len() - errors.len(), &errors),
             outcome_unknown: true,
         })
+    }
+
+    /// Done once every master answered it (released, or not the owner
+    /// there any more), each sent it until it does: a suspect master only
+    /// once its probe finds it answering.
+    fn release_again(
+        &self,
+        keys: &LockKeys,
+        identity: &str,
+        fence: u64,
+        lease: Duration,
+        answered: &mut Answered,
+    ) -> Result<(), Error> {
+        let call = calls::release(keys, identity, fence, 0, lease, self.baton_ttl);
+        self.finish::<ReleaseReply>(keys, &call, lease, answered)
     }
 
     /// Passes the lock to a local waiter on every master at once. Like an
@@ -485,31 +608,41 @@ impl RawLock for QuorumLock {
         let mut errors = Vec::new();
         for reply in &replies {
             match reply {
-                Ok(HandoffReply(Some(fence))) => handed.push(*fence),
-                Ok(HandoffReply(None)) => {}
+                Ok(HandoffReply {
+                    fence: Some(fence), ..
+                }) => handed.push(*fence),
+                Ok(HandoffReply { fence: None, .. }) => {}
                 Err(failed) => errors.push(&failed.error),
             }
         }
         if handed.is_empty() && errors.is_empty() {
             // Not the holder's on any master: its lock was lost.
             return Ok(Sent {
-                value: HandoffReply(None),
+                value: HandoffReply::to(None),
                 resent: false,
             });
         }
+        // A master that did not answer may still hold the giver's copy.
+        let in_part = !errors.is_empty();
         let error = if handed.len() >= self.quorum()
             && validity(args.lease, started.elapsed(), self.drift).is_some()
         {
             if let Some(token) = one_token(&handed) {
                 return Ok(Sent {
-                    value: HandoffReply(Some(token)),
+                    value: HandoffReply {
+                        fence: Some(token),
+                        in_part,
+                    },
                     resent: false,
                 });
             }
             match self.agree_on_token(keys, args.to, &handed, args.lease, started) {
                 Ok(token) => {
                     return Ok(Sent {
-                        value: HandoffReply(Some(token)),
+                        value: HandoffReply {
+                            fence: Some(token),
+                            in_part,
+                        },
                         resent: false,
                     })
                 }
@@ -534,16 +667,16 @@ impl RawLock for QuorumLock {
         self.renew_at(&keys.lock, &keys.name, identity, fence, lease)
     }
 
-    fn undo_request(&self, keys: &LockKeys, identity: &str, request: u64) -> Result<(), Error> {
+    fn undo_request(
+        &self,
+        keys: &LockKeys,
+        identity: &str,
+        request: u64,
+        answered: &mut Answered,
+    ) -> Result<(), Error> {
         // The reply was lost: the request may have won the lock.
         let call = calls::release_request(keys, identity, request, self.baton_ttl, false);
-        let replies = self.round::<Done>(&keys.lock, &keys.name, &call, self.default_lease);
-        let errors: Vec<&Error> = replies.iter().filter_map(|r| r.as_ref().err()).collect();
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(self.no_quorum(replies.len() - errors.len(), &errors))
-        }
+        self.finish::<Done>(keys, &call, self.default_lease, answered)
     }
 
     fn holder(&self, keys: &LockKeys) -> Result<Option<Holder>, Error> {
@@ -616,6 +749,25 @@ fn is_noscript(err: &Error) -> bool {
 }
 
 /// A short random pause (5 to 35 ms) after a round that no contender won.
+/// How much sooner than the holder's copies a copy may end and still be
+/// taken for one of them: a round writes every master within a few
+/// milliseconds, while a copy left behind by a hand-off or an undo that
+/// missed its master is at least a hold older.
+const COPY_SPREAD: Duration = Duration::from_millis(50);
+
+/// Where a waiter parks, of the masters that found the lock `held` (index,
+/// lease left): the first whose copy is the holder's (it ends with the
+/// longest `quorum` of them), not a copy left behind that ends sooner.
+fn parking_master(held: &[(usize, Duration)], quorum: usize) -> Option<usize> {
+    let mut leases: Vec<Duration> = held.iter().map(|(_, lease)| *lease).collect();
+    leases.sort();
+    let holders = leases.get(leases.len().saturating_sub(quorum))?;
+    let shortest = holders.saturating_sub(COPY_SPREAD);
+    held.iter()
+        .find(|(_, lease)| *lease >= shortest)
+        .map(|(index, _)| *index)
+}
+
 fn tie_break_delay() -> Duration {
     let random = uuid::Uuid::new_v4().as_u128();
     Duration::from_millis(5 + (random % 31) as u64)
@@ -624,6 +776,20 @@ fn tie_break_delay() -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waiters_park_where_the_holders_copies_are_not_on_a_copy_left_behind() {
+        let ms = Duration::from_millis;
+        // A copy left behind ends sooner than the holder's two.
+        let held = [(0, ms(96)), (1, ms(2_999)), (2, ms(3_000))];
+        assert_eq!(parking_master(&held, 2), Some(1));
+        // The holder's copies, a few ms apart: the first of them.
+        let held = [(0, ms(2_990)), (1, ms(2_999)), (2, ms(3_000))];
+        assert_eq!(parking_master(&held, 2), Some(0));
+        // Held on fewer than a majority (a split round): any of them.
+        assert_eq!(parking_master(&[(2, ms(10))], 2), Some(2));
+        assert_eq!(parking_master(&[], 2), None);
+    }
 
     #[test]
     fn the_majority_of_odd_counts() {

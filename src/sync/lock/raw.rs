@@ -104,13 +104,17 @@ pub(crate) trait RawLock: RenewLeases {
     /// released now or before, and under `replica_acks` its replicas
     /// confirm that ([`Error::NotReplicated`] otherwise: send it again).
     /// Owner- and fence-checked, so it never frees someone else's.
+    /// `answered`: what the clean-up's earlier sends achieved (a quorum's
+    /// masters that answered, which are not sent it again).
     fn release_again(
         &self,
         keys: &LockKeys,
         identity: &str,
         fence: u64,
         lease: Duration,
+        answered: &mut Answered,
     ) -> Result<(), Error> {
+        let _ = answered;
         self.release(keys, identity, fence, 0, lease)
             .map(drop)
             .map_err(|failed| failed.error)
@@ -134,8 +138,15 @@ pub(crate) trait RawLock: RenewLeases {
     ) -> Result<bool, Error>;
 
     /// Undoes the ownership that request `request` may have made for
-    /// `identity`, if it is still there.
-    fn undo_request(&self, keys: &LockKeys, identity: &str, request: u64) -> Result<(), Error>;
+    /// `identity`, if it is still there. `answered`: as for
+    /// [`RawLock::release_again`].
+    fn undo_request(
+        &self,
+        keys: &LockKeys,
+        identity: &str,
+        request: u64,
+        answered: &mut Answered,
+    ) -> Result<(), Error>;
 
     /// Who holds the lock.
     fn holder(&self, keys: &LockKeys) -> Result<Option<Holder>, Error>;
@@ -154,6 +165,13 @@ pub(crate) trait RawLock: RenewLeases {
     }
 }
 
+/// What a clean-up's sends of a release or an undo achieved so far: on a
+/// Redlock quorum, which masters answered it (by their place; empty before
+/// the first send). Nothing for one deployment, whose single answer ends
+/// the clean-up.
+#[derive(Debug, Default)]
+pub(crate) struct Answered(pub(crate) Vec<bool>);
+
 /// A clean-up that sends the last release of an ownership again until
 /// Redis answers (or its lease, at most `lease` from `sent`, has ended).
 pub(crate) fn release_later(
@@ -165,8 +183,9 @@ pub(crate) fn release_later(
     sent: Instant,
 ) -> Cleanup {
     let (raw, keys, identity) = (Arc::clone(raw), Arc::clone(keys), Arc::clone(identity));
+    let mut answered = Answered::default();
     Cleanup::new(&keys.name.clone(), sent, lease, move || {
-        raw.release_again(&keys, &identity, fence, lease)
+        raw.release_again(&keys, &identity, fence, lease, &mut answered)
     })
 }
 
@@ -181,8 +200,9 @@ pub(crate) fn undo_later(
     sent: Instant,
 ) -> Cleanup {
     let (raw, keys, identity) = (Arc::clone(raw), Arc::clone(keys), Arc::clone(identity));
+    let mut answered = Answered::default();
     Cleanup::new(&keys.name.clone(), sent, lease, move || {
-        raw.undo_request(&keys, &identity, request)
+        raw.undo_request(&keys, &identity, request, &mut answered)
     })
 }
 
@@ -393,6 +413,7 @@ impl RawLock for DeploymentLock {
         identity: &str,
         fence: u64,
         lease: Duration,
+        _: &mut Answered,
     ) -> Result<(), Error> {
         // "Not the owner" is confirmed too: the earlier release may be on
         // this master only. Having written nothing, the connection's WAIT
@@ -419,7 +440,7 @@ impl RawLock for DeploymentLock {
         keys: &LockKeys,
         args: HandoffArgs<'_>,
     ) -> Result<Sent<HandoffReply>, Failed> {
-        let handed = |reply: &HandoffReply| reply.0.is_some();
+        let handed = |reply: &HandoffReply| reply.fence.is_some();
         let sent =
             self.call_confirmed(At::lock(keys), &calls::handoff(keys, args), handed, |_| {
                 Ok(())
@@ -448,7 +469,13 @@ impl RawLock for DeploymentLock {
         self.renew_at(At::lock(keys), identity, fence, lease)
     }
 
-    fn undo_request(&self, keys: &LockKeys, identity: &str, request: u64) -> Result<(), Error> {
+    fn undo_request(
+        &self,
+        keys: &LockKeys,
+        identity: &str,
+        request: u64,
+        _: &mut Answered,
+    ) -> Result<(), Error> {
         let call = self.undo_call(keys, identity, request);
         // Confirmed under `replica_acks` (see `release_again`): an undo
         // only the master has is lost in a failover.

@@ -117,7 +117,8 @@ impl Hold {
                     self.status.lives_from(sent, lease);
                     Ok(())
                 }
-                ReleaseReply::Released => Ok(()),
+                // (A read-write lock is not offered on a quorum.)
+                ReleaseReply::Released | ReleaseReply::ReleasedInPart => Ok(()),
                 // Sent twice: the first send, cut off on its way back, may
                 // have released it.
                 ReleaseReply::NotOwner if sent_reply.resent => Ok(()),
