@@ -140,8 +140,9 @@ impl Backend {
     /// Independent masters for a Redlock quorum, each already a backend of
     /// its own. Does not connect.
     #[cfg(feature = "redlock")]
-    pub(crate) fn quorum(masters: Vec<Arc<Backend>>) -> Backend {
-        Backend::with(Flavor::Quorum(quorum::Quorum::new(masters)))
+    pub(crate) fn quorum(config: &Config, masters: Vec<Arc<Backend>>) -> Backend {
+        let observer = config.observer.clone();
+        Backend::with(Flavor::Quorum(quorum::Quorum::new(masters, observer)))
     }
 
     /// The masters of a quorum; `None` for every other flavor.

@@ -17,6 +17,7 @@ use super::{Lock, LockGuard};
 use crate::context::Context;
 use crate::error::Error;
 use crate::lease::{earlier, Claim, LeaseMode};
+use crate::observe::{Acquisition, Event};
 use crate::parking::{self, Attempt, Waited};
 use crate::scripts::lock::{ManyArgs, ManyName};
 use crate::scripts::reply::ManyReply;
@@ -217,9 +218,39 @@ impl MultiLock {
         Ok(value)
     }
 
-    /// The first attempt, then waits, each on the name in the way, until
-    /// `deadline`.
+    /// [`MultiLock::wait_for_all`], told to the event hook: one
+    /// `Acquired` per name, all at once.
     fn acquire(&self, deadline: Option<Instant>) -> Result<Option<MultiLockGuard>, Error> {
+        let observer = self.context.observer();
+        let start = observer.is_set().then(Instant::now);
+        let mut first_attempt = true;
+        let taken = self.wait_for_all(deadline, &mut first_attempt)?;
+        if let (Some(guard), Some(start)) = (&taken, start) {
+            let how = if first_attempt {
+                Acquisition::FirstAttempt
+            } else {
+                Acquisition::AfterWaiting
+            };
+            for held in &guard.guards {
+                observer.emit(|| Event::Acquired {
+                    name: held.name(),
+                    kind: held.kind(),
+                    waited: start.elapsed(),
+                    fencing_token: Some(held.fencing_token()),
+                    how,
+                });
+            }
+        }
+        Ok(taken)
+    }
+
+    /// The first attempt, then waits, each on the name in the way, until
+    /// `deadline`; `first_attempt` is cleared once it waits.
+    fn wait_for_all(
+        &self,
+        deadline: Option<Instant>,
+        first_attempt: &mut bool,
+    ) -> Result<Option<MultiLockGuard>, Error> {
         let context = &self.context;
         let identity =
             parking::ride_out(deadline, context.config.io_timeout, || context.identity())?;
@@ -247,6 +278,7 @@ impl MultiLock {
                 Err(err) => return Err(err),
             },
         };
+        *first_attempt = false;
         loop {
             let lock = &self.locks[index];
             let claim = Claim {
@@ -501,7 +533,7 @@ impl MultiLockGuard {
             for (place, guard) in group.iter_mut().enumerate().rev() {
                 match guard.leave() {
                     Ok(Some(left)) => pending.push((place, left)),
-                    Ok(None) => {}
+                    Ok(None) => guard.announce_release(&Ok(())),
                     Err(err) => keep(Err(err)),
                 }
             }
@@ -516,7 +548,9 @@ impl MultiLockGuard {
             let replies = self.raw.release_many(&batch);
             drop(batch);
             for (&(place, left), reply) in pending.iter().zip(replies) {
-                keep(group[place].settle_release(reply, left, sent));
+                let outcome = group[place].settle_release(reply, left, sent);
+                group[place].announce_release(&outcome);
+                keep(outcome);
             }
         }
         // Each guard has been released: dropping them sends nothing more.

@@ -23,6 +23,7 @@ use crate::lease::confirm;
 use crate::lease::{
     is_redirection, renew_by_shard, renew_outcome, Cleanup, RenewLeases, RenewOutcome, RenewRequest,
 };
+use crate::observe::LostReason;
 use crate::scripts::lock::{self as calls, AcquireArgs, HandoffArgs, ManyArgs, ManyName};
 use crate::scripts::reply::{
     AcquireReply, Done, FairReply, HandoffReply, HolderReply, HolderRow, ManyReply, ReleaseReply,
@@ -736,6 +737,19 @@ impl RenewLeases for DeploymentLock {
     /// slot's new master after a redirection) is safe.
     fn renew_round(&self, requests: &[RenewRequest<'_>]) -> Vec<RenewOutcome> {
         renew_by_shard(&self.backend, requests, |batch| self.renew_shard(batch))
+    }
+
+    /// The key is gone, or holds another ownership (whatever it holds:
+    /// renew.lua found it not this one's).
+    fn why_lost(&self, request: &RenewRequest<'_>) -> LostReason {
+        let exists = self.backend.run(request.key, request.name, |c| {
+            redis::cmd("EXISTS").arg(request.key).query::<bool>(c)
+        });
+        match exists {
+            Ok(true) => LostReason::TakenOver,
+            Ok(false) => LostReason::Gone,
+            Err(_) => LostReason::NotHeld,
+        }
     }
 }
 
