@@ -220,6 +220,8 @@ mod locked;
 mod observe;
 mod parking;
 mod scripts;
+#[cfg(any(feature = "metrics", feature = "tracing"))]
+mod sinks;
 mod sync;
 
 pub use client::{Client, ClientBuilder, Topology};

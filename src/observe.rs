@@ -276,6 +276,16 @@ pub enum Event<'a> {
         /// How long it waited.
         waited: Duration,
     },
+    /// A waiting thread's deadline passed before it got the object (a
+    /// `try_*_for` or `try_*_until` that returns without it); told after
+    /// its [`Woken`](Event::Woken).
+    #[non_exhaustive]
+    TimedOut {
+        /// The synchronizer's name.
+        name: &'a str,
+        /// How long it waited.
+        waited: Duration,
+    },
     /// A cluster's slot map was loaded again (after a `MOVED` or a
     /// connection failure).
     #[non_exhaustive]
@@ -305,22 +315,25 @@ pub enum Event<'a> {
 /// The type of an event hook.
 pub(crate) type Hook = dyn Fn(&Event<'_>) + Send + Sync;
 
-/// The client's observer: the hook, if one was set.
+/// The client's observer: its hooks, if any was set.
 #[derive(Clone, Default)]
 pub(crate) struct Observer(Option<Arc<Inner>>);
 
 struct Inner {
-    hook: Box<Hook>,
-    /// Set by the first panic of the hook, which is logged; the later ones
+    /// Called in the order they were added.
+    hooks: Vec<Arc<Hook>>,
+    /// Set by the first panic of a hook, which is logged; the later ones
     /// are not (a hook that always panics must not flood the log).
     panicked: AtomicBool,
 }
 
 impl Observer {
-    /// An observer calling `hook`.
-    pub(crate) fn new(hook: Box<Hook>) -> Self {
+    /// This observer with `hook` called after its hooks.
+    pub(crate) fn with(self, hook: Arc<Hook>) -> Self {
+        let mut hooks = self.0.map(|inner| inner.hooks.clone()).unwrap_or_default();
+        hooks.push(hook);
         Observer(Some(Arc::new(Inner {
-            hook,
+            hooks,
             panicked: AtomicBool::new(false),
         })))
     }
@@ -332,9 +345,9 @@ impl Observer {
         self.0.is_some()
     }
 
-    /// Tells the hook the event `make` makes; makes nothing without a
-    /// hook. A panic of the hook is caught here (logged the first time):
-    /// the caller's work goes on.
+    /// Tells the hooks the event `make` makes; makes nothing without a
+    /// hook. A panic of a hook is caught here (logged the first time):
+    /// the next hooks are called, and the caller's work goes on.
     #[inline]
     pub(crate) fn emit<'a>(&self, make: impl FnOnce() -> Event<'a>) {
         if let Some(inner) = &self.0 {
@@ -345,21 +358,22 @@ impl Observer {
 
 impl Inner {
     fn call(&self, event: &Event<'_>) {
-        let called = panic::catch_unwind(AssertUnwindSafe(|| (self.hook)(event)));
-        if called.is_err() && !self.panicked.swap(true, Ordering::Relaxed) {
-            log::error!(
-                "redbaton: the event hook panicked on {event:?}; its panics are caught, and \
-                 the later ones are not logged"
-            );
+        for hook in &self.hooks {
+            let called = panic::catch_unwind(AssertUnwindSafe(|| hook(event)));
+            if called.is_err() && !self.panicked.swap(true, Ordering::Relaxed) {
+                log::error!(
+                    "redbaton: the event hook panicked on {event:?}; its panics are caught, and \
+                     the later ones are not logged"
+                );
+            }
         }
     }
 }
 
 impl fmt::Debug for Observer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Observer")
-            .field(&if self.is_set() { "hook" } else { "none" })
-            .finish()
+        let hooks = self.0.as_ref().map_or(0, |inner| inner.hooks.len());
+        f.debug_struct("Observer").field("hooks", &hooks).finish()
     }
 }
 
@@ -377,12 +391,26 @@ mod tests {
     fn a_panicking_hook_is_caught_and_called_again() {
         let calls = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&calls);
-        let observer = Observer::new(Box::new(move |_| {
+        let observer = Observer::default().with(Arc::new(move |_: &Event<'_>| {
             counted.fetch_add(1, Ordering::Relaxed);
             panic!("hook");
         }));
         observer.emit(|| Event::SlotMapReloaded);
         observer.emit(|| Event::SlotMapReloaded);
         assert_eq!(calls.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn every_hook_is_called_in_order_even_after_a_panic() {
+        let calls = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (first, second) = (Arc::clone(&calls), Arc::clone(&calls));
+        let observer = Observer::default()
+            .with(Arc::new(move |_: &Event<'_>| {
+                first.lock().push(1);
+                panic!("first hook");
+            }))
+            .with(Arc::new(move |_: &Event<'_>| second.lock().push(2)));
+        observer.emit(|| Event::SlotMapReloaded);
+        assert_eq!(*calls.lock(), [1, 2]);
     }
 }

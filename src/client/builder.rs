@@ -307,7 +307,7 @@ pub struct ClientBuilder {
     /// Test-only: whether a sentinel client follows `+switch-master`.
     #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
     follow_switches: bool,
-    /// The event hook, if set.
+    /// The event hooks, if any was set.
     observer: Observer,
     #[cfg(feature = "tls")]
     tls: TlsFiles,
@@ -575,7 +575,9 @@ impl ClientBuilder {
     /// client holds a lock of its own, so it may use the client; it should
     /// be quick (count, send on a channel), since that thread waits for it.
     /// A panic of the hook is caught (and logged once): the client goes on.
-    /// Setting a hook again replaces it.
+    /// Each call adds a hook: they are called in the order they were added
+    /// (after or before the sinks of [`metrics`](ClientBuilder::metrics)
+    /// and [`tracing`](ClientBuilder::tracing), as the calls come).
     ///
     /// [`LostReason`]: crate::LostReason
     ///
@@ -600,8 +602,64 @@ impl ClientBuilder {
     /// # }
     /// ```
     pub fn on_event(mut self, hook: impl Fn(&Event<'_>) + Send + Sync + 'static) -> Self {
-        self.observer = Observer::new(Box::new(hook));
+        self.observer = self.observer.with(Arc::new(hook));
         self
+    }
+
+    /// Records the client's events with the [`metrics`](::metrics) crate's
+    /// recorder (the one installed when an event happens): counters of
+    /// acquisitions, contended acquisitions, timeouts, losses, failed
+    /// renewals and releases finished in the background; histograms of
+    /// wait and hold times (seconds); gauges of waiting threads and of
+    /// holds. The metrics are named in the guide, "Observing a client";
+    /// each is labelled with the `kind` of hold where there is one, and
+    /// with the synchronizer's `name` only when `names_as_labels` is true
+    /// (names may be unbounded, and each makes a series). Adds a hook, as
+    /// [`on_event`](ClientBuilder::on_event) does; describes the metrics
+    /// (with their units) to the recorder installed now.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redbaton::Error> {
+    /// // With a recorder installed (metrics-exporter-prometheus, ...).
+    /// let client = redbaton::Client::builder("redis://127.0.0.1/")
+    ///     .metrics(false)
+    ///     .build()?;
+    /// # let _ = client;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics(self, names_as_labels: bool) -> Self {
+        crate::sinks::metrics::describe();
+        self.on_event(crate::sinks::metrics::sink(names_as_labels))
+    }
+
+    /// Tells the client's events to the [`tracing`](::tracing) crate's
+    /// subscriber, as events of target `redbaton` with the event's fields
+    /// (`name`, `kind`, `waited`, `held`, `fencing_token`, `how`,
+    /// `reason`): a loss at `WARN`, an acquisition, release, timeout or
+    /// what the deployment did at `INFO` or `DEBUG`, the waits at
+    /// `TRACE`. Adds a hook, as [`on_event`](ClientBuilder::on_event)
+    /// does.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redbaton::Error> {
+    /// let client = redbaton::Client::builder("redis://127.0.0.1/")
+    ///     .tracing()
+    ///     .build()?;
+    /// # let _ = client;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tracing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
+    pub fn tracing(self) -> Self {
+        self.on_event(crate::sinks::tracing::sink)
     }
 
     /// Checks the settings and makes the client. Does not connect.

@@ -121,10 +121,17 @@ impl<C: Clone, G: Copy> WaitingRoom<C, G> {
         let start = Instant::now();
         self.observer.emit(|| Event::Parked { name });
         let waited = self.wait_in_queue(name, baton_key, claim, deadline, attempt);
+        let elapsed = start.elapsed();
         self.observer.emit(|| Event::Woken {
             name,
-            waited: start.elapsed(),
+            waited: elapsed,
         });
+        if let Ok(Waited::TimedOut) = waited {
+            self.observer.emit(|| Event::TimedOut {
+                name,
+                waited: elapsed,
+            });
+        }
         waited
     }
 

@@ -281,6 +281,32 @@ fn a_loss_is_told_once_with_its_reason_and_the_release_is_not() {
 }
 
 #[test]
+fn every_hook_set_is_told_in_the_order_set() {
+    let server = RedisServer::start();
+    let (first, second) = (Recorder::default(), Recorder::default());
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (one, two) = (Arc::clone(&order), Arc::clone(&order));
+    let client = Client::builder(server.url())
+        .on_event(first.hook())
+        .on_event(move |_| one.lock().unwrap().push(1))
+        .on_event(second.hook())
+        .on_event(move |_| two.lock().unwrap().push(2))
+        .build()
+        .unwrap();
+    client
+        .lock("both")
+        .unwrap()
+        .lock()
+        .unwrap()
+        .unlock()
+        .unwrap();
+    let cycle = ["acquired both FirstAttempt", "released both"];
+    assert_eq!(first.whats(), cycle);
+    assert_eq!(second.whats(), cycle);
+    assert_eq!(*order.lock().unwrap(), [1, 2, 1, 2]);
+}
+
+#[test]
 fn a_panicking_hook_does_not_break_the_client_and_is_logged_once() {
     let server = RedisServer::start();
     let before = crate::logged("event hook panicked");

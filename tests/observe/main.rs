@@ -1,6 +1,7 @@
 //! Observing a client: the loss signal of guards and permits
 //! (`signal`), and the event hook of `ClientBuilder::on_event`
-//! (`events`). One binary, one module per area; every test starts its
+//! (`events`), and what it tells the `metrics` and `tracing` facades
+//! (`metrics`, `tracing`). One binary, one module per area; every test starts its
 //! own `redis-server`.
 
 #[path = "../support/mod.rs"]
@@ -9,7 +10,11 @@ mod support;
 #[cfg(any(feature = "cluster", feature = "sentinel", feature = "redlock"))]
 mod deployments;
 mod events;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod signal;
+#[cfg(feature = "tracing")]
+mod tracing;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
