@@ -120,8 +120,10 @@
 //! instead of polling `is_lost()`; [`Lock::using`] runs a closure with a
 //! [`LostSignal`] to check or wait on. [`ClientBuilder::on_event`] sees
 //! every [`Event`] of a client: acquisitions (how, after how long),
-//! releases, losses, failed renewals, waits, and what the deployment did.
-//! Neither costs anything until asked for; `docs/observe.md` in the
+//! releases, losses, failed renewals, waits, and what the deployment did;
+//! with the `metrics` and `tracing` features, `ClientBuilder::metrics` and
+//! `ClientBuilder::tracing` add hooks that tell them to those facades.
+//! None of this costs anything until asked for; `docs/observe.md` in the
 //! repository is the guide.
 //!
 //! ```no_run
@@ -407,6 +409,7 @@ mod guides {
     struct Latch;
     #[doc = include_str!("../docs/rate-limiter.md")]
     struct RateLimiter;
+    #[cfg(all(feature = "metrics", feature = "tracing"))]
     #[doc = include_str!("../docs/observe.md")]
     struct Observe;
     #[doc = include_str!("../docs/how-it-works.md")]

@@ -640,10 +640,12 @@ impl ClientBuilder {
     /// Tells the client's events to the [`tracing`](::tracing) crate's
     /// subscriber, as events of target `redbaton` with the event's fields
     /// (`name`, `kind`, `waited`, `held`, `fencing_token`, `how`,
-    /// `reason`): a loss at `WARN`, an acquisition, release, timeout or
-    /// what the deployment did at `INFO` or `DEBUG`, the waits at
-    /// `TRACE`. Adds a hook, as [`on_event`](ClientBuilder::on_event)
-    /// does.
+    /// `reason`): a loss at `WARN`; a failed renewal, a background
+    /// release, a timeout and what the deployment did at `INFO`; an
+    /// acquisition, a release and the waits at `DEBUG`. The client opens
+    /// no span: an event is told inside the span current on its thread
+    /// (the caller's, for an acquisition or a release). Adds a hook, as
+    /// [`on_event`](ClientBuilder::on_event) does.
     ///
     /// # Examples
     ///
