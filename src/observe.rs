@@ -245,6 +245,20 @@ pub enum Event<'a> {
         /// Why.
         reason: LostReason,
     },
+    /// A guard's release failed on something other than a loss (Redis
+    /// unreachable or busy, most often): the guard is gone, and the hold
+    /// is freed in the background (told just before, as
+    /// [`ReleaseRetried`](Event::ReleaseRetried)) or ends with its lease.
+    /// Each hold ends in one of `Released`, `Lost` and `ReleaseFailed`.
+    #[non_exhaustive]
+    ReleaseFailed {
+        /// The synchronizer's name.
+        name: &'a str,
+        /// What was held.
+        kind: HoldKind,
+        /// From the acquisition to the release.
+        held: Duration,
+    },
     /// A watchdog renewal could not reach Redis (or Redis said "not
     /// now"); it is tried again until the lease would end.
     #[non_exhaustive]

@@ -16,6 +16,8 @@ const CONTENDED: &str = "redbaton_contended_acquisitions_total";
 const TIMEOUTS: &str = "redbaton_timeouts_total";
 /// Holds found lost, by `kind` and `reason`.
 const LOSSES: &str = "redbaton_losses_total";
+/// Releases that failed on something other than a loss, by `kind`.
+const RELEASE_FAILURES: &str = "redbaton_release_failures_total";
 /// Renewals that met an unreachable or busy Redis, by `kind`.
 const RENEWAL_FAILURES: &str = "redbaton_renewal_failures_total";
 /// Releases (or undoings) handed to the background thread.
@@ -52,6 +54,10 @@ pub(crate) fn describe() {
             "Waits that ended at their deadline without the object",
         ),
         (LOSSES, "Holds found lost, by kind and reason"),
+        (
+            RELEASE_FAILURES,
+            "Releases that failed on a Redis error, by kind",
+        ),
         (
             RENEWAL_FAILURES,
             "Renewals that met an unreachable or busy Redis, by kind",
@@ -136,8 +142,9 @@ fn record(event: &Event<'_>, named: bool) {
             histogram!(HOLD, by_kind.clone()).record(for_how_long);
             gauge!(HELD, by_kind).decrement(1.0);
         }
-        // A hold found lost is never released afterwards (its release
-        // fails with `LockLost`): the gauge counts it down here.
+        // Each hold ends in one of `Released`, `Lost` (its release then
+        // fails with `LockLost`, and is told nothing) and `ReleaseFailed`:
+        // the gauge counts it down at each.
         Event::Lost {
             name,
             kind: held,
@@ -148,6 +155,12 @@ fn record(event: &Event<'_>, named: bool) {
                 labels(named, name, Some(held), &[("reason", reason(why))])
             )
             .increment(1);
+            gauge!(HELD, labels(named, name, Some(held), &[])).decrement(1.0);
+        }
+        Event::ReleaseFailed {
+            name, kind: held, ..
+        } => {
+            counter!(RELEASE_FAILURES, labels(named, name, Some(held), &[])).increment(1);
             gauge!(HELD, labels(named, name, Some(held), &[])).decrement(1.0);
         }
         Event::RenewalFailed { name, kind: held } => {

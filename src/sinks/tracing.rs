@@ -49,6 +49,18 @@ pub(crate) fn sink(event: &Event<'_>) {
             reason = reason(why),
             "lost: {why}"
         ),
+        Event::ReleaseFailed {
+            name,
+            kind: held,
+            held: for_how_long,
+        } => event!(
+            target: "redbaton",
+            Level::INFO,
+            name,
+            kind = kind(held),
+            held = ?for_how_long,
+            "release failed"
+        ),
         Event::RenewalFailed { name, kind: held } => event!(
             target: "redbaton",
             Level::INFO,

@@ -310,6 +310,39 @@ fn a_parked_waiter_is_counted_while_it_waits_and_its_timeout_after() {
 }
 
 #[test]
+fn a_release_that_fails_on_redis_ends_the_hold_and_is_counted() {
+    let server = RedisServer::start();
+    let recorded = Recorded::new();
+    recorded.on(|| {
+        let client = Client::builder(server.url())
+            .io_timeout(Duration::from_millis(300))
+            .metrics(false)
+            .build()
+            .unwrap();
+        let guard = client.lock("away").unwrap().lock().unwrap();
+        server.kill();
+        let released = guard.unlock();
+        assert!(
+            released.as_ref().is_err_and(|err| !err.is_lost()),
+            "{released:?}"
+        );
+    });
+    assert_eq!(
+        summary(&recorded.values()),
+        expected(&[
+            (
+                "redbaton_acquisitions_total{how=first_attempt,kind=lock}",
+                1.0
+            ),
+            ("redbaton_background_releases_total{}", 1.0),
+            ("redbaton_held{kind=lock}", 0.0),
+            ("redbaton_release_failures_total{kind=lock}", 1.0),
+            ("redbaton_wait_seconds{kind=lock}", 1.0),
+        ])
+    );
+}
+
+#[test]
 fn a_loss_is_counted_with_its_reason_and_ends_the_hold() {
     let server = RedisServer::start();
     let recorded = Recorded::new();

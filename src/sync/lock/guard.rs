@@ -245,12 +245,22 @@ impl LockGuard {
 
     /// Tells the event hook of a release that came to `released`.
     pub(super) fn announce_release(&self, released: &Result<(), Error>) {
-        if let (Ok(()), Some(acquired)) = (released, self.acquired) {
-            self.context.observer().emit(|| Event::Released {
+        let Some(acquired) = self.acquired else {
+            return;
+        };
+        match released {
+            Ok(()) => self.context.observer().emit(|| Event::Released {
                 name: &self.keys.name,
                 kind: self.kind(),
                 held: acquired.elapsed(),
-            });
+            }),
+            // Told as `Lost` when it was found.
+            Err(err) if err.is_lost() => {}
+            Err(_) => self.context.observer().emit(|| Event::ReleaseFailed {
+                name: &self.keys.name,
+                kind: self.kind(),
+                held: acquired.elapsed(),
+            }),
         }
     }
 

@@ -534,7 +534,11 @@ impl MultiLockGuard {
                 match guard.leave() {
                     Ok(Some(left)) => pending.push((place, left)),
                     Ok(None) => guard.announce_release(&Ok(())),
-                    Err(err) => keep(Err(err)),
+                    Err(err) => {
+                        let outcome = Err(err);
+                        guard.announce_release(&outcome);
+                        keep(outcome);
+                    }
                 }
             }
             if pending.is_empty() {

@@ -145,12 +145,21 @@ impl SemaphorePermit {
 
     fn give_back(&mut self) -> Result<(), Error> {
         let released = self.give_back_once();
-        if let (Ok(()), Some(acquired)) = (&released, self.acquired) {
-            self.context.observer().emit(|| Event::Released {
-                name: &self.keys.name,
-                kind: HoldKind::Permits,
-                held: acquired.elapsed(),
-            });
+        if let Some(acquired) = self.acquired {
+            match &released {
+                Ok(()) => self.context.observer().emit(|| Event::Released {
+                    name: &self.keys.name,
+                    kind: HoldKind::Permits,
+                    held: acquired.elapsed(),
+                }),
+                // Told as `Lost` when it was found.
+                Err(err) if err.is_lost() => {}
+                Err(_) => self.context.observer().emit(|| Event::ReleaseFailed {
+                    name: &self.keys.name,
+                    kind: HoldKind::Permits,
+                    held: acquired.elapsed(),
+                }),
+            }
         }
         released
     }
