@@ -320,12 +320,17 @@ fn a_release_that_fails_on_redis_ends_the_hold_and_is_counted() {
             .build()
             .unwrap();
         let guard = client.lock("away").unwrap().lock().unwrap();
+        let read = client.rw_lock("rw").unwrap().read().unwrap();
+        let semaphore = client.semaphore("pool").unwrap();
+        semaphore.try_set_permits(2).unwrap();
+        let permit = semaphore.acquire().unwrap();
         server.kill();
-        let released = guard.unlock();
-        assert!(
-            released.as_ref().is_err_and(|err| !err.is_lost()),
-            "{released:?}"
-        );
+        for released in [guard.unlock(), read.unlock(), permit.release()] {
+            assert!(
+                released.as_ref().is_err_and(|err| !err.is_lost()),
+                "{released:?}"
+            );
+        }
     });
     assert_eq!(
         summary(&recorded.values()),
@@ -334,10 +339,24 @@ fn a_release_that_fails_on_redis_ends_the_hold_and_is_counted() {
                 "redbaton_acquisitions_total{how=first_attempt,kind=lock}",
                 1.0
             ),
-            ("redbaton_background_releases_total{}", 1.0),
+            (
+                "redbaton_acquisitions_total{how=first_attempt,kind=permits}",
+                1.0
+            ),
+            (
+                "redbaton_acquisitions_total{how=first_attempt,kind=read}",
+                1.0
+            ),
+            ("redbaton_background_releases_total{}", 3.0),
             ("redbaton_held{kind=lock}", 0.0),
+            ("redbaton_held{kind=permits}", 0.0),
+            ("redbaton_held{kind=read}", 0.0),
             ("redbaton_release_failures_total{kind=lock}", 1.0),
+            ("redbaton_release_failures_total{kind=permits}", 1.0),
+            ("redbaton_release_failures_total{kind=read}", 1.0),
             ("redbaton_wait_seconds{kind=lock}", 1.0),
+            ("redbaton_wait_seconds{kind=permits}", 1.0),
+            ("redbaton_wait_seconds{kind=read}", 1.0),
         ])
     );
 }
