@@ -291,8 +291,9 @@ pub enum Event<'a> {
         waited: Duration,
     },
     /// A waiting thread's deadline passed before it got the object (a
-    /// `try_*_for` or `try_*_until` that returns without it); told after
-    /// its [`Woken`](Event::Woken).
+    /// `try_*_for` or `try_*_until` that returns without it, a latch's
+    /// timed wait that ends before the count reaches zero); told after its
+    /// [`Woken`](Event::Woken).
     #[non_exhaustive]
     TimedOut {
         /// The synchronizer's name.
