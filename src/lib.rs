@@ -416,6 +416,8 @@ mod guides {
     struct Lock;
     #[doc = include_str!("../docs/fair-lock.md")]
     struct FairLock;
+    // Its last example is `#[redbaton::locked(keys = …)]`.
+    #[cfg(feature = "macros")]
     #[doc = include_str!("../docs/multi-lock.md")]
     struct MultiLock;
     #[doc = include_str!("../docs/rwlock.md")]
