@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Error;
+use crate::observe::Observer;
 
 /// The longest lease (and the longest of every other duration setting):
 /// one year. Longer is almost surely a unit mistake, and a lock that
@@ -49,6 +50,8 @@ pub(crate) struct Config {
     pub(crate) node_timeout: NodeTimeout,
     /// A quorum's allowance for clocks that run at different rates.
     pub(crate) clock_drift: ClockDrift,
+    /// Told of what the client does, if a hook was set.
+    pub(crate) observer: Observer,
 }
 
 /// How long a quorum round waits for each master (connect, pool wait and

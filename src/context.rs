@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crossbeam_channel::Receiver;
+
 use crate::backend::Backend;
 use crate::client_name::NameRecord;
 use crate::config::Config;
@@ -14,6 +16,7 @@ use crate::error::Error;
 use crate::identity::Identities;
 use crate::keys;
 use crate::lease::{Claim, Cleanup, Grant, LeaseMode, LeaseRuntime, LeaseStatus, Leased, Watchdog};
+use crate::observe::{HoldKind, LostReason, Observer};
 use crate::parking::WaitingRoom;
 
 /// What every handle of one client shares.
@@ -44,7 +47,7 @@ impl Context {
             identities,
             lock_room: WaitingRoom::new(Arc::clone(&backend), &config),
             room: WaitingRoom::new(Arc::clone(&backend), &config),
-            leases: Arc::new(LeaseRuntime::new(name)),
+            leases: Arc::new(LeaseRuntime::new(name, config.observer.clone())),
             backend,
             config,
             requests: AtomicU64::new(0),
@@ -99,6 +102,30 @@ impl Context {
             Watchdog::wake(&self.leases, Some(due));
         }
         (status, mode)
+    }
+
+    /// The event hook (unset: no event is made).
+    pub(crate) fn observer(&self) -> &Observer {
+        &self.config.observer
+    }
+
+    /// A receiver of the loss signal of the ownership `status` of `name`,
+    /// held in lease `mode`: the watchdog tells it when it finds a renewed
+    /// lease lost, and a fixed lease's end is watched from now on.
+    pub(crate) fn lost_signal(
+        &self,
+        status: &Arc<LeaseStatus>,
+        mode: LeaseMode,
+        name: &str,
+        kind: HoldKind,
+    ) -> Receiver<LostReason> {
+        let receiver = status.subscribe();
+        if let LeaseMode::Fixed(_) = mode {
+            if status.is_watched() {
+                Watchdog::watch_expiry(&self.leases, status, name.into(), kind);
+            }
+        }
+        receiver
     }
 
     /// Hands a release that could not be confirmed to the watchdog thread.

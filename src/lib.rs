@@ -111,6 +111,33 @@
 //! received the lock can grant it again. `docs/deployments.md` in the
 //! repository says what each deployment can still get wrong.
 //!
+//! # Observing
+//!
+//! Every guard and permit has `lost()`: a channel that gets the
+//! [`LostReason`] once, when the hold is found lost (a fixed lease's end, a
+//! renewal that found the key gone or taken over, Redis unreachable until
+//! the lease ended), so that a thread can block or `select!` on the loss
+//! instead of polling `is_lost()`; [`Lock::using`] runs a closure with a
+//! [`LostSignal`] to check or wait on. [`ClientBuilder::on_event`] sees
+//! every [`Event`] of a client: acquisitions (how, after how long),
+//! releases, losses, failed renewals, waits, and what the deployment did.
+//! Neither costs anything until asked for; `docs/observe.md` in the
+//! repository is the guide.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), redbaton::Error> {
+//! let client = redbaton::Client::builder("redis://127.0.0.1/")
+//!     .on_event(|event| eprintln!("{event:?}"))
+//!     .build()?;
+//! let guard = client.lock("leader")?.lock()?;
+//! let lost = guard.lost(); // a crossbeam_channel::Receiver<LostReason>
+//! // ... lead, looking at `lost` now and then, or select! on it ...
+//! # drop(lost);
+//! guard.unlock()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Declarative locking
 //!
 //! With the `macros` feature, an attribute makes a function hold the lock
@@ -190,6 +217,7 @@ mod keys;
 mod lease;
 #[cfg(feature = "macros")]
 mod locked;
+mod observe;
 mod parking;
 mod scripts;
 mod sync;
@@ -197,7 +225,9 @@ mod sync;
 pub use client::{Client, ClientBuilder, Topology};
 pub use error::Error;
 pub use lease::WatchdogStats;
+pub use observe::{Acquisition, Event, HoldKind, LostReason, LostSignal};
 pub use sync::{CountDownLatch, Holder, Lock, LockGuard, Owner, Rate, RateLimiter, RateMode};
+pub use sync::{MultiLock, MultiLockGuard};
 pub use sync::{ReadGuard, RwLock, WriteGuard};
 pub use sync::{Semaphore, SemaphorePermit};
 
@@ -365,6 +395,8 @@ mod guides {
     struct Lock;
     #[doc = include_str!("../docs/fair-lock.md")]
     struct FairLock;
+    #[doc = include_str!("../docs/multi-lock.md")]
+    struct MultiLock;
     #[doc = include_str!("../docs/rwlock.md")]
     struct RwLock;
     #[doc = include_str!("../docs/semaphore.md")]
@@ -373,6 +405,8 @@ mod guides {
     struct Latch;
     #[doc = include_str!("../docs/rate-limiter.md")]
     struct RateLimiter;
+    #[doc = include_str!("../docs/observe.md")]
+    struct Observe;
     #[doc = include_str!("../docs/how-it-works.md")]
     struct HowItWorks;
     #[cfg(all(feature = "cluster", feature = "sentinel", feature = "redlock"))]

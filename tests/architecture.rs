@@ -20,6 +20,7 @@ const LAYERS: &[&str] = &[
     "keys",
     "backend",
     "config",
+    "observe",
     "error",
 ];
 

@@ -273,6 +273,23 @@ fn scenario(server: &RedisServer) -> (Client, FaultProxy) {
     assert!(lock.force_unlock().unwrap());
     parked.joined();
 
+    // Multi-lock: a set taken at once, re-entering a name this thread
+    // holds, and a waiter that finds a name held, parks, and wins.
+    let single = client.lock("keys-multi-b").unwrap().lock().unwrap();
+    let set = client.multi_lock(["keys-multi-a", "keys-multi-b"]).unwrap();
+    set.lock().unwrap().unlock().unwrap();
+    let other = set.clone();
+    let waiting = thread::spawn(move || {
+        let guard = other
+            .try_lock_for(Duration::from_secs(10))
+            .unwrap()
+            .unwrap();
+        guard.unlock().unwrap();
+    });
+    thread::sleep(ms(100));
+    single.unlock().unwrap();
+    waiting.joined();
+
     // Fair lock: queued waiters woken one at a time, one that gives up,
     // force_unlock with a waiter.
     let fair = client.fair_lock("keys-fair").unwrap();

@@ -25,6 +25,7 @@ use super::single::{NodeParked, SendError, Single};
 use super::{addrs_of, client_at, slot, Failed, Parked, Sent};
 use crate::config::Config;
 use crate::error::Error;
+use crate::observe::Event;
 
 /// Redirections followed for one exchange before giving up for now (a
 /// slot that keeps moving: resharding in progress).
@@ -293,10 +294,20 @@ impl Cluster {
     /// Loads the slot map, unless someone did since the caller saw map
     /// `seen`.
     fn refresh(&self, seen: u64) -> Result<(), Error> {
+        if self.reload(seen)? {
+            // Told once the refresh lock is let go.
+            self.config.observer.emit(|| Event::SlotMapReloaded);
+        }
+        Ok(())
+    }
+
+    /// [`refresh`](Cluster::refresh)'s work; true when this call loaded
+    /// the map.
+    fn reload(&self, seen: u64) -> Result<bool, Error> {
         let _one = self.refreshing.lock();
         let current = Arc::clone(&self.routes.read());
         if current.generation > seen {
-            return Ok(());
+            return Ok(false);
         }
         // Known masters first (a seed may be long gone), then the seeds.
         let known = current.masters.iter().map(|master| {
@@ -317,7 +328,7 @@ impl Cluster {
                 Ok(map) => {
                     let routes = self.build_routes(&current, map)?;
                     *self.routes.write() = Arc::new(routes);
-                    return Ok(());
+                    return Ok(true);
                 }
                 // Not a cluster at all: no other seed will say otherwise.
                 Err(err @ Error::WrongTopology { .. }) => return Err(err),

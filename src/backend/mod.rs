@@ -144,8 +144,9 @@ impl Backend {
     /// Independent masters for a Redlock quorum, each already a backend of
     /// its own. Does not connect.
     #[cfg(feature = "redlock")]
-    pub(crate) fn quorum(masters: Vec<Arc<Backend>>) -> Backend {
-        Backend::with(Flavor::Quorum(quorum::Quorum::new(masters)))
+    pub(crate) fn quorum(config: &Config, masters: Vec<Arc<Backend>>) -> Backend {
+        let observer = config.observer.clone();
+        Backend::with(Flavor::Quorum(quorum::Quorum::new(masters, observer)))
     }
 
     /// The masters of a quorum; `None` for every other flavor.
@@ -309,6 +310,27 @@ impl Backend {
         match &self.flavor {
             #[cfg(feature = "cluster")]
             Flavor::Cluster(cluster) => cluster.shards(keys),
+            _ => vec![(0..keys.len()).collect()],
+        }
+    }
+
+    /// Groups `keys` (by index) by cluster slot, groups in slot order and
+    /// each group in the order of `keys`, for scripts over several objects
+    /// (a script's keys must share one slot). One group on one server or
+    /// Sentinel; on a quorum, one group per key (each object its own
+    /// round over the masters).
+    pub(crate) fn slot_groups(&self, keys: &[&str]) -> Vec<Vec<usize>> {
+        match &self.flavor {
+            #[cfg(feature = "redlock")]
+            Flavor::Quorum(_) => (0..keys.len()).map(|index| vec![index]).collect(),
+            #[cfg(feature = "cluster")]
+            Flavor::Cluster(_) => {
+                let mut groups = std::collections::BTreeMap::<u16, Vec<usize>>::new();
+                for (index, key) in keys.iter().enumerate() {
+                    groups.entry(slot::of(key)).or_default().push(index);
+                }
+                groups.into_values().collect()
+            }
             _ => vec![(0..keys.len()).collect()],
         }
     }

@@ -31,6 +31,7 @@ use super::pool::PooledConn;
 use super::single::{SendError, Single};
 use super::{Backend, Failed, Flavor, Parked};
 use crate::error::Error;
+use crate::observe::{Event, Observer};
 
 /// How long a probe of a suspect master rests after its first failure;
 /// it doubles with each failure after that, up to [`PROBE_REST_MAX`].
@@ -51,6 +52,8 @@ pub(super) struct Quorum {
     masters: Vec<Arc<Backend>>,
     /// Whether each master (same order) is suspect.
     health: Vec<Arc<Health>>,
+    /// Told when a master turns suspect, and when it is back.
+    observer: Observer,
     /// The master waiters park on.
     parking: AtomicUsize,
     /// For messages: every master's address.
@@ -82,13 +85,14 @@ enum Part<'env, 'scope> {
 }
 
 impl Quorum {
-    pub(super) fn new(masters: Vec<Arc<Backend>>) -> Self {
+    pub(super) fn new(masters: Vec<Arc<Backend>>, observer: Observer) -> Self {
         let addrs = masters
             .iter()
             .map(|m| m.addr().to_owned())
             .collect::<Vec<_>>()
             .join(", ");
         Quorum {
+            observer,
             health: masters.iter().map(|_| Arc::default()).collect(),
             masters,
             parking: AtomicUsize::new(0),
@@ -201,6 +205,9 @@ impl Quorum {
                  the others make a majority, until it answers again",
                 self.masters[index].addr()
             );
+            self.observer.emit(|| Event::MasterSuspect {
+                master: self.masters[index].addr(),
+            });
         }
         // Set after `suspect`, cleared by the probe before it clears
         // `suspect`: a master marked suspect always has a probe, or is no
@@ -212,7 +219,10 @@ impl Quorum {
         let weak = Arc::downgrade(health);
         let probe = thread::Builder::new()
             .name("redbaton-probe".to_owned())
-            .spawn(move || probe(&master, &weak));
+            .spawn({
+                let observer = self.observer.clone();
+                move || probe(&master, &weak, &observer)
+            });
         if let Err(err) = probe {
             log::warn!(
                 "redbaton: cannot start a thread to probe Redlock master {} ({err}); it is waited \
@@ -364,7 +374,7 @@ fn suspect_error(master: &Backend) -> Failed {
 
 /// Pings `master` until it answers, resting longer after each failure,
 /// then clears its suspicion; ends early when the client is gone.
-fn probe(master: &Weak<Backend>, health: &Weak<Health>) {
+fn probe(master: &Weak<Backend>, health: &Weak<Health>, observer: &Observer) {
     let mut rest = PROBE_REST;
     loop {
         let (Some(master), Some(health)) = (master.upgrade(), health.upgrade()) else {
@@ -380,6 +390,9 @@ fn probe(master: &Weak<Backend>, health: &Weak<Health>) {
                 "redbaton: Redlock master {} answers again; back in every round",
                 master.addr()
             );
+            observer.emit(|| Event::MasterBack {
+                master: master.addr(),
+            });
             return;
         }
         // Not while resting: the client may go meanwhile.

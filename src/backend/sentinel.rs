@@ -25,6 +25,7 @@ use super::single::{SendError, Single};
 use super::{addrs_of, client_at, Failed, Parked, Sent};
 use crate::config::Config;
 use crate::error::Error;
+use crate::observe::{Event, Observer};
 
 /// Name of the thread that follows `+switch-master`.
 const THREAD_NAME: &str = "redbaton-sentinel";
@@ -57,6 +58,8 @@ struct Shared {
     sentinel_addrs: String,
     current: RwLock<Option<Arc<Master>>>,
     generations: AtomicU64,
+    /// Told of each `+switch-master` of the service.
+    observer: Observer,
 }
 
 /// One lookup's master and its pools.
@@ -102,6 +105,7 @@ impl Sentinel {
                 sentinel_addrs,
                 current: RwLock::new(None),
                 generations: AtomicU64::new(0),
+                observer: config.observer.clone(),
             }),
             resolving: Mutex::new(()),
             watching: Mutex::new(!follow_switches),
@@ -390,6 +394,9 @@ fn subscribe(
             // Any master: a lookup made just before the event may have
             // found the old one.
             shared.forget(None);
+            shared.observer.emit(|| Event::MasterSwitched {
+                service: &shared.service,
+            });
         }
     }
 }

@@ -13,6 +13,7 @@ use crate::config::{
 };
 use crate::context::Context;
 use crate::error::Error;
+use crate::observe::{Event, Observer};
 use crate::scripts;
 #[cfg(feature = "redlock")]
 use crate::sync::lock::QuorumLock;
@@ -306,6 +307,8 @@ pub struct ClientBuilder {
     /// Test-only: whether a sentinel client follows `+switch-master`.
     #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
     follow_switches: bool,
+    /// The event hook, if set.
+    observer: Observer,
     #[cfg(feature = "tls")]
     tls: TlsFiles,
 }
@@ -341,6 +344,7 @@ impl ClientBuilder {
             node_timeout: None,
             clock_drift: None,
             follow_switches: true,
+            observer: Observer::default(),
             #[cfg(feature = "tls")]
             tls: TlsFiles::default(),
         }
@@ -569,6 +573,48 @@ impl ClientBuilder {
         self
     }
 
+    /// Calls `hook` with every [`Event`] of the client: acquisitions (how,
+    /// after how long), releases, losses (with their [`LostReason`]),
+    /// renewals that failed, releases finished in the background, waits,
+    /// and what the deployment did (a cluster's slot map reloaded, a
+    /// sentinel's new master, a Redlock master left out and back). Unset
+    /// by default: the client then makes no event at all, and logs (with
+    /// `log`) as it always does, hook or not.
+    ///
+    /// The hook runs on the thread where the event happens (a caller's, or
+    /// the client's watchdog, sentinel or probe thread), never while the
+    /// client holds a lock of its own, so it may use the client; it should
+    /// be quick (count, send on a channel), since that thread waits for it.
+    /// A panic of the hook is caught (and logged once): the client goes on.
+    /// Setting a hook again replaces it.
+    ///
+    /// [`LostReason`]: crate::LostReason
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::sync::Arc;
+    /// use redbaton::Event;
+    /// # fn main() -> Result<(), redbaton::Error> {
+    /// let losses = Arc::new(AtomicU64::new(0));
+    /// let counted = Arc::clone(&losses);
+    /// let client = redbaton::Client::builder("redis://127.0.0.1/")
+    ///     .on_event(move |event| {
+    ///         if let Event::Lost { name, reason, .. } = event {
+    ///             counted.fetch_add(1, Ordering::Relaxed);
+    ///             eprintln!("lost {name}: {reason}");
+    ///         }
+    ///     })
+    ///     .build()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn on_event(mut self, hook: impl Fn(&Event<'_>) + Send + Sync + 'static) -> Self {
+        self.observer = Observer::new(Box::new(hook));
+        self
+    }
+
     /// Checks the settings and makes the client. Does not connect.
     ///
     /// # Errors
@@ -604,6 +650,7 @@ impl ClientBuilder {
             replica_acks: self.replica_acks,
             node_timeout,
             clock_drift,
+            observer: self.observer,
         };
         #[cfg(feature = "redlock")]
         if let Form::Masters(_) = &self.topology.form {
@@ -641,6 +688,7 @@ impl ClientBuilder {
                     ..config.clone()
                 };
                 Backend::quorum(
+                    &config,
                     masters
                         .into_iter()
                         .map(|master| Arc::new(Backend::single(master, &node_config, trace)))
@@ -674,7 +722,8 @@ impl fmt::Debug for ClientBuilder {
             .field("max_local_handoffs", &self.max_local_handoffs)
             .field("replica_acks", &self.replica_acks)
             .field("node_timeout", &self.node_timeout)
-            .field("clock_drift", &self.clock_drift);
+            .field("clock_drift", &self.clock_drift)
+            .field("on_event", &self.observer);
         // Whether certificates were given; never their bytes (a key).
         #[cfg(feature = "tls")]
         f.field("tls_root_certificate", &self.tls.root.is_some())

@@ -13,7 +13,7 @@ use crate::lease::WatchdogStats;
 use crate::sync::lock::RawLock;
 use crate::sync::rwlock::RwProtocol;
 use crate::sync::semaphore::{DeploymentSemaphore, RawSemaphore};
-use crate::sync::{CountDownLatch, Lock, RateLimiter, RwLock, Semaphore};
+use crate::sync::{CountDownLatch, Lock, MultiLock, RateLimiter, RwLock, Semaphore};
 
 pub use builder::{ClientBuilder, Topology};
 
@@ -95,6 +95,36 @@ impl Client {
             Arc::clone(&self.lock_raw),
             keys,
         ))
+    }
+
+    /// A handle on the plain locks called `names`, taken all or none: see
+    /// [`MultiLock`] and `docs/multi-lock.md`. Names are deduplicated and
+    /// their order does not matter. Cheap; makes no network call.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] when a name is empty or too long, or when
+    /// there is none.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redbaton::Error> {
+    /// let client = redbaton::Client::open("redis://127.0.0.1/")?;
+    /// let pair = client.multi_lock(["inventory:001", "inventory:002"])?;
+    /// let guard = pair.lock()?; // both, released together on drop
+    /// # drop(guard);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn multi_lock<S: AsRef<str>>(
+        &self,
+        names: impl IntoIterator<Item = S>,
+    ) -> Result<MultiLock, Error> {
+        let locks = MultiLock::unique_names(names)?
+            .iter()
+            .map(|name| self.lock(name))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(MultiLock::new(Arc::clone(&self.context), locks))
     }
 
     /// A handle on the fair lock called `name`: a [`Lock`] with the same

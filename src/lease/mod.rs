@@ -15,11 +15,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use redis::{ServerErrorKind, Value};
 
 use crate::backend::{is_transient_reply, Backend};
 use crate::client_name::NameRecord;
+use crate::observe::{HoldKind, LostReason, Observer};
 
 pub(crate) use registry::{DueRenewal, Ownerships};
 pub use watchdog::WatchdogStats;
@@ -53,6 +55,26 @@ pub(crate) struct LeaseStatus {
     /// lease was sent, and moved in by the deployment's clock margin, so
     /// never later than the lease's end in Redis. Only moves out.
     valid_until: Mutex<Instant>,
+    /// The loss signal: empty (no allocation, no timer) until a guard's
+    /// `lost()` asks for it.
+    signal: Mutex<Signal>,
+    /// Set (under `signal`'s lock) when a guard first asks for the loss
+    /// signal, so that a release of a hold nobody watched takes no lock.
+    /// The guards of a hold (and so `lost()` and their release) are on one
+    /// thread, or a permit's owner: a release never races the first ask.
+    watched: AtomicBool,
+}
+
+/// The receivers handed out by `lost()`, and whether they were told.
+#[derive(Debug, Default)]
+struct Signal {
+    /// Why the ownership was lost, once told (each receiver hears once).
+    reason: Option<LostReason>,
+    /// One per `lost()` call (bounded(1)); dropped once sent, or when the
+    /// last guard releases, which disconnects its receiver.
+    senders: Vec<Sender<LostReason>>,
+    /// The last guard released: nothing is told any more.
+    closed: bool,
 }
 
 impl LeaseStatus {
@@ -61,6 +83,8 @@ impl LeaseStatus {
         LeaseStatus {
             lost: AtomicBool::new(false),
             valid_until: Mutex::new(valid_until),
+            signal: Mutex::new(Signal::default()),
+            watched: AtomicBool::new(false),
         }
     }
 
@@ -81,9 +105,61 @@ impl LeaseStatus {
         *self.valid_until.lock()
     }
 
-    /// Records that the ownership is gone; true the first time.
-    pub(crate) fn mark_lost(&self) -> bool {
-        !self.lost.swap(true, Ordering::AcqRel)
+    /// Records that the ownership is gone, for `reason`, and tells the
+    /// loss signal's receivers; true the first time.
+    pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
+        let first = !self.lost.swap(true, Ordering::AcqRel);
+        if first {
+            self.tell(reason);
+        }
+        first
+    }
+
+    /// A receiver of the loss signal: it gets the reason once, when the
+    /// ownership is found lost (at once if it already was), and is
+    /// disconnected without a message when the last guard releases.
+    pub(crate) fn subscribe(&self) -> Receiver<LostReason> {
+        let (sender, receiver) = crossbeam_channel::bounded(1);
+        let mut signal = self.signal.lock();
+        self.watched.store(true, Ordering::Release);
+        match signal.reason {
+            // Room for one: never blocks.
+            Some(reason) => drop(sender.try_send(reason)),
+            None if signal.closed => {}
+            None => signal.senders.push(sender),
+        }
+        receiver
+    }
+
+    /// Tells the receivers of the loss signal why the ownership is lost,
+    /// unless they were told already or the guards released; true when
+    /// this call told them.
+    pub(crate) fn tell(&self, reason: LostReason) -> bool {
+        let mut signal = self.signal.lock();
+        if signal.reason.is_some() || signal.closed {
+            return false;
+        }
+        signal.reason = Some(reason);
+        for sender in signal.senders.drain(..) {
+            let _ = sender.try_send(reason);
+        }
+        true
+    }
+
+    /// The last guard released: the receivers are disconnected, never told
+    /// (a release is not a loss, whatever it finds).
+    pub(crate) fn close_signal(&self) {
+        if !self.watched.load(Ordering::Acquire) {
+            return;
+        }
+        let mut signal = self.signal.lock();
+        signal.closed = true;
+        signal.senders.clear();
+    }
+
+    /// Whether receivers wait to be told.
+    pub(crate) fn is_watched(&self) -> bool {
+        !self.signal.lock().senders.is_empty()
     }
 
     /// A request sent at `sent` (already moved in by the clock margin)
@@ -122,6 +198,8 @@ pub(crate) struct Grant {
 pub(crate) struct Leased {
     /// The object's name, for messages.
     pub(crate) name: Arc<str>,
+    /// What is held, for events.
+    pub(crate) kind: HoldKind,
     /// The key the lease lives on (and that routes the renewal).
     pub(crate) key: Arc<str>,
     /// The protocol that renews it.
@@ -164,6 +242,14 @@ pub(crate) trait RenewLeases: Send + Sync + fmt::Debug {
     fn clock_margin(&self, lease: Duration) -> Duration {
         let _ = lease;
         Duration::ZERO
+    }
+
+    /// Why an ownership whose renewal came back `Lost` is gone, if the
+    /// protocol can tell with one more look (asked on the watchdog thread,
+    /// once per loss).
+    fn why_lost(&self, request: &RenewRequest<'_>) -> LostReason {
+        let _ = request;
+        LostReason::NotHeld
     }
 }
 
@@ -220,14 +306,17 @@ pub(crate) struct LeaseRuntime {
     /// The client's name record, kept alive by the watchdog's rounds too
     /// (a renewed lock may be held long after the client's last call).
     pub(crate) name: Option<NameRecord>,
+    /// Told of renewals that failed, losses and background releases.
+    pub(crate) observer: Observer,
 }
 
 impl LeaseRuntime {
-    pub(crate) fn new(name: Option<NameRecord>) -> Self {
+    pub(crate) fn new(name: Option<NameRecord>, observer: Observer) -> Self {
         LeaseRuntime {
             registry: Ownerships::default(),
             watchdog: Watchdog::new(),
             name,
+            observer,
         }
     }
 }

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::{LeaseMode, LeaseStatus, Leased};
+use crate::observe::LostReason;
 
 /// One ownership: a lock held by one identity under one fencing token.
 #[derive(Debug)]
@@ -118,7 +119,7 @@ impl Ownerships {
             Slot::Occupied(mut slot) => {
                 // The same thread took the lock afresh: the ownership its
                 // older guards belong to is gone.
-                slot.get().status.mark_lost();
+                slot.get().status.mark_lost(LostReason::TakenOver);
                 slot.insert(fresh());
                 slot.into_mut()
             }
@@ -258,6 +259,7 @@ mod tests {
     fn keys() -> Leased {
         Leased {
             name: "n".into(),
+            kind: crate::observe::HoldKind::Lock,
             key: "p:{n}:lock".into(),
             renewer: Arc::new(NoRenewals),
         }

@@ -28,8 +28,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
-use super::{earlier, DueRenewal, LeaseRuntime, RenewOutcome, RenewRequest};
+use super::{earlier, DueRenewal, LeaseRuntime, LeaseStatus, RenewOutcome, RenewRequest};
 use crate::error::Error;
+use crate::observe::{Event, HoldKind, LostReason};
 
 /// Name of the renewal thread, as seen in debuggers and `/proc`.
 pub(crate) const THREAD_NAME: &str = "redbaton-watchdog";
@@ -62,6 +63,18 @@ pub(crate) struct Watchdog {
     /// Updated once per round, so that a reader never sees a round counted
     /// without its renewals.
     stats: Mutex<WatchdogStats>,
+    /// Fixed leases whose loss signal was asked for: told at their end.
+    expiries: Mutex<Vec<Expiry>>,
+}
+
+/// A fixed lease whose guard's `lost()` was called: its receivers are told
+/// [`LostReason::LeaseEnded`] when its validity passes. Weak, so that the
+/// guards' release drops it.
+#[derive(Debug)]
+struct Expiry {
+    status: Weak<LeaseStatus>,
+    name: Arc<str>,
+    kind: HoldKind,
 }
 
 /// A release that must still reach Redis: its first send failed with the
@@ -110,6 +123,10 @@ impl fmt::Debug for Cleanup {
 /// first, are dropped: those locks end with their lease).
 const MAX_CLEANUPS: usize = 10_000;
 
+/// Losses per round whose reason the watchdog asks Redis for (one round
+/// trip each, `RenewLeases::why_lost`); the others are `NotHeld`.
+const EXPLAINED_PER_ROUND: usize = 8;
+
 /// Pause between tries of a clean-up while Redis does not answer.
 const CLEANUP_RETRY: Duration = Duration::from_millis(50);
 
@@ -122,7 +139,37 @@ impl Watchdog {
             cleanups: Mutex::new(Vec::new()),
             scheduled: Mutex::new(None),
             stats: Mutex::new(WatchdogStats::default()),
+            expiries: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Has the thread tell the loss signal of the fixed lease `status` (of
+    /// `name`) when its validity passes, unless it is told or released
+    /// before.
+    pub(crate) fn watch_expiry(
+        runtime: &Arc<LeaseRuntime>,
+        status: &Arc<LeaseStatus>,
+        name: Arc<str>,
+        kind: HoldKind,
+    ) {
+        runtime.watchdog.expiries.lock().push(Expiry {
+            status: Arc::downgrade(status),
+            name,
+            kind,
+        });
+        Watchdog::wake(runtime, Some(status.valid_until()));
+    }
+
+    /// When the earliest watched fixed lease ends; forgets those released
+    /// or told.
+    fn next_expiry(&self) -> Option<Instant> {
+        let mut expiries = self.expiries.lock();
+        expiries.retain(|e| e.status.upgrade().is_some_and(|s| s.is_watched()));
+        expiries
+            .iter()
+            .filter_map(|e| e.status.upgrade())
+            .map(|s| s.valid_until())
+            .min()
     }
 
     /// Tells the thread (starting it the first time) that a new ownership
@@ -152,6 +199,9 @@ impl Watchdog {
 
     /// Hands a release that could not be confirmed to the thread.
     pub(crate) fn clean_up(runtime: &Arc<LeaseRuntime>, cleanup: Cleanup) {
+        runtime.observer.emit(|| Event::ReleaseRetried {
+            name: &cleanup.name,
+        });
         {
             let mut cleanups = runtime.watchdog.cleanups.lock();
             if cleanups.len() >= MAX_CLEANUPS {
@@ -186,6 +236,7 @@ fn run(runtime: &Weak<LeaseRuntime>, wake: &Receiver<()>) {
                 *scheduled = [
                     runtime.registry.next_renewal(),
                     runtime.watchdog.next_cleanup(),
+                    runtime.watchdog.next_expiry(),
                 ]
                 .into_iter()
                 .flatten()
@@ -211,6 +262,7 @@ fn run(runtime: &Weak<LeaseRuntime>, wake: &Receiver<()>) {
         // Renewals first: a clean-up the replicas do not confirm waits
         // for them (`WAIT`) on this thread.
         renew_due(&runtime);
+        expire_due(&runtime);
         clean_up_due(&runtime);
         if let Some(name) = &runtime.name {
             name.refresh_if_due();
@@ -270,6 +322,7 @@ fn renew_due(runtime: &LeaseRuntime) {
     // Ownerships renewed by the same protocol go out together.
     due.sort_by_key(|d| Arc::as_ptr(&d.leased.renewer).cast::<()>());
     let mut round = WatchdogStats::default();
+    let mut explained = 0;
     for group in due.chunk_by(|a, b| Arc::ptr_eq(&a.leased.renewer, &b.leased.renewer)) {
         let requests: Vec<RenewRequest<'_>> = group
             .iter()
@@ -287,7 +340,15 @@ fn renew_due(runtime: &LeaseRuntime) {
         for (index, renewal) in group.iter().enumerate() {
             // A missing outcome is a round that did not come back.
             let outcome = outcomes.get(index).copied().unwrap_or(RenewOutcome::Retry);
-            apply(runtime, renewal, outcome, sent, now, &mut round);
+            apply(
+                runtime,
+                renewal,
+                outcome,
+                sent,
+                now,
+                &mut round,
+                &mut explained,
+            );
         }
     }
     let mut stats = runtime.watchdog.stats.lock();
@@ -302,38 +363,107 @@ fn apply(
     sent: Instant,
     now: Instant,
     round: &mut WatchdogStats,
+    explained: &mut usize,
 ) {
+    let request = RenewRequest {
+        name: &due.leased.name,
+        key: &due.leased.key,
+        identity: &due.identity,
+        fence: due.fence,
+        lease: due.renewal.lease,
+    };
+    // Asked before the table is locked (it may take a round trip), for a
+    // few losses per round: a flushed Redis must not cost the other
+    // ownerships' renewals a round trip per lost one.
+    let reason = match outcome {
+        RenewOutcome::Lost if *explained < EXPLAINED_PER_ROUND => {
+            *explained += 1;
+            Some(due.leased.renewer.why_lost(&request))
+        }
+        RenewOutcome::Lost => Some(LostReason::NotHeld),
+        RenewOutcome::Retry if now >= due.status.valid_until() => Some(LostReason::Unreachable),
+        RenewOutcome::Retry | RenewOutcome::Renewed => None,
+    };
+    let mut lost = false;
     runtime
         .registry
-        .update_renewal(due, |renewal| match outcome {
-            RenewOutcome::Renewed => {
+        .update_renewal(due, |renewal| match (outcome, reason) {
+            (RenewOutcome::Renewed, _) => {
                 round.renewals += 1;
                 let sent = earlier(sent, due.leased.renewer.clock_margin(renewal.lease));
                 renewal.renewed(sent);
                 due.status.lives_from(sent, renewal.lease);
             }
-            RenewOutcome::Retry if now < due.status.valid_until() => {
+            (_, Some(reason)) => lost = lose(runtime, due, reason),
+            (_, None) => {
                 // Retry well before the lease ends.
                 renewal.due = now
                     + (renewal.lease / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
             }
-            RenewOutcome::Retry => lose(
-                runtime,
-                due,
-                "Redis stayed unreachable or busy until the lease ended",
-            ),
-            RenewOutcome::Lost => lose(runtime, due, "the lock is no longer held by this thread"),
         });
+    // Told with the table unlocked.
+    let (name, kind) = (&*due.leased.name, due.leased.kind);
+    match (outcome, reason) {
+        (_, Some(reason)) if lost => {
+            log::warn!("redbaton: {name:?} was lost: {reason}");
+            runtime.observer.emit(|| Event::Lost { name, kind, reason });
+        }
+        (RenewOutcome::Retry, None) => {
+            runtime
+                .observer
+                .emit(|| Event::RenewalFailed { name, kind });
+        }
+        _ => {}
+    }
 }
 
-fn lose(runtime: &LeaseRuntime, due: &DueRenewal, why: &str) {
+/// Marks `due` lost for `reason`; true the first time.
+fn lose(runtime: &LeaseRuntime, due: &DueRenewal, reason: LostReason) -> bool {
     // Counted under the stats lock, taken before the guard can see the
     // loss: whoever sees `is_lost()` and then asks for the stats sees it
     // counted.
     let mut stats = runtime.watchdog.stats.lock();
-    if due.status.mark_lost() {
+    let first = due.status.mark_lost(reason);
+    if first {
         stats.losses += 1;
-        drop(stats);
-        log::warn!("redbaton: {:?} was lost: {why}", due.leased.name);
+    }
+    first
+}
+
+/// Tells the loss signals of the watched fixed leases whose validity has
+/// passed.
+fn expire_due(runtime: &LeaseRuntime) {
+    let now = Instant::now();
+    let ended: Vec<(Arc<LeaseStatus>, Arc<str>, HoldKind)> = {
+        let mut expiries = runtime.watchdog.expiries.lock();
+        let mut ended = Vec::new();
+        expiries.retain(|e| match e.status.upgrade() {
+            Some(status) if status.valid_until() <= now => {
+                ended.push((status, Arc::clone(&e.name), e.kind));
+                false
+            }
+            Some(_) => true,
+            None => false,
+        });
+        ended
+    };
+    for (status, name, kind) in ended {
+        // A renewal or `extend` may have moved the end out meanwhile; the
+        // next look finds it again if so.
+        if status.valid_until() > Instant::now() {
+            runtime.watchdog.expiries.lock().push(Expiry {
+                status: Arc::downgrade(&status),
+                name,
+                kind,
+            });
+            continue;
+        }
+        if status.tell(LostReason::LeaseEnded) {
+            runtime.observer.emit(|| Event::Lost {
+                name: &name,
+                kind,
+                reason: LostReason::LeaseEnded,
+            });
+        }
     }
 }

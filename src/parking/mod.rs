@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use crate::backend::{Backend, Parked};
 use crate::config::Config;
 use crate::error::Error;
+use crate::observe::{Event, Observer};
 
 pub(crate) use local_queue::{Reservation, Turn};
 pub(crate) use park::ride_out;
@@ -67,6 +68,8 @@ pub(crate) struct WaitingRoom<C, G> {
     backend: Arc<Backend>,
     max_park: Duration,
     io_timeout: Duration,
+    /// Told when a thread starts and stops waiting.
+    observer: Observer,
 }
 
 impl<C: Clone, G: Copy> WaitingRoom<C, G> {
@@ -76,6 +79,7 @@ impl<C: Clone, G: Copy> WaitingRoom<C, G> {
             backend,
             max_park: config.max_park,
             io_timeout: config.io_timeout,
+            observer: config.observer.clone(),
         }
     }
 
@@ -107,6 +111,28 @@ impl<C: Clone, G: Copy> WaitingRoom<C, G> {
     /// is returned rather than `TimedOut`, so that the caller can tell
     /// "Redis was failing" from "someone else held it".
     pub(crate) fn wait_until<T>(
+        &self,
+        name: &str,
+        baton_key: &str,
+        claim: C,
+        deadline: Option<Instant>,
+        attempt: impl FnMut() -> Result<Attempt<T>, Error>,
+    ) -> Result<Waited<T, G>, Error> {
+        if !self.observer.is_set() {
+            return self.wait_in_queue(name, baton_key, claim, deadline, attempt);
+        }
+        let start = Instant::now();
+        self.observer.emit(|| Event::Parked { name });
+        let waited = self.wait_in_queue(name, baton_key, claim, deadline, attempt);
+        self.observer.emit(|| Event::Woken {
+            name,
+            waited: start.elapsed(),
+        });
+        waited
+    }
+
+    /// [`wait_until`](WaitingRoom::wait_until)'s work.
+    fn wait_in_queue<T>(
         &self,
         name: &str,
         baton_key: &str,

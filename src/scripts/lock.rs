@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{
-    millis, Call, ACQUIRE, FAIR_ACQUIRE, FAIR_FORCE_UNLOCK, FAIR_LEAVE, FAIR_RELEASE,
+    millis, Call, ACQUIRE, ACQUIRE_MANY, FAIR_ACQUIRE, FAIR_FORCE_UNLOCK, FAIR_LEAVE, FAIR_RELEASE,
     FAIR_RELEASE_REQUEST, FAIR_WAKE, FORCE_UNLOCK, HANDOFF, HOLDER, RELEASE, RELEASE_REQUEST,
     RENEW,
 };
@@ -61,6 +61,50 @@ pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
     } else {
         call.arg(args.proposed_token)
     }
+}
+
+/// What [`acquire_many`] asks for on each name, in the order of its keys.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ManyName<'a> {
+    pub(crate) keys: &'a LockKeys,
+    /// The lease of a fresh acquisition, or of the ownership re-entered.
+    pub(crate) lease: Duration,
+    /// The fencing token of the caller's live guards, 0 when it has none.
+    pub(crate) held_fence: u64,
+    /// The depth after this acquisition.
+    pub(crate) depth: usize,
+}
+
+/// What [`acquire_many`] asks for as a whole.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ManyArgs<'a> {
+    pub(crate) identity: &'a str,
+    pub(crate) fence_ttl: Duration,
+    /// The request's number, for undoing each name if the reply is lost.
+    pub(crate) request: u64,
+    /// Whether the caller has been waiting (others may wait behind it).
+    pub(crate) waited: bool,
+}
+
+/// The all-or-none acquisition of `names`, plain locks whose keys share
+/// one cluster slot.
+pub(crate) fn acquire_many(names: &[ManyName<'_>], args: ManyArgs<'_>) -> Call {
+    let mut call = Call::new(&ACQUIRE_MANY);
+    for name in names {
+        call = call.key(&name.keys.lock).key(&name.keys.fence);
+    }
+    call = call
+        .arg(args.identity)
+        .arg(millis(args.fence_ttl))
+        .arg(args.request)
+        .arg(if args.waited { "1" } else { "0" });
+    for name in names {
+        call = call
+            .arg(millis(name.lease))
+            .arg(name.held_fence)
+            .arg(name.depth);
+    }
+    call
 }
 
 /// What [`handoff`] asks for.

@@ -37,6 +37,41 @@ impl FromRedisValue for AcquireReply {
     }
 }
 
+/// What `lock/acquire_many.lua` answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ManyReply {
+    /// Every name taken or re-entered: (fence, depth) per name, in the
+    /// order of the call's names.
+    Acquired(Vec<(u64, u64)>),
+    /// The name at `index` (0-based) is held by another identity, whose
+    /// lease ends in `lease_left` (`None`: no expiry). Nothing was taken.
+    Held {
+        index: usize,
+        lease_left: Option<Duration>,
+    },
+}
+
+impl FromRedisValue for ManyReply {
+    fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
+        let reply: Vec<i64> = FromRedisValue::from_redis_value(value)?;
+        match reply[..] {
+            [0, index, pttl] if index >= 1 => Ok(ManyReply::Held {
+                index: usize::try_from(index - 1).unwrap_or(usize::MAX),
+                lease_left: u64::try_from(pttl).ok().map(Duration::from_millis),
+            }),
+            [1, ref pairs @ ..] if !pairs.is_empty() && pairs.len() % 2 == 0 => {
+                Ok(ManyReply::Acquired(
+                    pairs
+                        .chunks_exact(2)
+                        .map(|pair| (pair[0].unsigned_abs(), pair[1].unsigned_abs()))
+                        .collect(),
+                ))
+            }
+            _ => Err(unexpected("lock/acquire_many.lua", &reply)),
+        }
+    }
+}
+
 /// What `lock/release.lua` answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ReleaseReply {
@@ -254,6 +289,27 @@ mod tests {
             None
         );
         assert!(AcquireReply::from_redis_value(ints(&[7])).is_err());
+        assert_eq!(
+            ManyReply::from_redis_value(ints(&[1, 42, 1, 7, 2])).unwrap(),
+            ManyReply::Acquired(vec![(42, 1), (7, 2)])
+        );
+        assert_eq!(
+            ManyReply::from_redis_value(ints(&[0, 2, 900])).unwrap(),
+            ManyReply::Held {
+                index: 1,
+                lease_left: Some(Duration::from_millis(900))
+            }
+        );
+        assert_eq!(
+            ManyReply::from_redis_value(ints(&[0, 1, -1])).unwrap(),
+            ManyReply::Held {
+                index: 0,
+                lease_left: None
+            }
+        );
+        for bad in [&[1][..], &[1, 42], &[0, 0, 5], &[0, 1], &[2, 1, 1]] {
+            assert!(ManyReply::from_redis_value(ints(bad)).is_err(), "{bad:?}");
+        }
         assert_eq!(
             ReleaseReply::from_redis_value(Value::Int(-1)).unwrap(),
             ReleaseReply::NotOwner

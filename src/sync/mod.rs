@@ -22,7 +22,7 @@ pub(crate) mod rwlock;
 pub(crate) mod semaphore;
 
 pub use latch::CountDownLatch;
-pub use lock::{Holder, Lock, LockGuard, Owner};
+pub use lock::{Holder, Lock, LockGuard, MultiLock, MultiLockGuard, Owner};
 pub use rate_limit::{Rate, RateLimiter, RateMode};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};

@@ -5,13 +5,16 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::raw::{self, RawLock};
+use crossbeam_channel::Receiver;
+
+use super::raw::{self, RawLock, ReleaseOne};
 use crate::backend::{Failed, Sent};
 use crate::config::validate_lease;
 use crate::context::Context;
 use crate::error::Error;
 use crate::keys::LockKeys;
 use crate::lease::{earlier, Claim, Grant, LeaseMode, LeaseStatus};
+use crate::observe::{Event, HoldKind, LostReason};
 use crate::parking::Reservation;
 use crate::scripts::lock::HandoffArgs;
 use crate::scripts::reply::{HandoffReply, ReleaseReply};
@@ -51,6 +54,8 @@ pub struct LockGuard {
     keys: Arc<LockKeys>,
     ownership: Ownership,
     released: bool,
+    /// When the guard was made; measured only for the event hook.
+    acquired: Option<Instant>,
     /// `MutexGuard` is `!Send` (and `Sync`): the identity is the thread's.
     _not_send: PhantomData<std::sync::MutexGuard<'static, ()>>,
 }
@@ -62,13 +67,24 @@ impl LockGuard {
         keys: Arc<LockKeys>,
         ownership: Ownership,
     ) -> Self {
+        let acquired = context.observer().is_set().then(Instant::now);
         LockGuard {
             context,
             raw,
             keys,
             ownership,
             released: false,
+            acquired,
             _not_send: PhantomData,
+        }
+    }
+
+    /// What this guard holds, for events.
+    pub(super) fn kind(&self) -> HoldKind {
+        if self.keys.fair.is_some() {
+            HoldKind::FairLock
+        } else {
+            HoldKind::Lock
         }
     }
 
@@ -94,6 +110,49 @@ impl LockGuard {
     /// end the next moment.
     pub fn is_lost(&self) -> bool {
         self.ownership.status.is_lost()
+    }
+
+    /// A receiver that gets the [`LostReason`] once, when this hold is
+    /// found lost, so that a thread can block or `select!` on the loss
+    /// rather than poll [`is_lost`](LockGuard::is_lost): at once if it was
+    /// already found lost; within one watchdog round of the watchdog
+    /// finding a renewed lease gone, taken over, or unrenewable until its
+    /// end; at [`valid_until`](LockGuard::valid_until) for a fixed lease
+    /// (a later end, after `extend`). A refused `extend` sends it too.
+    ///
+    /// Releasing the last guard of the hold (`unlock`, or its drop)
+    /// disconnects the receiver without a message, whatever the release
+    /// finds: `recv()` then returns `Err`. Each call makes a receiver of
+    /// its own, each told once; nothing is made (no channel, no timer)
+    /// for a guard that never asks. Wrap it in a [`LostSignal`] to check
+    /// it repeatedly, or see [`Lock::using`](crate::Lock::using).
+    ///
+    /// [`LostSignal`]: crate::LostSignal
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn main() -> Result<(), redbaton::Error> {
+    /// # let client = redbaton::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.lock("leader")?.lock()?;
+    /// let lost = guard.lost();
+    /// // Lead until the lock is lost (or for an hour).
+    /// match lost.recv_timeout(Duration::from_secs(3600)) {
+    ///     Ok(reason) => eprintln!("no longer the leader: {reason}"),
+    ///     Err(_) => guard.unlock()?,
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lost(&self) -> Receiver<LostReason> {
+        let ownership = &self.ownership;
+        self.context.lost_signal(
+            &ownership.status,
+            ownership.mode,
+            &self.keys.name,
+            self.kind(),
+        )
     }
 
     /// When this hold ends at the latest unless its lease is renewed, by
@@ -138,7 +197,7 @@ impl LockGuard {
             ownership.status.lives_from(earlier(sent, margin), lease);
             Ok(())
         } else {
-            Err(self.lost())
+            Err(self.lost_error())
         }
     }
 
@@ -157,7 +216,7 @@ impl LockGuard {
                 // PERSIST on the key, and it will not end by itself.
                 Ok(holder.remaining_lease.unwrap_or(Duration::MAX))
             }
-            _ => Err(self.lost()),
+            _ => Err(self.lost_error()),
         }
     }
 
@@ -179,6 +238,44 @@ impl LockGuard {
     }
 
     fn release(&mut self) -> Result<(), Error> {
+        let released = self.release_once();
+        self.announce_release(&released);
+        released
+    }
+
+    /// Tells the event hook of a release that came to `released`.
+    pub(super) fn announce_release(&self, released: &Result<(), Error>) {
+        if let (Ok(()), Some(acquired)) = (released, self.acquired) {
+            self.context.observer().emit(|| Event::Released {
+                name: &self.keys.name,
+                kind: self.kind(),
+                held: acquired.elapsed(),
+            });
+        }
+    }
+
+    fn release_once(&mut self) -> Result<(), Error> {
+        let Some(left) = self.leave()? else {
+            return Ok(());
+        };
+        let sent = Instant::now();
+        let ownership = &self.ownership;
+        let released = self.raw.release(
+            &self.keys,
+            &ownership.identity,
+            ownership.fence,
+            left,
+            ownership.mode.lease(),
+        );
+        self.settle_release(released, left, sent)
+    }
+
+    /// The release up to what it sends to Redis: withdraws from the
+    /// watchdog and, for the last guard, hands the lock to a waiter of this
+    /// process if there is one. `Some(left)`: a release leaving `left`
+    /// guards must now be sent (and settled with
+    /// [`settle_release`](LockGuard::settle_release)); `None`: done.
+    pub(super) fn leave(&mut self) -> Result<Option<usize>, Error> {
         self.released = true;
         let context = &self.context;
         let ownership = &self.ownership;
@@ -190,33 +287,42 @@ impl LockGuard {
                 .leases
                 .registry
                 .leave(&self.keys.lock, &ownership.identity, &ownership.status);
+        if !matches!(left, Some(left) if left > 0) {
+            // The hold ends here: its loss signal is disconnected, never
+            // told (what the release finds is this caller's to hear).
+            ownership.status.close_signal();
+        }
         // Out of time by this clock is not enough to skip the release: the
         // lease may still run in Redis (the clock margin, a renewal on its
         // way), and the release script checks the owner anyway.
         let Some(left) = left.filter(|_| !ownership.status.is_marked_lost()) else {
-            return Err(self.lost());
+            return Err(self.lost_error());
         };
         if left == 0 {
             // The last guard: hand the lock to a waiter of this process if
             // there is one (and the run of local hand-offs is not too long).
             if let Some(reservation) = context.lock_room.reserve(&self.keys.baton) {
-                return self.hand_off(reservation);
+                return self.hand_off(reservation).map(|()| None);
             }
             context.lock_room.released_globally(&self.keys.baton);
         }
-        let sent = Instant::now();
-        let released = self.raw.release(
-            &self.keys,
-            &ownership.identity,
-            ownership.fence,
-            left,
-            ownership.mode.lease(),
-        );
-        self.settle_release(released, left, sent)
+        Ok(Some(left))
+    }
+
+    /// The release [`leave`](LockGuard::leave) asked for, leaving `left`
+    /// guards, for a batch of releases sent together.
+    pub(super) fn release_one(&self, left: usize) -> ReleaseOne<'_> {
+        ReleaseOne {
+            keys: &self.keys,
+            identity: &self.ownership.identity,
+            fence: self.ownership.fence,
+            guards_left: left,
+            lease: self.ownership.mode.lease(),
+        }
     }
 
     /// What a release sent at `sent`, leaving `left` guards, came to.
-    fn settle_release(
+    pub(super) fn settle_release(
         &self,
         released: Result<Sent<ReleaseReply>, Failed>,
         left: usize,
@@ -256,7 +362,7 @@ impl LockGuard {
             Ok(Sent {
                 value: ReleaseReply::NotOwner,
                 ..
-            }) => Err(self.lost()),
+            }) => Err(self.lost_error()),
             Err(failed) => {
                 // A last release that did not land is finished in the
                 // background, so that the lock is free as soon as Redis
@@ -335,7 +441,7 @@ impl LockGuard {
                 ..
             }) => {
                 reservation.fail();
-                Err(self.lost())
+                Err(self.lost_error())
             }
             Err(failed) => {
                 // Free the lock from this ownership if it still has it, and
@@ -358,10 +464,15 @@ impl LockGuard {
     }
 
     /// Marks this ownership lost and makes the error for it.
-    fn lost(&self) -> Error {
+    fn lost_error(&self) -> Error {
         let ownership = &self.ownership;
-        if ownership.status.mark_lost() {
+        if ownership.status.mark_lost(LostReason::NotHeld) {
             log::warn!("redbaton: lock {:?} was lost", self.keys.name);
+            self.context.observer().emit(|| Event::Lost {
+                name: &self.keys.name,
+                kind: self.kind(),
+                reason: LostReason::NotHeld,
+            });
         }
         self.context.leases.registry.forget(
             &self.keys.lock,

@@ -4,6 +4,7 @@
 //! on each other's internals.
 
 mod guard;
+mod multi;
 #[cfg(feature = "redlock")]
 mod quorum;
 mod raw;
@@ -19,11 +20,13 @@ use crate::context::Context;
 use crate::error::Error;
 use crate::keys::LockKeys;
 use crate::lease::{earlier, Claim, LeaseMode, Leased, RenewLeases};
+use crate::observe::{Acquisition, Event, HoldKind, LostSignal};
 use crate::parking::{self, Attempt, Waited};
 use crate::scripts::lock::AcquireArgs;
 use crate::scripts::reply::AcquireReply;
 
 pub use guard::LockGuard;
+pub use multi::{MultiLock, MultiLockGuard};
 #[cfg(feature = "redlock")]
 pub(crate) use quorum::QuorumLock;
 pub(crate) use raw::{DeploymentLock, RawLock};
@@ -68,8 +71,14 @@ pub struct Lock {
 
 impl Lock {
     pub(crate) fn new(context: Arc<Context>, raw: Arc<dyn RawLock>, keys: LockKeys) -> Lock {
+        let kind = if keys.fair.is_some() {
+            HoldKind::FairLock
+        } else {
+            HoldKind::Lock
+        };
         let leased = Leased {
             name: keys.name.as_str().into(),
+            kind,
             key: keys.lock.as_str().into(),
             renewer: Arc::clone(&raw) as Arc<dyn RenewLeases>,
         };
@@ -207,9 +216,12 @@ impl Lock {
     /// # Errors
     /// As [`lock`](Lock::lock).
     pub fn try_lock(&self) -> Result<Option<LockGuard>, Error> {
+        let start = self.context.observer().is_set().then(Instant::now);
         let identity = self.context.identity()?;
         match self.attempt(&identity, false, &mut 0)? {
-            Attempt::Acquired(guard) => Ok(Some(guard)),
+            Attempt::Acquired(guard) => {
+                Ok(Some(self.acquired(guard, start, Acquisition::FirstAttempt)))
+            }
             Attempt::Held { .. } => Ok(None),
         }
     }
@@ -263,6 +275,45 @@ impl Lock {
         Ok(value)
     }
 
+    /// Runs `work` holding the lock, with a [`LostSignal`] it can check or
+    /// wait on to stop early if the lock is lost meanwhile (the guard's
+    /// [`lost`](LockGuard::lost) signal: a renewal that found the lock
+    /// gone or taken over, Redis unreachable until the lease ended, a
+    /// fixed lease's end), then releases the lock and returns `work`'s
+    /// value.
+    ///
+    /// # Errors
+    /// As [`lock`](Lock::lock); and, as for
+    /// [`with_lock`](Lock::with_lock), [`Error::LockLost`] when the lock
+    /// was no longer this thread's at release, and Redis failures of the
+    /// release: the value is dropped then, because the work may have
+    /// overlapped another holder's.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redbaton::Error> {
+    /// # let client = redbaton::Client::open("redis://127.0.0.1/")?;
+    /// let lock = client.lock("compaction")?;
+    /// let compacted = lock.using(|lost| {
+    ///     let mut segments = 0;
+    ///     while segments < 8 && !lost.is_lost() {
+    ///         segments += 1; // ... compact one segment ...
+    ///     }
+    ///     segments
+    /// })?;
+    /// # let _ = compacted;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn using<T>(&self, work: impl FnOnce(&LostSignal) -> T) -> Result<T, Error> {
+        let guard = self.lock()?;
+        let signal = LostSignal::new(guard.lost());
+        let value = work(&signal);
+        guard.unlock()?;
+        Ok(value)
+    }
+
     /// Whether anyone holds the lock right now. One `EXISTS`; the answer may
     /// be stale by the time it arrives.
     ///
@@ -302,6 +353,7 @@ impl Lock {
 
     /// The first attempt, then the wait loop until `deadline`.
     fn acquire(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>, Error> {
+        let start = self.context.observer().is_set().then(Instant::now);
         let context = &self.context;
         let identity =
             parking::ride_out(deadline, context.config.io_timeout, || context.identity())?;
@@ -314,7 +366,9 @@ impl Lock {
             .is_some();
         if holds || !context.lock_room.has_waiters(&self.keys.baton) {
             match self.attempt(&identity, false, &mut 0) {
-                Ok(Attempt::Acquired(guard)) => return Ok(Some(guard)),
+                Ok(Attempt::Acquired(guard)) => {
+                    return Ok(Some(self.acquired(guard, start, Acquisition::FirstAttempt)))
+                }
                 Ok(Attempt::Held { .. }) => {}
                 // The wait loop rides out a failing Redis within the
                 // deadline, as it does for its own attempts.
@@ -349,12 +403,28 @@ impl Lock {
             }
         }
         Ok(match waited? {
-            Waited::Acquired(guard) => Some(guard),
+            Waited::Acquired(guard) => Some(self.acquired(guard, start, Acquisition::AfterWaiting)),
             Waited::Granted(grant) => {
-                Some(self.guard(&identity, grant.fence, self.mode(), grant.sent))
+                let guard = self.guard(&identity, grant.fence, self.mode(), grant.sent);
+                Some(self.acquired(guard, start, Acquisition::LocalHandoff))
             }
             Waited::TimedOut => None,
         })
+    }
+
+    /// Tells the event hook of `guard`, got `how` after a call that
+    /// started at `start` (`None`: no hook was set then).
+    fn acquired(&self, guard: LockGuard, start: Option<Instant>, how: Acquisition) -> LockGuard {
+        if let Some(start) = start {
+            self.context.observer().emit(|| Event::Acquired {
+                name: &self.keys.name,
+                kind: guard.kind(),
+                waited: start.elapsed(),
+                fencing_token: Some(guard.fencing_token()),
+                how,
+            });
+        }
+        guard
     }
 
     /// The list a waiter parks on: the lock's baton, shared by all its

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::{ServerErrorKind, Value};
+use redis::{FromRedisValue, ServerErrorKind, Value};
 
 use crate::backend::{Backend, Failed, Sent};
 use crate::config::{Config, ReplicaAcks};
@@ -23,9 +23,10 @@ use crate::lease::confirm;
 use crate::lease::{
     is_redirection, renew_by_shard, renew_outcome, Cleanup, RenewLeases, RenewOutcome, RenewRequest,
 };
-use crate::scripts::lock::{self as calls, AcquireArgs, HandoffArgs};
+use crate::observe::LostReason;
+use crate::scripts::lock::{self as calls, AcquireArgs, HandoffArgs, ManyArgs, ManyName};
 use crate::scripts::reply::{
-    AcquireReply, Done, FairReply, HandoffReply, HolderReply, HolderRow, ReleaseReply,
+    AcquireReply, Done, FairReply, HandoffReply, HolderReply, HolderRow, ManyReply, ReleaseReply,
 };
 use crate::scripts::Call;
 
@@ -87,6 +88,46 @@ pub(crate) trait RawLock: RenewLeases {
     /// Takes, re-enters, or reports the holder's lease left.
     fn attempt(&self, keys: &LockKeys, args: AcquireArgs<'_>) -> Result<AcquireReply, Failed>;
 
+    /// Takes or re-enters every one of `names` (plain locks whose keys
+    /// share one cluster slot, at least one) in one atomic exchange, or
+    /// none of them: then reports the first name held by another. By
+    /// default (a quorum, whose multi-locks go one name at a time) one name
+    /// only, through [`RawLock::attempt`]; one deployment takes any number.
+    fn attempt_many(
+        &self,
+        names: &[ManyName<'_>],
+        args: ManyArgs<'_>,
+    ) -> Result<ManyReply, Failed> {
+        let [name] = names else {
+            return Err(Failed {
+                error: Error::InvalidConfig(format!(
+                    "this deployment takes the names of a multi-lock one at a time, not {}",
+                    names.len()
+                )),
+                outcome_unknown: false,
+            });
+        };
+        let one = AcquireArgs {
+            identity: args.identity,
+            lease: name.lease,
+            held_fence: name.held_fence,
+            depth: name.depth,
+            fence_ttl: args.fence_ttl,
+            request: args.request,
+            waited: args.waited,
+            place_ttl: Duration::ZERO,
+            arrival: 0,
+            proposed_token: 0,
+        };
+        Ok(match self.attempt(name.keys, one)? {
+            AcquireReply::Acquired { fence, depth } => ManyReply::Acquired(vec![(fence, depth)]),
+            AcquireReply::Held { lease_left, .. } => ManyReply::Held {
+                index: 0,
+                lease_left,
+            },
+        })
+    }
+
     /// Releases one level of the ownership `fence` of `identity`, which
     /// keeps `guards_left` guards and whose lease is `lease`.
     fn release(
@@ -97,6 +138,16 @@ pub(crate) trait RawLock: RenewLeases {
         guards_left: usize,
         lease: Duration,
     ) -> Result<Sent<ReleaseReply>, Failed>;
+
+    /// Sends `batch` (releases of plain locks whose keys share one cluster
+    /// slot): one result per release, in order. By default one release
+    /// after the other; one deployment sends them together.
+    fn release_many(&self, batch: &[ReleaseOne<'_>]) -> Vec<Result<Sent<ReleaseReply>, Failed>> {
+        batch
+            .iter()
+            .map(|r| self.release(r.keys, r.identity, r.fence, r.guards_left, r.lease))
+            .collect()
+    }
 
     /// Sends the last release of the ownership `fence` of `identity` again
     /// (for a clean-up): done once the current master does not have it,
@@ -162,6 +213,17 @@ pub(crate) trait RawLock: RenewLeases {
         let _ = (keys, identity);
         Ok(())
     }
+}
+
+/// One release of a batch ([`RawLock::release_many`]): as the arguments
+/// of [`RawLock::release`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReleaseOne<'a> {
+    pub(crate) keys: &'a LockKeys,
+    pub(crate) identity: &'a str,
+    pub(crate) fence: u64,
+    pub(crate) guards_left: usize,
+    pub(crate) lease: Duration,
 }
 
 /// What a clean-up's sends of a release or an undo achieved so far: on a
@@ -374,6 +436,75 @@ impl RawLock for DeploymentLock {
         }
     }
 
+    fn attempt_many(
+        &self,
+        names: &[ManyName<'_>],
+        args: ManyArgs<'_>,
+    ) -> Result<ManyReply, Failed> {
+        let Some(first) = names.first() else {
+            return Ok(ManyReply::Acquired(Vec::new()));
+        };
+        // As for one name: only fresh ownerships need the replicas, and
+        // when they fall short every name this request took is undone on
+        // the same connection.
+        let fresh = |reply: &ManyReply| matches!(reply, ManyReply::Acquired(pairs) if pairs.iter().any(|&(_, depth)| depth == 1));
+        let undo: Vec<Call> = names
+            .iter()
+            .map(|name| {
+                calls::release_request(
+                    name.keys,
+                    args.identity,
+                    args.request,
+                    self.baton_ttl,
+                    false,
+                )
+            })
+            .collect();
+        let confirmed = self.call_confirmed(
+            At::lock(first.keys),
+            &calls::acquire_many(names, args),
+            fresh,
+            |c| {
+                for call in &undo {
+                    call.invoke::<Done>(c)?;
+                }
+                Ok(())
+            },
+        );
+        let count = names.len();
+        let answered = match &confirmed {
+            Ok(Sent {
+                value: (ManyReply::Acquired(pairs), _),
+                ..
+            }) => pairs.len() == count,
+            Ok(Sent {
+                value: (ManyReply::Held { index, .. }, _),
+                ..
+            }) => *index < count,
+            Err(_) => true,
+        };
+        if !answered {
+            // Our bug, or someone else's script under our name: reported,
+            // never read as a partial grant.
+            let source = redis::RedisError::from((
+                redis::ErrorKind::Parse,
+                "unexpected reply",
+                format!("lock/acquire_many.lua answered out of its {count} names"),
+            ));
+            return Err(Failed {
+                error: Error::Redis { source },
+                outcome_unknown: true,
+            });
+        }
+        match confirmed?.value {
+            (reply, None) => Ok(reply),
+            (_, Some(acknowledged)) => Err(Failed {
+                error: self.not_replicated(acknowledged),
+                outcome_unknown: false,
+            }),
+        }
+    }
+
     fn release(
         &self,
         keys: &LockKeys,
@@ -404,6 +535,79 @@ impl RawLock for DeploymentLock {
             value: sent.value.reply,
             resent: sent.resent,
         })
+    }
+
+    /// One pipeline, one round trip, for the whole batch. Under
+    /// `replica_acks` (each last release confirmed on its own) and for fair
+    /// locks (whose releases name a waiter to wake), one by one.
+    fn release_many(&self, batch: &[ReleaseOne<'_>]) -> Vec<Result<Sent<ReleaseReply>, Failed>> {
+        let one_by_one = batch.len() < 2
+            || self.acks.is_some()
+            || batch.iter().any(|release| release.keys.fair.is_some());
+        if one_by_one {
+            return batch
+                .iter()
+                .map(|r| self.release(r.keys, r.identity, r.fence, r.guards_left, r.lease))
+                .collect();
+        }
+        let calls: Vec<Call> = batch
+            .iter()
+            .map(|r| {
+                calls::release(
+                    r.keys,
+                    r.identity,
+                    r.fence,
+                    r.guards_left,
+                    r.lease,
+                    self.baton_ttl,
+                )
+            })
+            .collect();
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for call in &calls {
+            call.add_to(&mut pipe);
+        }
+        let first = batch[0].keys;
+        // Sending the pipeline twice (after NOSCRIPT, or on a fresh
+        // connection) is safe: each release sets the depth it leaves, and
+        // a last release sent again is told "not the owner" (`resent`).
+        let sent = self.backend.exchange(&first.lock, &first.name, |c| {
+            let mut values: Vec<Value> = pipe.query(c)?;
+            if forgot_script(&values) {
+                calls[0].load(c)?;
+                values = pipe.query(c)?;
+            }
+            if values.len() != calls.len() {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "unexpected reply",
+                    format!("{} replies to {} releases", values.len(), calls.len()),
+                )));
+            }
+            values
+                .into_iter()
+                .map(|value| {
+                    let value = value.extract_error()?;
+                    Ok(ReleaseReply::from_redis_value(value)?)
+                })
+                .collect::<redis::RedisResult<Vec<ReleaseReply>>>()
+        });
+        match sent {
+            Ok(Sent { value, resent }) => value
+                .into_iter()
+                .map(|value| Ok(Sent { value, resent }))
+                .collect(),
+            Err(failed) => batch
+                .iter()
+                .map(|_| {
+                    Err(Failed {
+                        error: failed.error.clone(),
+                        outcome_unknown: failed.outcome_unknown,
+                    })
+                })
+                .collect(),
+        }
     }
 
     fn release_again(
@@ -534,6 +738,19 @@ impl RenewLeases for DeploymentLock {
     fn renew_round(&self, requests: &[RenewRequest<'_>]) -> Vec<RenewOutcome> {
         renew_by_shard(&self.backend, requests, |batch| self.renew_shard(batch))
     }
+
+    /// The key is gone, or holds another ownership (whatever it holds:
+    /// renew.lua found it not this one's).
+    fn why_lost(&self, request: &RenewRequest<'_>) -> LostReason {
+        let exists = self.backend.run(request.key, request.name, |c| {
+            redis::cmd("EXISTS").arg(request.key).query::<bool>(c)
+        });
+        match exists {
+            Ok(true) => LostReason::TakenOver,
+            Ok(false) => LostReason::Gone,
+            Err(_) => LostReason::NotHeld,
+        }
+    }
 }
 
 impl DeploymentLock {
@@ -575,11 +792,6 @@ impl DeploymentLock {
         if let Some(acks) = self.acks {
             pipe.add_command(wait_command(acks));
         }
-        let forgot = |values: &[Value]| {
-            values.iter().any(|value| {
-                matches!(value, Value::ServerError(err) if err.kind() == Some(ServerErrorKind::NoScript))
-            })
-        };
         let key = requests[0].key;
         let replies = self.backend.run(key, "(watchdog renewal)", |c| {
             if !self.renew_loaded.load(Ordering::Relaxed) {
@@ -587,7 +799,7 @@ impl DeploymentLock {
                 self.renew_loaded.store(true, Ordering::Relaxed);
             }
             let values: Vec<Value> = pipe.query(c)?;
-            if !forgot(&values) {
+            if !forgot_script(&values) {
                 return Ok(values);
             }
             first.load(c)?;
@@ -647,6 +859,14 @@ impl<'a> At<'a> {
             name: &keys.name,
         }
     }
+}
+
+/// Whether a pipeline's replies say the server does not have the script
+/// (after a restart or `SCRIPT FLUSH`): load it and send the pipeline again.
+fn forgot_script(values: &[Value]) -> bool {
+    values.iter().any(|value| {
+        matches!(value, Value::ServerError(err) if err.kind() == Some(ServerErrorKind::NoScript))
+    })
 }
 
 /// `WAIT replicas timeout`: how many replicas have every write this

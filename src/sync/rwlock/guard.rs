@@ -7,11 +7,14 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crossbeam_channel::Receiver;
+
 use super::raw::{self, Kind, RawRwLock};
 use crate::context::Context;
 use crate::error::Error;
 use crate::keys::RwKeys;
 use crate::lease::{LeaseMode, LeaseStatus};
+use crate::observe::{Acquisition, Event, HoldKind, LostReason};
 use crate::scripts::reply::ReleaseReply;
 
 /// One guard's share of a hold: a read hold or the write hold of one
@@ -30,9 +33,25 @@ pub(super) struct Hold {
     /// Shared by the guards of this hold (re-entry) and the watchdog.
     pub(super) status: Arc<LeaseStatus>,
     pub(super) released: bool,
+    /// When the hold was made; measured only for the event hook.
+    pub(super) acquired: Option<Instant>,
 }
 
 impl Hold {
+    /// What is held, for events.
+    fn hold_kind(&self) -> HoldKind {
+        match self.kind {
+            Kind::Read => HoldKind::Read,
+            Kind::Write => HoldKind::Write,
+        }
+    }
+
+    /// A receiver of this hold's loss signal (see `LockGuard::lost`).
+    fn lost_signal(&self) -> Receiver<LostReason> {
+        self.context
+            .lost_signal(&self.status, self.mode, &self.keys.name, self.hold_kind())
+    }
+
     /// The key the hold's lease lives on (and the registry files it under).
     fn lease_key(&self) -> &str {
         match self.kind {
@@ -41,7 +60,33 @@ impl Hold {
         }
     }
 
+    /// Tells the event hook of this hold, got `how` after a call that
+    /// started at `start` (`None`: no hook was set then).
+    fn announce(&self, start: Option<Instant>, how: Acquisition) {
+        if let Some(start) = start {
+            self.context.observer().emit(|| Event::Acquired {
+                name: &self.keys.name,
+                kind: self.hold_kind(),
+                waited: start.elapsed(),
+                fencing_token: (self.kind == Kind::Write).then_some(self.token),
+                how,
+            });
+        }
+    }
+
     fn release(&mut self) -> Result<(), Error> {
+        let released = self.release_once();
+        if let (Ok(()), Some(acquired)) = (&released, self.acquired) {
+            self.context.observer().emit(|| Event::Released {
+                name: &self.keys.name,
+                kind: self.hold_kind(),
+                held: acquired.elapsed(),
+            });
+        }
+        released
+    }
+
+    fn release_once(&mut self) -> Result<(), Error> {
         self.released = true;
         let context = &self.context;
         // Withdraw from the watchdog first, so that it stops renewing.
@@ -49,6 +94,10 @@ impl Hold {
             .leases
             .registry
             .leave(self.lease_key(), &self.identity, &self.status);
+        if !matches!(left, Some(left) if left > 0) {
+            // The hold ends here: its loss signal is disconnected, untold.
+            self.status.close_signal();
+        }
         let Some(left) = left.filter(|_| !self.status.is_marked_lost()) else {
             return Err(self.lost());
         };
@@ -96,8 +145,13 @@ impl Hold {
 
     /// Marks this hold lost and makes the error for it.
     fn lost(&self) -> Error {
-        if self.status.mark_lost() {
+        if self.status.mark_lost(LostReason::NotHeld) {
             log::warn!("redbaton: read-write lock {:?} was lost", self.keys.name);
+            self.context.observer().emit(|| Event::Lost {
+                name: &self.keys.name,
+                kind: self.hold_kind(),
+                reason: LostReason::NotHeld,
+            });
         }
         self.context
             .leases
@@ -192,6 +246,21 @@ macro_rules! hold_accessors {
             /// not a promise: the lease may end the next moment.
             pub fn is_lost(&self) -> bool {
                 self.hold.status.is_lost()
+            }
+
+            /// A receiver that gets the [`LostReason`] once, when this
+            /// hold is found lost, to block or `select!` on; disconnected
+            /// without a message when the hold's last guard releases. As
+            /// [`LockGuard::lost`](crate::LockGuard::lost), whose
+            /// documentation says when it fires.
+            pub fn lost(&self) -> Receiver<LostReason> {
+                self.hold.lost_signal()
+            }
+
+            /// Tells the event hook of this guard (see `Hold::announce`).
+            pub(super) fn announced(self, start: Option<Instant>, how: Acquisition) -> Self {
+                self.hold.announce(start, how);
+                self
             }
 
             /// When this hold ends at the latest unless its lease is

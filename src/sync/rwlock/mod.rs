@@ -23,6 +23,7 @@ use crate::context::Context;
 use crate::error::Error;
 use crate::keys::RwKeys;
 use crate::lease::{LeaseMode, Leased, RenewLeases};
+use crate::observe::{Acquisition, HoldKind};
 use crate::parking::{self, Attempt, Waited};
 use crate::scripts::rwlock::{ReadArgs, RwAcquireReply, WriteArgs};
 
@@ -117,13 +118,14 @@ impl RwProtocol {
 
 impl RwLock {
     pub(crate) fn new(context: Arc<Context>, protocol: &RwProtocol, keys: RwKeys) -> RwLock {
-        let leased = |key: &str, renewer: &Arc<dyn RenewLeases>| Leased {
+        let leased = |kind, key: &str, renewer: &Arc<dyn RenewLeases>| Leased {
             name: keys.name.as_str().into(),
+            kind,
             key: key.into(),
             renewer: Arc::clone(renewer),
         };
-        let read_leased = leased(&keys.readers, &protocol.read);
-        let write_leased = leased(&keys.write, &protocol.write);
+        let read_leased = leased(HoldKind::Read, &keys.readers, &protocol.read);
+        let write_leased = leased(HoldKind::Write, &keys.write, &protocol.write);
         RwLock {
             context,
             raw: Arc::clone(&protocol.raw),
@@ -197,9 +199,10 @@ impl RwLock {
     /// # Errors
     /// As [`read`](RwLock::read).
     pub fn try_read(&self) -> Result<Option<ReadGuard>, Error> {
+        let start = self.context.observer().is_set().then(Instant::now);
         let identity = self.context.identity()?;
         match self.attempt_read(&identity, false)? {
-            Attempt::Acquired(guard) => Ok(Some(guard)),
+            Attempt::Acquired(guard) => Ok(Some(guard.announced(start, Acquisition::FirstAttempt))),
             Attempt::Held { .. } => Ok(None),
         }
     }
@@ -254,9 +257,10 @@ impl RwLock {
     /// # Errors
     /// As [`write`](RwLock::write).
     pub fn try_write(&self) -> Result<Option<WriteGuard>, Error> {
+        let start = self.context.observer().is_set().then(Instant::now);
         let identity = self.context.identity()?;
         match self.attempt_write(&identity, false)? {
-            Attempt::Acquired(guard) => Ok(Some(guard)),
+            Attempt::Acquired(guard) => Ok(Some(guard.announced(start, Acquisition::FirstAttempt))),
             Attempt::Held { .. } => Ok(None),
         }
     }
@@ -286,6 +290,17 @@ impl RwLock {
 
     /// The first read attempt, then the wait loop until `deadline`.
     fn acquire_read(&self, deadline: Option<Instant>) -> Result<Option<ReadGuard>, Error> {
+        let start = self.context.observer().is_set().then(Instant::now);
+        let acquired = self.first_read_then_wait(deadline)?;
+        Ok(acquired.map(|(guard, how)| guard.announced(start, how)))
+    }
+
+    /// [`acquire_read`](RwLock::acquire_read)'s work: the guard, and how
+    /// it was got.
+    fn first_read_then_wait(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<Option<(ReadGuard, Acquisition)>, Error> {
         let context = &self.context;
         let identity =
             parking::ride_out(deadline, context.config.io_timeout, || context.identity())?;
@@ -295,7 +310,9 @@ impl RwLock {
         let holds = self.holds(Kind::Read, &identity) || self.holds(Kind::Write, &identity);
         if holds || !context.room.has_waiters(&self.keys.read_baton) {
             match self.attempt_read(&identity, false) {
-                Ok(Attempt::Acquired(guard)) => return Ok(Some(guard)),
+                Ok(Attempt::Acquired(guard)) => {
+                    return Ok(Some((guard, Acquisition::FirstAttempt)))
+                }
                 Ok(Attempt::Held { .. }) => {}
                 Err(err) if err.is_transient() => {
                     log::debug!(
@@ -315,7 +332,7 @@ impl RwLock {
                 || self.attempt_read(&identity, true),
             )?;
             match waited {
-                Waited::Acquired(guard) => return Ok(Some(guard)),
+                Waited::Acquired(guard) => return Ok(Some((guard, Acquisition::AfterWaiting))),
                 Waited::TimedOut => return Ok(None),
                 // Nothing is handed over locally in this room.
                 Waited::Granted(()) => {}
@@ -326,6 +343,17 @@ impl RwLock {
     /// The first write attempt, then the wait loop until `deadline`; a
     /// writer that gives up leaves its place.
     fn acquire_write(&self, deadline: Option<Instant>) -> Result<Option<WriteGuard>, Error> {
+        let start = self.context.observer().is_set().then(Instant::now);
+        let acquired = self.first_write_then_wait(deadline)?;
+        Ok(acquired.map(|(guard, how)| guard.announced(start, how)))
+    }
+
+    /// [`acquire_write`](RwLock::acquire_write)'s work: the guard, and how
+    /// it was got.
+    fn first_write_then_wait(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<Option<(WriteGuard, Acquisition)>, Error> {
         let context = &self.context;
         let identity =
             parking::ride_out(deadline, context.config.io_timeout, || context.identity())?;
@@ -338,7 +366,9 @@ impl RwLock {
             let queue = deadline.is_none_or(|deadline| deadline > Instant::now());
             placed = queue;
             match self.attempt_write(&identity, queue) {
-                Ok(Attempt::Acquired(guard)) => return Ok(Some(guard)),
+                Ok(Attempt::Acquired(guard)) => {
+                    return Ok(Some((guard, Acquisition::FirstAttempt)))
+                }
                 Ok(Attempt::Held { .. }) => {}
                 Err(err) if err.is_transient() => {
                     log::debug!(
@@ -366,7 +396,7 @@ impl RwLock {
             }
         };
         match waited {
-            Ok(Waited::Acquired(guard)) => Ok(Some(guard)),
+            Ok(Waited::Acquired(guard)) => Ok(Some((guard, Acquisition::AfterWaiting))),
             other => {
                 if placed {
                     // Best effort: a place left behind ends by itself
@@ -506,6 +536,7 @@ impl RwLock {
                     mode,
                     status,
                     released: false,
+                    acquired: self.context.observer().is_set().then(Instant::now),
                 }))
             }
             Ok(RwAcquireReply::Held { lease_left }) => Ok(Attempt::Held { lease_left }),

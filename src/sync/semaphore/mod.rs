@@ -16,6 +16,7 @@ use crate::context::Context;
 use crate::error::Error;
 use crate::keys::SemaphoreKeys;
 use crate::lease::{LeaseMode, Leased, RenewLeases};
+use crate::observe::Acquisition;
 use crate::parking::{self, Attempt, Waited};
 use crate::scripts::semaphore::{
     AcquireArgs, AcquireReply, Adjust, Refusal, StateReply, TotalReply,
@@ -96,6 +97,7 @@ impl Semaphore {
     ) -> Semaphore {
         let leased = Leased {
             name: keys.name.as_str().into(),
+            kind: crate::observe::HoldKind::Permits,
             key: keys.holders.as_str().into(),
             renewer: Arc::clone(&raw) as Arc<dyn RenewLeases>,
         };
@@ -262,9 +264,12 @@ impl Semaphore {
     /// As [`acquire_many`](Semaphore::acquire_many).
     pub fn try_acquire_many(&self, permits: u64) -> Result<Option<SemaphorePermit>, Error> {
         check_permits(permits)?;
+        let start = self.context.observer().is_set().then(Instant::now);
         let identity = self.context.identity()?;
         match self.attempt(&identity, permits, None)? {
-            Attempt::Acquired(permit) => Ok(Some(permit)),
+            Attempt::Acquired(permit) => {
+                Ok(Some(permit.announced(start, Acquisition::FirstAttempt)))
+            }
             Attempt::Held { .. } => Ok(None),
         }
     }
@@ -358,6 +363,18 @@ impl Semaphore {
         permits: u64,
         deadline: Option<Instant>,
     ) -> Result<Option<SemaphorePermit>, Error> {
+        let start = self.context.observer().is_set().then(Instant::now);
+        let acquired = self.first_then_wait(permits, deadline)?;
+        Ok(acquired.map(|(permit, how)| permit.announced(start, how)))
+    }
+
+    /// [`acquire_until`](Semaphore::acquire_until)'s work: the permit, and
+    /// how it was got.
+    fn first_then_wait(
+        &self,
+        permits: u64,
+        deadline: Option<Instant>,
+    ) -> Result<Option<(SemaphorePermit, Acquisition)>, Error> {
         let context = &self.context;
         let identity =
             parking::ride_out(deadline, context.config.io_timeout, || context.identity())?;
@@ -370,7 +387,9 @@ impl Semaphore {
         if !context.room.has_waiters(&self.keys.baton) {
             placed.set(true);
             match self.attempt(&identity, permits, Some(&place)) {
-                Ok(Attempt::Acquired(permit)) => return Ok(Some(permit)),
+                Ok(Attempt::Acquired(permit)) => {
+                    return Ok(Some((permit, Acquisition::FirstAttempt)))
+                }
                 Ok(Attempt::Held { .. }) => {}
                 Err(err) if err.is_transient() => {
                     log::debug!("redbaton: first attempt on {:?} failed: {err}", self.name());
@@ -386,12 +405,12 @@ impl Semaphore {
                     self.attempt(&identity, permits, Some(&place))
                 });
         match waited {
-            Ok(Waited::Acquired(permit)) => Ok(Some(permit)),
+            Ok(Waited::Acquired(permit)) => Ok(Some((permit, Acquisition::AfterWaiting))),
             // Nobody hands permits over locally: a grant is only a reason
             // to look again.
             Ok(Waited::Granted(())) => {
                 self.leave(&place, placed.get());
-                self.acquire_until(permits, deadline)
+                self.first_then_wait(permits, deadline)
             }
             Ok(Waited::TimedOut) => {
                 self.leave(&place, placed.get());

@@ -5,12 +5,15 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crossbeam_channel::Receiver;
+
 use super::raw::{self, RawSemaphore};
 use crate::backend::Sent;
 use crate::context::Context;
 use crate::error::Error;
 use crate::keys::SemaphoreKeys;
 use crate::lease::{LeaseMode, LeaseStatus};
+use crate::observe::{Acquisition, Event, HoldKind, LostReason};
 use crate::scripts::semaphore::ReleaseReply;
 
 /// What one acquisition holds.
@@ -52,6 +55,8 @@ pub struct SemaphorePermit {
     keys: Arc<SemaphoreKeys>,
     held: Held,
     released: bool,
+    /// When the permit was made; measured only for the event hook.
+    acquired: Option<Instant>,
 }
 
 impl SemaphorePermit {
@@ -61,13 +66,30 @@ impl SemaphorePermit {
         keys: Arc<SemaphoreKeys>,
         held: Held,
     ) -> Self {
+        let acquired = context.observer().is_set().then(Instant::now);
         SemaphorePermit {
             context,
             raw,
             keys,
             held,
             released: false,
+            acquired,
         }
+    }
+
+    /// Tells the event hook of this permit, got `how` after a call that
+    /// started at `start` (`None`: no hook was set then).
+    pub(super) fn announced(self, start: Option<Instant>, how: Acquisition) -> Self {
+        if let Some(start) = start {
+            self.context.observer().emit(|| Event::Acquired {
+                name: &self.keys.name,
+                kind: HoldKind::Permits,
+                waited: start.elapsed(),
+                fencing_token: None,
+                how,
+            });
+        }
+        self
     }
 
     /// How many permits this guard holds.
@@ -87,6 +109,17 @@ impl SemaphorePermit {
     /// lease may end the next moment.
     pub fn is_lost(&self) -> bool {
         self.held.status.is_lost()
+    }
+
+    /// A receiver that gets the [`LostReason`] once, when these permits
+    /// are found lost, to block or `select!` on; disconnected without a
+    /// message when the permit is released. As
+    /// [`LockGuard::lost`](crate::LockGuard::lost), whose documentation
+    /// says when it fires.
+    pub fn lost(&self) -> Receiver<LostReason> {
+        let held = &self.held;
+        self.context
+            .lost_signal(&held.status, held.mode, &self.keys.name, HoldKind::Permits)
     }
 
     /// When the permits' lease ends at the latest unless renewed, by this
@@ -111,6 +144,18 @@ impl SemaphorePermit {
     }
 
     fn give_back(&mut self) -> Result<(), Error> {
+        let released = self.give_back_once();
+        if let (Ok(()), Some(acquired)) = (&released, self.acquired) {
+            self.context.observer().emit(|| Event::Released {
+                name: &self.keys.name,
+                kind: HoldKind::Permits,
+                held: acquired.elapsed(),
+            });
+        }
+        released
+    }
+
+    fn give_back_once(&mut self) -> Result<(), Error> {
         self.released = true;
         let held = &self.held;
         // Withdraw from the watchdog first, so that it stops renewing (a
@@ -121,10 +166,12 @@ impl SemaphorePermit {
             .leases
             .registry
             .leave(&self.keys.holders, &held.id, &held.status);
+        // The holding ends here: its loss signal is disconnected, untold.
+        held.status.close_signal();
         // Out of time by this clock is not enough to skip the release: the
         // lease may still run in Redis, and the script checks the id.
         if left.is_none() || held.status.is_marked_lost() {
-            return Err(self.lost());
+            return Err(self.lost_error());
         }
         let sent = Instant::now();
         match self.raw.release(&self.keys, &held.id) {
@@ -141,7 +188,7 @@ impl SemaphorePermit {
             Ok(Sent {
                 value: ReleaseReply::NotHeld,
                 ..
-            }) => Err(self.lost()),
+            }) => Err(self.lost_error()),
             Ok(Sent {
                 value: ReleaseReply::Refused(refusal),
                 ..
@@ -164,14 +211,19 @@ impl SemaphorePermit {
     }
 
     /// Marks the permits lost and makes the error for it.
-    fn lost(&self) -> Error {
+    fn lost_error(&self) -> Error {
         let held = &self.held;
-        if held.status.mark_lost() {
+        if held.status.mark_lost(LostReason::NotHeld) {
             log::warn!(
                 "redbaton: {} permit(s) of semaphore {:?} were lost",
                 held.permits,
                 self.keys.name
             );
+            self.context.observer().emit(|| Event::Lost {
+                name: &self.keys.name,
+                kind: HoldKind::Permits,
+                reason: LostReason::NotHeld,
+            });
         }
         self.context
             .leases

@@ -1,0 +1,78 @@
+-- acquire_many: take several locks of one cluster slot at once, all or
+-- none: each name free or already this caller's is taken (or re-entered)
+-- exactly as acquire.lua would take it, but only when every name is; else
+-- nothing is written except the `waited` mark on the first name in the way.
+--
+-- KEYS[2i-1]  lock key of name i   (hash: flag, count, fence, req, waited)
+-- KEYS[2i]    fence key of name i  (string: its fencing counter)
+-- ARGV[1]     identity of the caller
+-- ARGV[2]     TTL of the fence counters in milliseconds
+-- ARGV[3]     this request's number (release_request.lua undoes each name
+--             it took, by name, if the reply is lost)
+-- ARGV[4]     "1" when the caller has been waiting, else "0"
+-- then per name i, from ARGV[5]:
+-- ARGV[3i+2]  lease in milliseconds (of a fresh ownership, or of the one
+--             re-entered)
+-- ARGV[3i+3]  fencing token of the caller's live guards on name i, "0": none
+-- ARGV[3i+4]  the caller's depth on name i after this acquisition
+--
+-- Returns {1, fence1, depth1, fence2, depth2, ...}  every name acquired
+--         {0, i, pttl}  name i (1-based) is held by another identity, with
+--                       pttl ms of lease left (-1: none); nothing was taken
+--
+-- Every read comes before any write, so an error (WRONGTYPE on a lock or a
+-- fence key) leaves every name as it was: all or none holds for errors too.
+-- Only the first name in the way gets the `waited` and `seen` marks (see
+-- acquire.lua): the caller parks on that name's baton, and a mark on the
+-- others would make their releases push batons nobody waits for.
+-- next_fence and extend_lease come from lib/, prepended when the script is
+-- built.
+local identity = ARGV[1]
+local names = #KEYS / 2
+local reenter = {}
+
+for i = 1, names do
+  local lock = KEYS[2 * i - 1]
+  local held = redis.call('HMGET', lock, 'flag', 'fence')
+  local mine = ARGV[3 * i + 3]
+  if held[1] == identity and held[2] == mine then
+    reenter[i] = true
+  elseif held[1] ~= false and held[1] ~= identity then
+    redis.call('HSET', lock, 'waited', 1, 'seen', 1)
+    return {0, i, redis.call('PTTL', lock)}
+  else
+    -- A fence key that is not an integer must fail here, before any write.
+    local stored = redis.call('GET', KEYS[2 * i])
+    if stored and not tonumber(stored) then
+      return redis.error_reply('WRONGTYPE fence key ' .. KEYS[2 * i] .. ' holds a value that is not an integer')
+    end
+  end
+end
+
+local reply = {1}
+for i = 1, names do
+  local lock = KEYS[2 * i - 1]
+  local lease = ARGV[3 * i + 2]
+  local depth = ARGV[3 * i + 4]
+  if reenter[i] then
+    redis.call('HSET', lock, 'count', depth)
+    extend_lease(lock, lease)
+    reply[#reply + 1] = tonumber(ARGV[3 * i + 3])
+    reply[#reply + 1] = tonumber(depth)
+  else
+    local fence, err = next_fence(KEYS[2 * i], ARGV[2], nil)
+    if err then
+      return err
+    end
+    local token = string.format('%.0f', fence)
+    if ARGV[4] == '1' then
+      redis.call('HSET', lock, 'flag', identity, 'count', 1, 'fence', token, 'req', ARGV[3], 'waited', 1)
+    else
+      redis.call('HSET', lock, 'flag', identity, 'count', 1, 'fence', token, 'req', ARGV[3])
+    end
+    redis.call('PEXPIRE', lock, lease)
+    reply[#reply + 1] = fence
+    reply[#reply + 1] = 1
+  end
+end
+return reply

@@ -1,0 +1,577 @@
+//! The multi-lock: several lock names taken all or none. Built on the
+//! single-name lock: a set is one script per cluster slot
+//! (`lock/acquire_many.lua`, which takes each name exactly as
+//! `lock/acquire.lua` would), and the guard holds one ordinary
+//! [`LockGuard`] per name, so that renewals, release, loss and clean-ups are
+//! the lock's own. A waiter holds nothing while it waits: it parks on the
+//! baton of the first name found held, like any waiter of that name, and
+//! retries the whole set when woken.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::raw::{self, RawLock, ReleaseOne};
+use super::{Lock, LockGuard};
+use crate::context::Context;
+use crate::error::Error;
+use crate::lease::{earlier, Claim, LeaseMode};
+use crate::observe::{Acquisition, Event};
+use crate::parking::{self, Attempt, Waited};
+use crate::scripts::lock::{ManyArgs, ManyName};
+use crate::scripts::reply::ManyReply;
+
+/// A handle on several distributed locks taken together, made by
+/// [`Client::multi_lock`]: a guard holds every name, and an attempt that
+/// does not get every name leaves none of them held.
+///
+/// Each name is the plain [`Lock`] of that name: a multi-lock and a
+/// `client.lock(name)` exclude each other on every name they share, and
+/// each name keeps its own fencing token and lease. Cheap to clone,
+/// `Send + Sync`.
+///
+/// Waiting holds nothing: a caller that finds a name held parks on that
+/// name's baton as its other waiters do, and tries the whole set again
+/// when woken, so it never blocks anyone while it waits, and multi-locks
+/// on overlapping sets can neither deadlock nor hold each other off.
+/// See `docs/multi-lock.md` for deployments, fairness and re-entry.
+///
+/// [`Client::multi_lock`]: crate::Client::multi_lock
+///
+/// # Examples
+///
+/// ```no_run
+/// # fn main() -> Result<(), redbaton::Error> {
+/// let client = redbaton::Client::open("redis://127.0.0.1/")?;
+/// let transfer = client.multi_lock(["account:17", "account:4"])?;
+/// let guard = transfer.lock()?; // both accounts, or (while waiting) neither
+/// for (name, token) in guard.fencing_tokens() {
+///     println!("{name}: fencing token {token}");
+/// }
+/// # drop(guard);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MultiLock {
+    context: Arc<Context>,
+    /// One handle per name, deduplicated, in name order.
+    locks: Vec<Lock>,
+    /// Indices into `locks` grouped by cluster slot: groups in slot order,
+    /// names in name order within a group. Sets are always taken in this
+    /// global order (one group on one server or Sentinel; one group per
+    /// name, in name order, on a quorum).
+    groups: Vec<Vec<usize>>,
+}
+
+/// What one attempt at the whole set found.
+enum Tried {
+    Acquired(MultiLockGuard),
+    /// `locks[index]` is held by another; nothing of the set is held.
+    Held {
+        index: usize,
+        lease_left: Option<Duration>,
+    },
+}
+
+/// What an attempt made from the wait loop gives the loop.
+enum Step {
+    Done(MultiLockGuard),
+    /// Another name than the one waited on is in the way now: wait there.
+    Moved(usize),
+}
+
+impl MultiLock {
+    /// The set of `locks` (at least one, deduplicated, in name order).
+    pub(crate) fn new(context: Arc<Context>, locks: Vec<Lock>) -> MultiLock {
+        let keys: Vec<&str> = locks.iter().map(|lock| lock.keys.lock.as_str()).collect();
+        let groups = context.backend.slot_groups(&keys);
+        MultiLock {
+            context,
+            locks,
+            groups,
+        }
+    }
+
+    /// The names dedup-sorted from those given, and whether they are valid
+    /// (a multi-lock needs at least one).
+    pub(crate) fn unique_names<S: AsRef<str>>(
+        names: impl IntoIterator<Item = S>,
+    ) -> Result<BTreeSet<String>, Error> {
+        let names: BTreeSet<String> = names
+            .into_iter()
+            .map(|name| name.as_ref().to_owned())
+            .collect();
+        if names.is_empty() {
+            return Err(Error::InvalidName {
+                name: String::new(),
+                reason: "a multi-lock needs at least one name",
+            });
+        }
+        Ok(names)
+    }
+
+    /// The names of the set, deduplicated, in name order.
+    pub fn names(&self) -> impl Iterator<Item = &str> + '_ {
+        self.locks.iter().map(Lock::name)
+    }
+
+    /// A handle on the same set whose acquisitions have a renewed `lease`
+    /// of their own, as [`Lock::with_lease`] for each name.
+    ///
+    /// # Errors
+    /// [`Error::InvalidLease`] for a lease under 1 ms or over a year.
+    pub fn with_lease(&self, lease: Duration) -> Result<MultiLock, Error> {
+        self.map_locks(|lock| lock.with_lease(lease))
+    }
+
+    /// A handle on the same set whose acquisitions have a fixed `lease`
+    /// (no renewal), as [`Lock::with_fixed_lease`] for each name.
+    ///
+    /// # Errors
+    /// [`Error::InvalidLease`] for a lease under 1 ms or over a year.
+    pub fn with_fixed_lease(&self, lease: Duration) -> Result<MultiLock, Error> {
+        self.map_locks(|lock| lock.with_fixed_lease(lease))
+    }
+
+    fn map_locks(&self, with: impl Fn(&Lock) -> Result<Lock, Error>) -> Result<MultiLock, Error> {
+        Ok(MultiLock {
+            locks: self.locks.iter().map(with).collect::<Result<_, _>>()?,
+            ..self.clone()
+        })
+    }
+
+    /// Blocks until the calling thread holds every name of the set.
+    ///
+    /// Uncontended, one script call per cluster slot the names fall in
+    /// (one on one server or Sentinel; on a Redlock quorum, one round per
+    /// name), and as many to release.
+    ///
+    /// # Errors
+    /// As [`Lock::lock`]; on error nothing of the set is held.
+    pub fn lock(&self) -> Result<MultiLockGuard, Error> {
+        loop {
+            if let Some(guard) = self.acquire(None)? {
+                return Ok(guard);
+            }
+        }
+    }
+
+    /// One attempt: the guard if every name was free (or already this
+    /// thread's), `None` if any is held by another, and then none is held.
+    /// Never waits.
+    ///
+    /// # Errors
+    /// As [`lock`](MultiLock::lock).
+    pub fn try_lock(&self) -> Result<Option<MultiLockGuard>, Error> {
+        let identity = self.context.identity()?;
+        match self.attempt(&identity, false)? {
+            Tried::Acquired(guard) => Ok(Some(guard)),
+            Tried::Held { .. } => Ok(None),
+        }
+    }
+
+    /// Like [`lock`](MultiLock::lock), but gives up after `timeout` and
+    /// returns `None`, holding none of the names. A timeout too large to be
+    /// a point in time means no deadline.
+    ///
+    /// # Errors
+    /// As [`lock`](MultiLock::lock).
+    pub fn try_lock_for(&self, timeout: Duration) -> Result<Option<MultiLockGuard>, Error> {
+        match Instant::now().checked_add(timeout) {
+            Some(deadline) => self.try_lock_until(deadline),
+            None => self.lock().map(Some),
+        }
+    }
+
+    /// Like [`lock`](MultiLock::lock), but gives up at `deadline` and
+    /// returns `None`, holding none of the names.
+    ///
+    /// # Errors
+    /// As [`lock`](MultiLock::lock).
+    pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<MultiLockGuard>, Error> {
+        self.acquire(Some(deadline))
+    }
+
+    /// Runs `critical_section` holding every name and returns its value.
+    ///
+    /// # Errors
+    /// As [`lock`](MultiLock::lock); and [`Error::LockLost`] when a name
+    /// was no longer this thread's at release: the value is dropped.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redbaton::Error> {
+    /// # let client = redbaton::Client::open("redis://127.0.0.1/")?;
+    /// let both = client.multi_lock(["stock:apples", "stock:pears"])?;
+    /// let moved = both.with_lock(|| 3)?;
+    /// assert_eq!(moved, 3);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_lock<T>(&self, critical_section: impl FnOnce() -> T) -> Result<T, Error> {
+        let guard = self.lock()?;
+        let value = critical_section();
+        guard.unlock()?;
+        Ok(value)
+    }
+
+    /// [`MultiLock::wait_for_all`], told to the event hook: one
+    /// `Acquired` per name, all at once.
+    fn acquire(&self, deadline: Option<Instant>) -> Result<Option<MultiLockGuard>, Error> {
+        let observer = self.context.observer();
+        let start = observer.is_set().then(Instant::now);
+        let mut first_attempt = true;
+        let taken = self.wait_for_all(deadline, &mut first_attempt)?;
+        if let (Some(guard), Some(start)) = (&taken, start) {
+            let how = if first_attempt {
+                Acquisition::FirstAttempt
+            } else {
+                Acquisition::AfterWaiting
+            };
+            for held in &guard.guards {
+                observer.emit(|| Event::Acquired {
+                    name: held.name(),
+                    kind: held.kind(),
+                    waited: start.elapsed(),
+                    fencing_token: Some(held.fencing_token()),
+                    how,
+                });
+            }
+        }
+        Ok(taken)
+    }
+
+    /// The first attempt, then waits, each on the name in the way, until
+    /// `deadline`; `first_attempt` is cleared once it waits.
+    fn wait_for_all(
+        &self,
+        deadline: Option<Instant>,
+        first_attempt: &mut bool,
+    ) -> Result<Option<MultiLockGuard>, Error> {
+        let context = &self.context;
+        let identity =
+            parking::ride_out(deadline, context.config.io_timeout, || context.identity())?;
+        // A newcomer queues behind this process's waiters on any name it
+        // does not hold yet, as a single-name newcomer does (no barging).
+        let queued = self.locks.iter().position(|lock| {
+            context.lock_room.has_waiters(&lock.keys.baton)
+                && context
+                    .leases
+                    .registry
+                    .held(&lock.keys.lock, &identity)
+                    .is_none()
+        });
+        let mut index = match queued {
+            Some(index) => index,
+            None => match self.attempt(&identity, false) {
+                Ok(Tried::Acquired(guard)) => return Ok(Some(guard)),
+                Ok(Tried::Held { index, .. }) => index,
+                // The wait loop rides out a failing Redis within the
+                // deadline, as it does for its own attempts.
+                Err(err) if err.is_transient() => {
+                    log::debug!("redbaton: first attempt on a multi-lock failed: {err}");
+                    0
+                }
+                Err(err) => return Err(err),
+            },
+        };
+        *first_attempt = false;
+        loop {
+            let lock = &self.locks[index];
+            let claim = Claim {
+                identity: Arc::clone(&identity),
+                mode: lock.mode(),
+            };
+            let waited = context.lock_room.wait_until(
+                &lock.keys.name,
+                &lock.keys.baton,
+                claim,
+                deadline,
+                || {
+                    Ok(match self.attempt(&identity, true)? {
+                        Tried::Acquired(guard) => Attempt::Acquired(Step::Done(guard)),
+                        Tried::Held {
+                            index: other,
+                            lease_left,
+                        } if other == index => Attempt::Held { lease_left },
+                        Tried::Held { index: other, .. } => Attempt::Acquired(Step::Moved(other)),
+                    })
+                },
+            )?;
+            match waited {
+                Waited::Acquired(Step::Done(guard)) => return Ok(Some(guard)),
+                Waited::Acquired(Step::Moved(other)) => {
+                    // A parker looks before it parks, deadline or not: a
+                    // set whose names are taken in turn must not keep it
+                    // moving past its deadline.
+                    if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                        return Ok(None);
+                    }
+                    index = other;
+                }
+                Waited::Granted(grant) => {
+                    // A releasing thread of this process handed this one
+                    // name over. Holding it alone is not the set: try the
+                    // set now (re-entering this name), then let the
+                    // handed-over guard go, leaving the set's guard, or
+                    // nothing, behind.
+                    let granted = lock.guard(&identity, grant.fence, lock.mode(), grant.sent);
+                    let tried = self.attempt(&identity, true);
+                    drop(granted);
+                    match tried {
+                        Ok(Tried::Acquired(guard)) => return Ok(Some(guard)),
+                        Ok(Tried::Held { index: other, .. }) => index = other,
+                        Err(err) if err.is_transient() => {
+                            log::debug!(
+                                "redbaton: multi-lock attempt after a hand-off failed: {err}"
+                            );
+                        }
+                        Err(err) => return Err(err),
+                    }
+                    if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                        return Ok(None);
+                    }
+                }
+                Waited::TimedOut => return Ok(None),
+            }
+        }
+    }
+
+    /// One attempt at the whole set: slot group after slot group in the
+    /// global order; a group that finds a name held undoes the groups
+    /// taken before it (released in reverse order).
+    fn attempt(&self, identity: &Arc<str>, waited: bool) -> Result<Tried, Error> {
+        // Dropped on the way out when a group fails: the groups taken
+        // before it are released, last first.
+        let mut taken = MultiLockGuard {
+            raw: Arc::clone(&self.locks[0].raw),
+            guards: Vec::with_capacity(self.locks.len()),
+            groups: Vec::with_capacity(self.groups.len()),
+        };
+        for group in &self.groups {
+            if let Some(held) = self.attempt_group(identity, waited, group, &mut taken.guards)? {
+                return Ok(held);
+            }
+            taken.groups.push(group.len());
+        }
+        Ok(Tried::Acquired(taken))
+    }
+
+    /// One script over the names `group` (indices into `locks`, one slot):
+    /// pushes their guards onto `taken`, or says which name is held.
+    fn attempt_group(
+        &self,
+        identity: &Arc<str>,
+        waited: bool,
+        group: &[usize],
+        taken: &mut Vec<LockGuard>,
+    ) -> Result<Option<Tried>, Error> {
+        let context = &self.context;
+        let registry = &context.leases.registry;
+        // As for one name: re-entry only into the ownership this thread's
+        // live guards belong to, under that ownership's lease.
+        let names: Vec<(ManyName<'_>, LeaseMode)> = group
+            .iter()
+            .map(|&index| {
+                let lock = &self.locks[index];
+                let (held_fence, guards, mode) = match registry.held(&lock.keys.lock, identity) {
+                    Some(held) => (held.fence, held.guards, held.mode),
+                    None => (0, 0, lock.mode()),
+                };
+                let name = ManyName {
+                    keys: &lock.keys,
+                    lease: mode.lease(),
+                    held_fence,
+                    depth: guards + 1,
+                };
+                (name, mode)
+            })
+            .collect();
+        let request = context.next_request();
+        let args = ManyArgs {
+            identity,
+            fence_ttl: context.config.fence_ttl,
+            request,
+            waited,
+        };
+        let calls: Vec<ManyName<'_>> = names.iter().map(|(name, _)| *name).collect();
+        let raw = &self.locks[group[0]].raw;
+        let sent = Instant::now();
+        match raw.attempt_many(&calls, args) {
+            Ok(ManyReply::Acquired(pairs)) => {
+                for ((&index, (_, mode)), (fence, _)) in group.iter().zip(&names).zip(pairs) {
+                    let sent = earlier(sent, raw.clock_margin(mode.lease()));
+                    taken.push(self.locks[index].guard(identity, fence, *mode, sent));
+                }
+                Ok(None)
+            }
+            Ok(ManyReply::Held { index, lease_left }) => Ok(Some(Tried::Held {
+                index: group[index],
+                lease_left,
+            })),
+            Err(failed) => {
+                if failed.outcome_unknown {
+                    // The script may have run and taken the names for a
+                    // guard that will never exist: undo each once Redis
+                    // answers (a name only this request took; re-entered
+                    // names keep their request and are left alone).
+                    for (&index, (_, mode)) in group.iter().zip(&names) {
+                        let lock = &self.locks[index];
+                        let undo = raw::undo_later(
+                            &lock.raw,
+                            &lock.keys,
+                            identity,
+                            request,
+                            mode.lease(),
+                            sent,
+                        );
+                        context.finish_later(undo);
+                    }
+                }
+                Err(failed.error)
+            }
+        }
+    }
+}
+
+impl fmt::Debug for MultiLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultiLock")
+            .field("names", &self.names().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Held while the calling thread owns every name of a [`MultiLock`]: one
+/// [`LockGuard`] per name, released in the reverse of the order they were
+/// taken in when dropped or [`unlock`](MultiLockGuard::unlock)ed.
+///
+/// Each name keeps its own ownership: its own fencing token, its lease
+/// renewed by the watchdog in its usual rounds, its own loss. A guard is
+/// `!Send`, as a [`LockGuard`] is.
+///
+/// ```compile_fail
+/// fn assert_send<T: Send>() {}
+/// assert_send::<redbaton::MultiLockGuard>();
+/// ```
+#[must_use = "the locks are released as soon as the guard is dropped"]
+#[clippy::has_significant_drop]
+pub struct MultiLockGuard {
+    raw: Arc<dyn RawLock>,
+    /// In the order taken: slot, then name.
+    guards: Vec<LockGuard>,
+    /// How many of `guards` each slot's group holds, in order.
+    groups: Vec<usize>,
+}
+
+impl MultiLockGuard {
+    /// Each name with its fencing token, in the order the names were taken
+    /// (cluster slot, then name; name order on one server).
+    pub fn fencing_tokens(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
+        self.guards
+            .iter()
+            .map(|guard| (guard.name(), guard.fencing_token()))
+    }
+
+    /// The fencing token of `name`, or `None` when the set has no such
+    /// name.
+    pub fn fencing_token(&self, name: &str) -> Option<u64> {
+        self.guard(name).map(LockGuard::fencing_token)
+    }
+
+    /// The guard of `name` in the set, or `None` when it has no such name:
+    /// its lease, validity and loss, one name at a time.
+    pub fn guard(&self, name: &str) -> Option<&LockGuard> {
+        self.guards.iter().find(|guard| guard.name() == name)
+    }
+
+    /// Whether any name of the set can no longer be counted on (see
+    /// [`LockGuard::is_lost`]). No network call.
+    pub fn is_lost(&self) -> bool {
+        self.guards.iter().any(LockGuard::is_lost)
+    }
+
+    /// The earliest [`LockGuard::valid_until`] of the set's names: work
+    /// that needs every name should finish before it. No network call.
+    pub fn valid_until(&self) -> Instant {
+        self.guards
+            .iter()
+            .map(LockGuard::valid_until)
+            .min()
+            .unwrap_or_else(Instant::now)
+    }
+
+    /// Releases every name, last slot first, and reports the first
+    /// failure. Every release is sent, whatever the others' outcome: the
+    /// names of one slot together, in one round trip, unless a name goes
+    /// to a waiter of this process (a local hand-off, as a [`LockGuard`]'s
+    /// release does).
+    ///
+    /// # Errors
+    /// As [`LockGuard::unlock`], for the first name whose release failed.
+    pub fn unlock(mut self) -> Result<(), Error> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<(), Error> {
+        let mut first = Ok(());
+        let mut keep = |outcome: Result<(), Error>| {
+            if first.is_ok() {
+                first = outcome;
+            }
+        };
+        let mut end = self.guards.len();
+        for &size in self.groups.iter().rev() {
+            let start = end.saturating_sub(size);
+            let group = &mut self.guards[start..end];
+            end = start;
+            // (place in the group, guards left) of each release to send.
+            let mut pending = Vec::with_capacity(group.len());
+            for (place, guard) in group.iter_mut().enumerate().rev() {
+                match guard.leave() {
+                    Ok(Some(left)) => pending.push((place, left)),
+                    Ok(None) => guard.announce_release(&Ok(())),
+                    Err(err) => keep(Err(err)),
+                }
+            }
+            if pending.is_empty() {
+                continue;
+            }
+            let batch: Vec<ReleaseOne<'_>> = pending
+                .iter()
+                .map(|&(place, left)| group[place].release_one(left))
+                .collect();
+            let sent = Instant::now();
+            let replies = self.raw.release_many(&batch);
+            drop(batch);
+            for (&(place, left), reply) in pending.iter().zip(replies) {
+                let outcome = group[place].settle_release(reply, left, sent);
+                group[place].announce_release(&outcome);
+                keep(outcome);
+            }
+        }
+        // Each guard has been released: dropping them sends nothing more.
+        self.guards.clear();
+        first
+    }
+}
+
+impl Drop for MultiLockGuard {
+    fn drop(&mut self) {
+        if self.guards.is_empty() {
+            return;
+        }
+        if let Err(err) = self.release() {
+            log::warn!("redbaton: releasing a multi-lock on drop failed: {err}");
+        }
+    }
+}
+
+impl fmt::Debug for MultiLockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(&self.guards).finish()
+    }
+}

@@ -1,0 +1,260 @@
+//! The multi-lock on a cluster (names across slots, and names that share
+//! one) and on Sentinel; refused on a Redlock quorum.
+
+#[allow(unused_imports)]
+use std::time::Duration;
+
+#[allow(unused_imports)]
+use crate::support::{Deployment, Topology};
+
+/// On a cluster, a set whose names span slots is all or none too: a name
+/// held in a later slot undoes the earlier slots' names.
+#[cfg(feature = "cluster")]
+#[test]
+fn a_cluster_set_across_slots_is_all_or_none() {
+    let deployment = Deployment::start(Topology::Cluster);
+    let (holder, other) = (deployment.client(), deployment.client());
+    let names: Vec<String> = (0..6).map(|i| format!("cl-{i}")).collect();
+    let set = other.multi_lock(&names).unwrap();
+    let free = |name: &str| {
+        let key = crate::support::lock_key(name);
+        redis::cmd("EXISTS")
+            .arg(&key)
+            .query::<i64>(&mut deployment.server_for(&key).connection())
+            .unwrap()
+            == 0
+    };
+    // Hold each name in turn: the attempt fails and leaves the others free.
+    for held_name in &names {
+        let held = holder.lock(held_name).unwrap().lock().unwrap();
+        assert!(set.try_lock().unwrap().is_none());
+        for name in names.iter().filter(|n| *n != held_name) {
+            assert!(
+                free(name),
+                "{name} held after a failed attempt ({held_name} held)"
+            );
+        }
+        held.unlock().unwrap();
+    }
+    let guard = set.lock().unwrap();
+    assert_eq!(guard.fencing_tokens().count(), 6);
+    assert!(names.iter().all(|n| !free(n)));
+    // A waiter parks and wins when the name in its way is released.
+    let held = holder.lock("cl-3").unwrap();
+    drop(guard);
+    let held = held.lock().unwrap();
+    let waiter =
+        std::thread::spawn(move || set.try_lock_for(Duration::from_secs(20)).unwrap().is_some());
+    let parked_at = deployment.server_for(&crate::support::lock_key("cl-3"));
+    crate::support::eventually(Duration::from_secs(5), "the waiter parks", || {
+        crate::support::blocked_clients(parked_at) == 1
+    });
+    held.unlock().unwrap();
+    assert!(crate::support::JoinWithin::joined(waiter));
+}
+
+/// Two names that share a cluster slot go in one script.
+#[cfg(feature = "cluster")]
+#[test]
+fn cluster_names_of_one_slot_are_taken_in_one_script() {
+    let deployment = Deployment::start(Topology::Cluster);
+    let client = deployment.client();
+    // Two names whose lock keys share a slot (each name is its own hash
+    // tag, so they meet by the CRC only): found with CLUSTER KEYSLOT.
+    let server = deployment.server_for(&crate::support::lock_key("slot-0"));
+    let mut con = server.connection();
+    let mut slot = |name: &str| -> i64 {
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(crate::support::lock_key(name))
+            .query(&mut con)
+            .unwrap()
+    };
+    let mut seen = std::collections::HashMap::new();
+    let pair = (0..100_000)
+        .map(|i| format!("slot-{i}"))
+        .find_map(|name| {
+            let s = slot(&name);
+            seen.insert(s, name.clone()).map(|first| (first, name))
+        })
+        .expect("two names in one slot");
+    let set = client.multi_lock([&pair.0, &pair.1]).unwrap();
+    let guard = set.lock().unwrap();
+    assert_eq!(guard.fencing_tokens().count(), 2);
+    let other = deployment.client();
+    assert!(other.lock(&pair.1).unwrap().try_lock().unwrap().is_none());
+    guard.unlock().unwrap();
+    assert!(other.lock(&pair.0).unwrap().try_lock().unwrap().is_some());
+}
+
+#[cfg(feature = "sentinel")]
+#[test]
+fn a_sentinel_set_is_all_or_none() {
+    let deployment = Deployment::start(Topology::Sentinel);
+    let (holder, other) = (deployment.client(), deployment.client());
+    let held = holder.lock("sn-b").unwrap().lock().unwrap();
+    let set = other.multi_lock(["sn-a", "sn-b"]).unwrap();
+    assert!(set.try_lock().unwrap().is_none());
+    assert!(other.lock("sn-a").unwrap().holder().unwrap().is_none());
+    held.unlock().unwrap();
+    let guard = set.try_lock().unwrap().expect("both free");
+    assert!(holder.lock("sn-a").unwrap().try_lock().unwrap().is_none());
+    guard.unlock().unwrap();
+}
+
+/// On a Redlock quorum, the names are taken one Redlock round each, in
+/// name order: a name held undoes the names taken before it on every
+/// master; each name has the quorum's token; a waiter parks and wins.
+#[cfg(feature = "redlock")]
+#[test]
+fn a_quorum_set_is_all_or_none_on_every_master() {
+    let deployment = Deployment::start(Topology::Masters);
+    let (holder, other) = (deployment.client(), deployment.client());
+    let names = ["q-a", "q-b", "q-c"];
+    let set = other.multi_lock(names).unwrap();
+    let on_any_master = |name: &str| {
+        let key = crate::support::lock_key(name);
+        deployment.servers_for(&key).iter().any(|server| {
+            redis::cmd("EXISTS")
+                .arg(&key)
+                .query::<i64>(&mut server.connection())
+                .unwrap()
+                == 1
+        })
+    };
+    for held_name in names {
+        let held = holder.lock(held_name).unwrap().lock().unwrap();
+        assert!(set.try_lock().unwrap().is_none());
+        for name in names.iter().filter(|n| **n != held_name) {
+            assert!(
+                !on_any_master(name),
+                "{name} left on a master ({held_name} held)"
+            );
+        }
+        held.unlock().unwrap();
+    }
+    let guard = set.lock().unwrap();
+    for name in names {
+        let seen = holder.lock(name).unwrap().holder().unwrap().unwrap();
+        assert_eq!(Some(seen.fencing_token), guard.fencing_token(name));
+    }
+    drop(guard);
+    assert!(names.iter().all(|name| !on_any_master(name)));
+
+    let held = holder.lock("q-c").unwrap().lock().unwrap();
+    let waiter =
+        std::thread::spawn(move || set.try_lock_for(Duration::from_secs(20)).unwrap().is_some());
+    crate::support::eventually(Duration::from_secs(5), "the waiter parks", || {
+        deployment
+            .servers_for(&crate::support::lock_key("q-c"))
+            .iter()
+            .any(|server| crate::support::blocked_clients(server) == 1)
+    });
+    held.unlock().unwrap();
+    assert!(crate::support::JoinWithin::joined(waiter));
+}
+
+/// Under `replica_acks`, a set is granted only once a replica has every
+/// name; when none can confirm, every name the script took is undone.
+#[cfg(feature = "sentinel")]
+#[test]
+fn with_replica_acks_a_set_is_confirmed_or_undone_whole() {
+    use crate::support::{cut_replica, restore_replica};
+    let deployment = Deployment::start(Topology::Sentinel);
+    let sentinels = deployment.sentinels();
+    let client = deployment
+        .builder()
+        .replica_acks(1, Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let set = client.multi_lock(["ra-a", "ra-b"]).unwrap();
+    let locked = |name: &str| client.lock(name).unwrap().is_locked().unwrap();
+
+    cut_replica(sentinels);
+    let err = set.try_lock().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            redbaton::Error::NotReplicated {
+                wanted: 1,
+                acknowledged: 0,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        !locked("ra-a") && !locked("ra-b"),
+        "the unconfirmed set was undone"
+    );
+
+    restore_replica(sentinels);
+    let guard = set
+        .try_lock_for(Duration::from_secs(5))
+        .unwrap()
+        .expect("both free");
+    let replica = &sentinels.replicas()[0];
+    for name in ["ra-a", "ra-b"] {
+        let on_replica: i64 = redis::cmd("EXISTS")
+            .arg(crate::support::lock_key(name))
+            .query(&mut replica.connection())
+            .unwrap();
+        assert_eq!(on_replica, 1, "{name} granted before the replica had it");
+    }
+    guard.unlock().unwrap();
+    assert!(!locked("ra-a") && !locked("ra-b"));
+}
+
+/// Overlapping sets from threads of two clients: exclusion per name (a
+/// marker on a separate server) and everyone done in time.
+#[allow(dead_code)]
+fn overlapping_sets_exclude_and_all_finish(deployment: &Deployment) {
+    use crate::support::JoinWithin;
+    let markers = testkit::RedisServer::start();
+    let clients = [deployment.client(), deployment.client()];
+    let sets = [["ov-a", "ov-b"], ["ov-b", "ov-c"], ["ov-a", "ov-c"]];
+    let start = std::time::Instant::now();
+    let overlaps: u64 = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..6usize)
+            .map(|i| {
+                let (client, names, markers) = (&clients[i % 2], sets[i % 3], &markers);
+                scope.spawn(move || {
+                    let set = client.multi_lock(names).unwrap();
+                    let mut con = markers.connection();
+                    let mut overlaps = 0;
+                    for _ in 0..15 {
+                        let guard = set
+                            .try_lock_for(Duration::from_secs(30))
+                            .unwrap()
+                            .expect("a set waited 30 s");
+                        for name in names {
+                            let inside: i64 = redis::cmd("INCR").arg(name).query(&mut con).unwrap();
+                            overlaps += u64::from(inside != 1);
+                        }
+                        for name in names {
+                            let _: i64 = redis::cmd("DECR").arg(name).query(&mut con).unwrap();
+                        }
+                        drop(guard);
+                    }
+                    overlaps
+                })
+            })
+            .collect();
+        handles.into_iter().map(JoinWithin::joined).sum()
+    });
+    assert_eq!(overlaps, 0, "two holders of one name at once");
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+}
+
+#[cfg(feature = "redlock")]
+#[test]
+fn overlapping_quorum_sets_exclude_and_all_finish() {
+    overlapping_sets_exclude_and_all_finish(&Deployment::start(Topology::Masters));
+}
+
+#[cfg(feature = "cluster")]
+#[test]
+fn overlapping_cluster_sets_across_slots_exclude_and_all_finish() {
+    overlapping_sets_exclude_and_all_finish(&Deployment::start(Topology::Cluster));
+}

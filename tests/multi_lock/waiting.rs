@@ -1,0 +1,152 @@
+//! How a multi-lock waits: parked on the baton of the name in its way,
+//! holding nothing, woken by that name's release (never by polling).
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redbaton::Client;
+use testkit::RedisServer;
+
+use crate::exists;
+use crate::support::{blocked_clients, client, eventually, is_asleep, thread_id, JoinWithin};
+
+/// A client whose waiters would look again only every 30 s on their own:
+/// a waiter that wins sooner was woken by a release.
+fn patient(server: &RedisServer) -> Client {
+    Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .io_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_waiter_parks_holding_nothing_and_a_release_wakes_it() {
+    let server = RedisServer::start();
+    let (holder, waiter, bystander) = (client(&server), patient(&server), client(&server));
+    let held = holder.lock("park-b").unwrap().lock().unwrap();
+    let set = waiter.multi_lock(["park-a", "park-b"]).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let waiting = thread::spawn(move || {
+        let guard = set.try_lock_for(Duration::from_secs(20)).unwrap();
+        tx.send(Instant::now()).unwrap();
+        guard.is_some()
+    });
+    eventually(Duration::from_secs(5), "the waiter parks", || {
+        blocked_clients(&server) == 1
+    });
+    // Parked, it holds nothing: `a` is free for anyone.
+    assert!(!exists(&server, "park-a"));
+    let a = bystander.lock("park-a").unwrap().try_lock().unwrap();
+    assert!(a.is_some(), "a waiter kept a name of its set");
+    drop(a);
+    let released = Instant::now();
+    held.unlock().unwrap();
+    assert!(waiting.joined());
+    let woken = rx.recv().unwrap().duration_since(released);
+    assert!(woken < Duration::from_secs(2), "woken after {woken:?}");
+}
+
+/// A waiter woken on one name that finds another name of its set held
+/// moves to that name's baton, still holding nothing.
+#[test]
+fn a_waiter_moves_to_the_name_in_its_way() {
+    let server = RedisServer::start();
+    let (holder, waiter) = (client(&server), patient(&server));
+    let held_a = holder.lock("move-a").unwrap().lock().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let holder_thread = thread::spawn(move || {
+        // A second thread of the holder's client holds `b`, so that the
+        // two releases come from their own threads.
+        let b = holder.lock("move-b").unwrap().lock().unwrap();
+        tx.send(()).unwrap();
+        thread::park();
+        b.unlock().unwrap();
+    });
+    rx.recv().unwrap();
+    let set = waiter.multi_lock(["move-a", "move-b"]).unwrap();
+    let (won, when) = mpsc::channel();
+    let waiting = thread::spawn(move || {
+        let guard = set.try_lock_for(Duration::from_secs(20)).unwrap();
+        won.send(Instant::now()).unwrap();
+        guard.map(|guard| guard.fencing_tokens().count())
+    });
+    eventually(Duration::from_secs(5), "the waiter parks on a", || {
+        blocked_clients(&server) == 1
+    });
+    held_a.unlock().unwrap();
+    // Woken by `a`, it finds `b` held and parks again, leaving `a` free.
+    eventually(Duration::from_secs(5), "the waiter parks on b", || {
+        blocked_clients(&server) == 1 && !exists(&server, "move-a")
+    });
+    assert!(!waiting.is_finished());
+    let released = Instant::now();
+    holder_thread.thread().unpark();
+    holder_thread.joined();
+    assert_eq!(waiting.joined(), Some(2));
+    // Woken by `b`'s release, not by the end of a 30 s park.
+    let woken = when.recv().unwrap().duration_since(released);
+    assert!(woken < Duration::from_secs(2), "woken after {woken:?}");
+}
+
+/// A waiter whose deadline passes returns `None` holding nothing.
+#[test]
+fn a_deadline_ends_the_wait_with_nothing_held() {
+    let server = RedisServer::start();
+    let (holder, waiter) = (client(&server), client(&server));
+    let held = holder.lock("late-b").unwrap().lock().unwrap();
+    let set = waiter.multi_lock(["late-a", "late-b"]).unwrap();
+    let start = Instant::now();
+    assert!(set
+        .try_lock_for(Duration::from_millis(400))
+        .unwrap()
+        .is_none());
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_secs(2),
+        "{took:?}"
+    );
+    assert!(!exists(&server, "late-a"));
+    held.unlock().unwrap();
+}
+
+/// Threads of one client: a plain lock of `a` released while a multi-lock
+/// of `{a, b}` waits in the process's queue for `a` behind a parked plain
+/// waiter is handed to the multi-lock locally; holding `a` alone is not
+/// the set, so it takes `{a, b}` then, or gives `a` back when `b` is held.
+#[test]
+fn a_local_hand_off_of_one_name_becomes_the_whole_set_or_nothing() {
+    let server = RedisServer::start();
+    let (shared, other) = (patient(&server), client(&server));
+    let a = shared.lock("hand-a").unwrap();
+    let held_b = other.lock("hand-b").unwrap().lock().unwrap();
+    let held_a = a.lock().unwrap();
+    // A plain waiter parks for the process...
+    let plain = {
+        let a = a.clone();
+        thread::spawn(move || a.try_lock_for(Duration::from_secs(20)).unwrap().is_some())
+    };
+    eventually(Duration::from_secs(5), "the plain waiter parks", || {
+        blocked_clients(&server) == 1
+    });
+    // ...and the multi-lock queues behind it, asleep.
+    let set = shared.multi_lock(["hand-a", "hand-b"]).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let multi = thread::spawn(move || {
+        tx.send(thread_id()).unwrap();
+        let guard = set.try_lock_for(Duration::from_secs(20)).unwrap();
+        guard.map(|guard| guard.fencing_tokens().count())
+    });
+    let tid = rx.recv().unwrap();
+    eventually(Duration::from_secs(5), "the multi-lock waits", || {
+        is_asleep(tid)
+    });
+    // `a` is handed to the multi-lock, which finds `b` held: it gives `a`
+    // back (to the plain waiter) and waits for `b`.
+    held_a.unlock().unwrap();
+    assert!(plain.joined(), "the plain waiter got `a` after all");
+    assert!(!multi.is_finished());
+    held_b.unlock().unwrap();
+    assert_eq!(multi.joined(), Some(2));
+}
