@@ -178,7 +178,8 @@ pub enum Error {
     /// `try_lock*` answer `Ok(None)`.
     #[error("lock {name:?} is held by another thread or process, so the locked function did not run; call it again later, or let it wait for the lock (`wait = \"5s\"` on `#[redbaton::locked]`)")]
     Busy {
-        /// The lock name (the function's key).
+        /// The lock name (the function's key; with `keys = [ … ]`, the
+        /// multi-lock's names joined by `", "`).
         name: String,
     },
 

@@ -297,6 +297,24 @@ pub use sync::{Semaphore, SemaphorePermit};
 /// }
 /// ```
 ///
+/// Several names at once, all or none (a multi-lock; see
+/// `docs/multi-lock.md`): a transfer holds both accounts, and two
+/// transfers that share an account never run together.
+///
+/// ```no_run
+/// # use std::sync::LazyLock;
+/// # use redbaton::Client;
+/// # static LOCKS: LazyLock<Client> =
+/// #     LazyLock::new(|| Client::open("redis://127.0.0.1/").expect("a valid URL"));
+/// #[redbaton::locked(client = LOCKS, keys = ["account:{from}", "account:{to}"], wait = "5s", fencing = tokens)]
+/// fn transfer(from: u64, to: u64, amount: u64) -> Result<(), redbaton::Error> {
+///     let [from_token, to_token]: [u64; 2] = tokens; // in the order of `keys`
+///     println!("moving {amount} under tokens {from_token} and {to_token}");
+///     Ok(())
+/// }
+/// # fn main() {}
+/// ```
+///
 /// Methods work, and anything in reach can give the client or the key:
 ///
 /// ```no_run
@@ -325,6 +343,7 @@ pub use sync::{Semaphore, SemaphorePermit};
 /// | `client = EXPR` | Required. The [`Client`]: any expression that gives one by reference (`&(EXPR)` must coerce to `&Client`): a static `Client` or `LazyLock<Client>`, an `Arc<Client>`, an argument, `self.locks`, a function call. |
 /// | `key = "…{arg}…"` | Required (this or the next). The lock's name, a `format!` string whose `{…}` capture the function's arguments by name (`{order_id}`, `{day:?}`, `self` included); a name that is not an argument, or a positional `{}`, is a compile error at the literal (use `key = { … }` for fields and constants). |
 /// | `key = { … }` | The lock's name from any expression (a `String`, `&str`, `Cow<str>`, `Box<str>` or `Arc<str>`): fields of `self`, constants, computed names. |
+/// | `keys = ["account:{from}", "account:{to}"]` | Instead of `key`: holds the [`MultiLock`] over every name of the list ([`Client::multi_lock`]), all or none; each element a template checked as `key`'s, or an expression. Busy ([`Error::Busy`], whose `name` lists the set's names joined by `", "`) when any name is held elsewhere, and then none of them is held. `key` with `keys`, `keys = []`, and `fair`, `rw` or `semaphore` with `keys` are compile errors. `fencing = name` binds a `[u64; N]`: each name's token, in the order of `keys`. |
 /// | `wait = "5s"` | Wait up to this long for the lock ([`Lock::try_lock_for`]), then return [`Error::Busy`]. Without it: one attempt ([`Lock::try_lock`]). |
 /// | `lease = "30s"` | A renewed lease of this length ([`Lock::with_lease`]): renewed every third of it while the function runs; a crashed holder frees the lock within it. Without it: the client's `default_lease`. |
 /// | `fixed_lease = "30s"` | A fixed lease ([`Lock::with_fixed_lease`]): the lock ends after it even if the function still runs. Excludes `lease`. |
@@ -338,7 +357,7 @@ pub use sync::{Semaphore, SemaphorePermit};
 /// `"1h"`, read at compile time: a malformed one, a zero `wait`, or a
 /// lease outside 1 ms to a year is a compile error at the literal. So is
 /// an option given twice, or one that does not exist (the message lists
-/// the options), and a missing `client` or `key`. Each compile error
+/// the options), and a missing `client` or `key` (or `keys`). Each compile error
 /// points at what to change and says how.
 ///
 /// # The function
@@ -381,7 +400,9 @@ pub use redbaton_macros::locked;
 #[cfg(feature = "macros")]
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::locked::{fail, lock, FromLockError, Held, Kind, Lease, LockName, LockOptions};
+    pub use crate::locked::{
+        fail, lock, lock_many, FromLockError, Held, HeldMany, Kind, Lease, LockName, LockOptions,
+    };
 }
 
 /// Compiles the README's examples as doctests, so the front door stays true.
@@ -399,6 +420,8 @@ mod guides {
     struct Lock;
     #[doc = include_str!("../docs/fair-lock.md")]
     struct FairLock;
+    // Its last example is `#[redbaton::locked(keys = …)]`.
+    #[cfg(feature = "macros")]
     #[doc = include_str!("../docs/multi-lock.md")]
     struct MultiLock;
     #[doc = include_str!("../docs/rwlock.md")]

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::client::Client;
 use crate::error::Error;
-use crate::sync::{LockGuard, ReadGuard, SemaphorePermit, WriteGuard};
+use crate::sync::{LockGuard, MultiLockGuard, ReadGuard, SemaphorePermit, WriteGuard};
 
 /// How a locked function takes its lock, as its attribute says.
 #[derive(Debug, Clone, Copy)]
@@ -137,6 +137,63 @@ pub fn lock(client: &Client, name: &str, options: LockOptions) -> Result<Held, E
     held.ok_or_else(|| Error::Busy {
         name: name.to_owned(),
     })
+}
+
+/// The guard of a function locked with `keys = [ … ]`: the multi-lock's,
+/// with the fencing token of each name in the order of `keys`.
+#[derive(Debug)]
+#[must_use = "the hold ends as soon as this is dropped"]
+pub struct HeldMany<const N: usize> {
+    guard: MultiLockGuard,
+    tokens: [u64; N],
+}
+
+impl<const N: usize> HeldMany<N> {
+    /// The fencing token of each name, in the order of `keys` (a name
+    /// given twice has its one token twice).
+    pub fn fencing_tokens(&self) -> [u64; N] {
+        self.tokens
+    }
+
+    /// The multi-lock's guard.
+    pub fn guard(&self) -> &MultiLockGuard {
+        &self.guard
+    }
+}
+
+/// Takes the multi-lock over `names` of `client`, for the body of a
+/// function locked with `keys = [ … ]`. `options.kind` is
+/// [`Kind::Lock`]: the macro allows no other with `keys`.
+///
+/// # Errors
+/// [`Error::Busy`] when some name was held by another thread or process
+/// for the attempt (or the whole wait), naming the set (its names joined
+/// by `", "`, in the multi-lock's order); the errors of
+/// [`Client::multi_lock`], of `with_lease` and `with_fixed_lease`, and of
+/// the `try_lock…` calls otherwise.
+pub fn lock_many<const N: usize>(
+    client: &Client,
+    names: [&str; N],
+    options: LockOptions,
+) -> Result<HeldMany<N>, Error> {
+    let multi = client.multi_lock(names)?;
+    let multi = match options.lease {
+        Lease::ClientDefault => multi,
+        Lease::Renewed(lease) => multi.with_lease(lease)?,
+        Lease::Fixed(lease) => multi.with_fixed_lease(lease)?,
+    };
+    let guard = match options.wait {
+        None => multi.try_lock()?,
+        Some(wait) => multi.try_lock_for(wait)?,
+    };
+    let Some(guard) = guard else {
+        return Err(Error::Busy {
+            name: multi.names().collect::<Vec<_>>().join(", "),
+        });
+    };
+    // Every name is in the set the guard holds, so each has its token.
+    let tokens = names.map(|name| guard.fencing_token(name).unwrap_or(0));
+    Ok(HeldMany { guard, tokens })
 }
 
 /// A lock name: what a `key = { … }` block may yield. A trait of its own

@@ -31,7 +31,7 @@ use syn::{Ident, Item, ItemFn, Stmt};
 
 use crate::errors::Errors;
 use crate::key;
-use crate::options::{Key, Kind, Lease, Options};
+use crate::options::{Key, Kind, Lease, Names, Options};
 use crate::signature::{self, Checked};
 
 /// The attribute's expansion: the locked function, or the errors followed
@@ -57,11 +57,17 @@ fn expand(options: TokenStream, function: TokenStream) -> syn::Result<TokenStrea
         .map_err(|e| errors.push(e))
         .ok();
     if let (Some(options), Some(checked)) = (&options, &checked) {
-        if let Key::Template(template) = &options.key {
-            if let Err(error) =
-                key::check_template(template, &function.sig.ident, &checked.arguments)
-            {
-                errors.push(error);
+        let keys = match &options.names {
+            Names::One(key) => std::slice::from_ref(key),
+            Names::Many(keys) => keys.as_slice(),
+        };
+        for key in keys {
+            if let Key::Template(template) = key {
+                if let Err(error) =
+                    key::check_template(template, &function.sig.ident, &checked.arguments)
+                {
+                    errors.push(error);
+                }
             }
         }
         if let Some(fencing) = &options.fencing {
@@ -118,18 +124,31 @@ fn prologue(options: &Options, checked: &Checked) -> Vec<Stmt> {
     let client_expr = &options.client;
     let client_ref = quote_spanned!(client_expr.span()=> &(#client_expr));
 
-    let (name_value, name_span) = match &options.key {
-        // The literal keeps the caller's span, so its captures resolve
-        // among the function's arguments.
-        Key::Template(template) => (quote!(::std::format!(#template)), template.span()),
-        Key::Expr(expr) => (expr.to_token_stream(), expr.span()),
+    // The names' values, and how to read each as a `&str`: one name, or a
+    // tuple of them for `keys` (a tuple, since each may be of its own type).
+    let (name_value, lock_name) = match &options.names {
+        Names::One(key) => {
+            let (value, span) = name_value(key);
+            let lock_name = relocated(quote!(#krate::__private::LockName::lock_name(&#name)), span);
+            (value, lock_name)
+        }
+        Names::Many(keys) => {
+            let (values, lock_names): (Vec<_>, Vec<_>) = keys
+                .iter()
+                .enumerate()
+                .map(|(index, key)| {
+                    let (value, span) = name_value(key);
+                    let index = syn::Index::from(index);
+                    let lock_name = relocated(
+                        quote!(#krate::__private::LockName::lock_name(&#name.#index)),
+                        span,
+                    );
+                    (value, lock_name)
+                })
+                .unzip();
+            (quote!((#(#values,)*)), quote!([#(#lock_names),*]))
+        }
     };
-    // Located at the key, so that a block of the wrong type is reported
-    // there.
-    let lock_name = relocated(
-        quote!(#krate::__private::LockName::lock_name(&#name)),
-        name_span,
-    );
 
     let wait = match options.wait {
         Some(wait) => {
@@ -162,11 +181,15 @@ fn prologue(options: &Options, checked: &Checked) -> Vec<Stmt> {
     // `From<redbaton::Error>` is reported there.
     let fail = relocated(quote!(#krate::__private::fail(#error)), checked.output);
 
+    let lock = match options.names {
+        Names::One(_) => quote!(#krate::__private::lock),
+        Names::Many(_) => quote!(#krate::__private::lock_many),
+    };
     let take = quote! {
         let #guard = {
             let #client: &#krate::Client = #client_ref;
             let #name = #name_value;
-            match #krate::__private::lock(
+            match #lock(
                 #client,
                 #lock_name,
                 #krate::__private::LockOptions { wait: #wait, lease: #lease, kind: #kind },
@@ -176,13 +199,33 @@ fn prologue(options: &Options, checked: &Checked) -> Vec<Stmt> {
             }
         };
     };
-    let fencing = options.fencing.as_ref().map(|token| {
-        quote! {
+    let fencing = options.fencing.as_ref().map(|token| match &options.names {
+        Names::One(_) => quote! {
             let #token: u64 = #guard.fencing_token();
+        },
+        // One token per name, in the order of `keys`.
+        Names::Many(keys) => {
+            let count = keys.len();
+            quote! {
+                let #token: [u64; #count] = #guard.fencing_tokens();
+            }
         }
     });
     // Statements by construction: `parse_quote!` cannot fail on them.
     syn::parse_quote!(#take #fencing)
+}
+
+/// A name's value (a `format!` of a template, or the expression) and
+/// where errors about it point.
+fn name_value(key: &Key) -> (TokenStream, Span) {
+    match key {
+        // The literal keeps the caller's span, so its captures resolve
+        // among the function's arguments.
+        Key::Template(template) => (quote!(::std::format!(#template)), template.span()),
+        // Located at the key, so that a block of the wrong type is
+        // reported there.
+        Key::Expr(expr) => (expr.to_token_stream(), expr.span()),
+    }
 }
 
 /// `tokens`, shown at `location` in error messages: every token (the
@@ -249,6 +292,31 @@ mod tests {
             "{out}"
         );
         assert!(out.ends_with("Ok (x + token) }"), "{out}");
+    }
+
+    #[test]
+    fn keys_take_the_multi_lock_over_a_tuple_of_names_with_a_token_each() {
+        let out = expand_to_string(
+            quote!(client = C, keys = ["a:{x}", { name() }], fencing = tokens),
+            quote!(
+                fn f(x: u64) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(
+            out.contains(":: redbaton :: __private :: lock_many"),
+            "{out}"
+        );
+        assert!(
+            out.contains("(:: std :: format ! (\"a:{x}\") , { name () } ,)"),
+            "{out}"
+        );
+        assert!(out.contains("__redbaton_name . 0") && out.contains("__redbaton_name . 1"));
+        assert!(
+            out.contains("let tokens : [u64 ; 2usize] = __redbaton_guard . fencing_tokens ()"),
+            "{out}"
+        );
     }
 
     #[test]

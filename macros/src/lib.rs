@@ -12,7 +12,8 @@
 //! - `duration`: `"250ms"`, `"5s"`, `"2m"`, `"1h"` read at compile time;
 //! - `signature`: what the function must look like, and the names its
 //!   arguments bind;
-//! - `key`: the key template's `{…}` captures, checked against those names;
+//! - `key`: the key template's `{…}` captures (of `key`, and of each of
+//!   `keys`), checked against those names;
 //! - `expand`: the function again, with the guard taken before its body;
 //! - `errors`: every mistake reported at once.
 #![forbid(unsafe_code)]

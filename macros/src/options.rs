@@ -24,6 +24,7 @@ use crate::errors::Errors;
 const OPTIONS: &[(&str, &str)] = &[
     ("client", "client = LOCKS"),
     ("key", "key = \"order:{order_id}\""),
+    ("keys", "keys = [\"account:{from}\", \"account:{to}\"]"),
     ("wait", "wait = \"5s\""),
     ("lease", "lease = \"30s\""),
     ("fixed_lease", "fixed_lease = \"30s\""),
@@ -45,8 +46,8 @@ const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 pub(crate) struct Options {
     /// What gives the `redbaton::Client`.
     pub(crate) client: Expr,
-    /// The lock's name.
-    pub(crate) key: Key,
+    /// The lock's name, or the multi-lock's names.
+    pub(crate) names: Names,
     /// `None`: one attempt.
     pub(crate) wait: Option<Duration>,
     pub(crate) lease: Lease,
@@ -81,6 +82,15 @@ pub(crate) enum Key {
     Expr(Expr),
 }
 
+/// What the function locks: one name (`key`) or several together (`keys`).
+pub(crate) enum Names {
+    /// `key = …`: one lock (or fair lock, read-write lock, semaphore).
+    One(Key),
+    /// `keys = [ … ]`: a multi-lock over these names, taken all or none;
+    /// at least one.
+    Many(Vec<Key>),
+}
+
 /// The lease the function's lock is kept with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Lease {
@@ -97,6 +107,8 @@ pub(crate) enum Lease {
 struct Given {
     client: Option<Expr>,
     key: Option<Key>,
+    /// With the name `keys`, for the errors that point at it.
+    keys: Option<(Ident, Vec<Key>)>,
     wait: Option<Duration>,
     lease: Option<(Ident, Lease)>,
     fencing: Option<Ident>,
@@ -130,12 +142,30 @@ impl Options {
         };
         let kind = given.kind.as_ref().map_or(Kind::Lock, |(_, kind)| *kind);
         check_kind(&given, kind, &mut errors);
-        match (given.client, given.key) {
-            (Some(client), Some(key)) => {
+        // A `keys` whose list was refused is not missing.
+        let named = given
+            .seen
+            .iter()
+            .any(|name| name == "key" || name == "keys");
+        let names = match (given.key, given.keys) {
+            (Some(key), None) => Some(Names::One(key)),
+            (None, Some((_, keys))) => Some(Names::Many(keys)),
+            (Some(key), Some((keys, _))) => {
+                errors.push(syn::Error::new(
+                    keys.span(),
+                    "`key` and `keys` exclude each other: `key` locks one name, `keys = [ … ]` \
+                     locks several together (a multi-lock); keep one",
+                ));
+                Some(Names::One(key))
+            }
+            (None, None) => None,
+        };
+        match (given.client, names) {
+            (Some(client), Some(names)) => {
                 errors.finish()?;
                 Ok(Options {
                     client,
-                    key,
+                    names,
                     wait: given.wait,
                     lease: given.lease.map_or(Lease::ClientDefault, |(_, lease)| lease),
                     fencing: given.fencing,
@@ -147,7 +177,7 @@ impl Options {
             }
             // What the list did not get to read is not known to be missing.
             (_, _) if !read_whole_list => Err(errors.into_error()),
-            (client, key) => {
+            (client, names) => {
                 if client.is_none() {
                     errors.push(syn::Error::new(
                         Span::call_site(),
@@ -156,12 +186,12 @@ impl Options {
                          `client = self.locks`, or a function call)",
                     ));
                 }
-                if key.is_none() {
+                if names.is_none() && !named {
                     errors.push(syn::Error::new(
                         Span::call_site(),
                         "`#[redbaton::locked]` needs `key = …`: the lock's name, as a template \
                          of the arguments (`key = \"order:{order_id}\"`) or a block \
-                         (`key = { … }`)",
+                         (`key = { … }`); or `keys = [ … ]` for several names locked together",
                     ));
                 }
                 Err(errors.into_error())
@@ -201,14 +231,27 @@ impl Options {
         given.seen.push(text.clone());
         match text.as_str() {
             "client" => given.client = Some(input.parse()?),
-            "key" => {
-                given.key = Some(match input.parse()? {
-                    Expr::Lit(syn::ExprLit {
-                        lit: Lit::Str(template),
-                        ..
-                    }) => Key::Template(template),
-                    expr => Key::Expr(expr),
-                });
+            "key" => given.key = Some(key(input.parse()?)),
+            "keys" => {
+                let value: Expr = input.parse()?;
+                match value {
+                    Expr::Array(list) if list.elems.is_empty() => {
+                        errors.push(syn::Error::new_spanned(
+                            list,
+                            "`keys` needs at least one name: `keys = [\"account:{from}\", \
+                             \"account:{to}\"]`",
+                        ))
+                    }
+                    Expr::Array(list) => {
+                        given.keys = Some((name, list.elems.into_iter().map(key).collect()));
+                    }
+                    other => errors.push(syn::Error::new_spanned(
+                        other,
+                        "`keys` takes a list in brackets, each name a template of the \
+                         arguments or a block, as in `keys = [\"account:{from}\", \
+                         \"account:{to}\"]`; for one name, write `key = …`",
+                    )),
+                }
             }
             "wait" => {
                 let wait = duration_value(input, &name)?;
@@ -314,6 +357,18 @@ impl Options {
     }
 }
 
+/// One name: a string literal is a template over the arguments, anything
+/// else an expression giving the name.
+fn key(value: Expr) -> Key {
+    match value {
+        Expr::Lit(syn::ExprLit {
+            lit: Lit::Str(template),
+            ..
+        }) => Key::Template(template),
+        expr => Key::Expr(expr),
+    }
+}
+
 /// A duration option's value: the literal and its duration, or the error
 /// to report at it. `Err` only when the list cannot be read further.
 fn duration_value(
@@ -379,6 +434,18 @@ fn permits(count: &LitInt, errors: &mut Errors) -> u64 {
 /// (`Lock::with_lease`) is the lock's; a fencing token, the lock's and the
 /// writer's.
 fn check_kind(given: &Given, kind: Kind, errors: &mut Errors) {
+    // A multi-lock is made of plain locks: there is no fair, read-write or
+    // semaphore one.
+    if let (Some(_), Some((other, _))) = (&given.keys, &given.kind) {
+        errors.push(syn::Error::new(
+            other.span(),
+            format!(
+                "`{other}` cannot go with `keys`: `keys = [ … ]` holds a multi-lock, made of \
+                 plain locks, and there is no fair, read-write or semaphore multi-lock; \
+                 use `key` for one name with `{other}`, or leave `{other}` out"
+            ),
+        ));
+    }
     if let Some((lease, Lease::Renewed(_))) = &given.lease {
         if !matches!(kind, Kind::Lock | Kind::Fair) {
             errors.push(syn::Error::new(
@@ -449,7 +516,7 @@ mod tests {
             crate = ::my::redbaton,
         ))
         .unwrap_or_else(|e| panic!("{e}"));
-        assert!(matches!(options.key, Key::Template(_)));
+        assert!(matches!(options.names, Names::One(Key::Template(_))));
         assert_eq!(options.wait, Some(Duration::from_secs(5)));
         assert_eq!(options.lease, Lease::Renewed(Duration::from_secs(30)));
         assert_eq!(options.fencing.unwrap().to_string(), "token");
@@ -460,7 +527,10 @@ mod tests {
 
         let options = parse(quote!(client = self.c, key = { x() }, fixed_lease = "2m"))
             .unwrap_or_else(|e| panic!("{e}"));
-        assert!(matches!(options.key, Key::Expr(Expr::Block(_))));
+        assert!(matches!(
+            options.names,
+            Names::One(Key::Expr(Expr::Block(_)))
+        ));
         assert_eq!(options.wait, None);
         assert_eq!(options.lease, Lease::Fixed(Duration::from_secs(120)));
         assert_eq!(options.krate.to_string(), quote!(::redbaton).to_string());
@@ -567,6 +637,43 @@ mod tests {
             fencing = t
         ))
         .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    #[test]
+    fn keys_take_a_multi_lock_with_the_lock_options_only() {
+        let options = parse(quote!(
+            client = C,
+            keys = ["a:{x}", { b() }],
+            wait = "1s",
+            fixed_lease = "5s",
+            fencing = tokens
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let Names::Many(keys) = &options.names else {
+            panic!("not a multi-lock");
+        };
+        assert!(matches!(
+            keys[..],
+            [Key::Template(_), Key::Expr(Expr::Block(_))]
+        ));
+        assert_eq!(options.kind, Kind::Lock);
+        parse(quote!(client = C, keys = ["a"], lease = "5s")).unwrap_or_else(|e| panic!("{e}"));
+
+        let errors = messages(quote!(client = C, key = "a", keys = ["b"]));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with("`key` and `keys` exclude each other"));
+        let errors = messages(quote!(client = C, keys = []));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with("`keys` needs at least one name"));
+        let errors = messages(quote!(client = C, keys = "a"));
+        assert!(errors[0].starts_with("`keys` takes a list in brackets"));
+        for kind in [quote!(fair), quote!(rw = read), quote!(semaphore = 2)] {
+            let errors = messages(quote!(client = C, keys = ["a", "b"], #kind));
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert!(errors[0].contains("cannot go with `keys`"), "{errors:?}");
+        }
+        let errors = messages(quote!(client = C));
+        assert!(errors[0].contains("or `keys = [ … ]`"), "{errors:?}");
     }
 
     #[test]

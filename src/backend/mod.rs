@@ -5,7 +5,9 @@
 //! Connection pooling, the classification of transport errors and the
 //! rules for parked connections live here, once. The flavors:
 //!
-//! - `single`: one Redis server (a command pool and a parking pool);
+//! - `single`: one Redis server (a command pool and a parking pool; its
+//!   waiters park through `hub`, a few connections each blocked on many
+//!   baton lists);
 //! - `cluster` (feature `cluster`): a `single` per master of a Redis
 //!   Cluster, chosen by the slot of the key an exchange names (`slot`);
 //! - `sentinel` (feature `sentinel`): a `single` for the master the
@@ -16,13 +18,15 @@
 //!   at a time.
 //!
 //! `unblock` ends parks on time (`CLIENT UNBLOCK`) rather than on the
-//! server's timer tick; every flavor uses it, on the node it parks on.
+//! server's timer tick, for a cluster's one-key parks (the hub's waiters
+//! keep their own time), and ends a dropped hub's blocked calls.
 //! Each flavor is a file of this folder, with one-line dispatch in
 //! [`Backend`]'s methods.
 
 mod classify;
 #[cfg(feature = "cluster")]
 mod cluster;
+mod hub;
 mod pool;
 #[cfg(feature = "redlock")]
 mod quorum;

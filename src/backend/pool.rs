@@ -51,6 +51,12 @@ impl Conn {
         self.client_id
     }
 
+    /// Whether a transport error left it in an unknown state (it is closed
+    /// when it goes back to the pool).
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken
+    }
+
     /// Runs one exchange; a transport error marks the connection broken so
     /// that it is closed when it goes back to the pool.
     pub(crate) fn run<T>(

@@ -10,6 +10,7 @@ use redis::{ConnectionLike, RedisResult};
 use scheduled_thread_pool::{OnPoolDropBehavior, ScheduledThreadPool};
 
 use super::classify::{self, breaks_connection, describe_io, ScriptTracer};
+use super::hub::{self, Hub};
 use super::pool::{Pool, PooledConn};
 use super::unblock::Unblocker;
 use super::version;
@@ -17,17 +18,25 @@ use super::{Failed, Parked, Sent};
 use crate::config::Config;
 use crate::error::Error;
 
-/// The least time given to opening a parking connection.
+/// The least time given to opening a parking connection (a cluster's
+/// parks).
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 const CONNECT_ALLOWANCE: Duration = Duration::from_millis(50);
 
 pub(super) struct Single {
     /// Short commands: scripts, `INCR`, `EXISTS`. Each is held for one round
     /// trip, never while waiting.
     commands: Pool,
-    /// Connections parked in `BLPOP`.
+    /// Connections parked in `BLPOP` on one key each (a cluster's parks).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     parking: Pool,
-    /// Ends parks on time rather than on the server's timer tick.
-    unblocker: Unblocker,
+    /// Connections parked in `BLPOP` on many keys each, shared by every
+    /// waiter (one server, Sentinel, a quorum's masters).
+    hub: Hub,
+    /// Ends parks on time rather than on the server's timer tick (a
+    /// cluster's parks).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    unblocker: Arc<Unblocker>,
     io_timeout: Duration,
     trace: ScriptTracer,
     memory_policy_checked: AtomicBool,
@@ -78,20 +87,32 @@ impl Single {
             false,
             workers,
         );
+        let unblocker = Arc::new(Unblocker::new(commands.clone(), config.io_timeout));
+        // Parked connections are identified, so that the timer can end
+        // their park.
+        let parking = Pool::new(
+            client,
+            config.parking_connections,
+            config.io_timeout,
+            &config.client_name,
+            "parking",
+            true,
+            workers,
+        );
         Single {
-            unblocker: Unblocker::new(commands.clone(), config.io_timeout),
-            commands,
-            // Parked connections are identified, so that the timer can end
-            // their park.
-            parking: Pool::new(
-                client,
-                config.parking_connections,
+            hub: Hub::new(
+                parking.clone(),
+                commands.clone(),
+                Arc::clone(&unblocker),
+                &config.prefix,
+                config.parking_connections.min(hub::MAX_SHARDS),
+                config.baton_ttl,
                 config.io_timeout,
-                &config.client_name,
-                "parking",
-                true,
-                workers,
+                trace,
             ),
+            unblocker,
+            commands,
+            parking,
             io_timeout: config.io_timeout,
             trace,
             memory_policy_checked: AtomicBool::new(false),
@@ -272,10 +293,11 @@ impl Single {
         }
     }
 
-    /// Parks in `BLPOP` on `list` for at most `park`; see
-    /// [`Backend::park`](super::Backend::park). A redirection means a
-    /// cluster node was given as one server (or as the sentinels' master):
-    /// the next attempt says so.
+    /// Parks until a token of `list` comes or `park` has passed, on the
+    /// hub's shared parking connections; see
+    /// [`Backend::park`](super::Backend::park). The park's end is the
+    /// waiter's own timer: a `precise` park ends on time; the others last
+    /// at least the server's timer tick, as they did in Redis.
     pub(super) fn park(
         &self,
         name: &str,
@@ -283,16 +305,14 @@ impl Single {
         park: Duration,
         precise: bool,
     ) -> Result<Parked, Error> {
-        match self.park_on(name, list, Instant::now() + park, precise, false)? {
-            NodeParked::Parked(parked) => Ok(parked),
-            NodeParked::Redirected(err) => Ok(Parked::ConnectionFailed(self.classify(err, name))),
-        }
+        self.hub.park(name, list, park, precise)
     }
 
     /// Parks in `BLPOP` on `list` until `park_until` at most, after
     /// `ASKING` when `asking` (a cluster's importing node serves the list
     /// for this one command). A redirection is handed back, not
     /// classified: a cluster follows it.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(super) fn park_on(
         &self,
         name: &str,
@@ -374,6 +394,7 @@ impl Single {
 
 /// How a park on one node ended, before a flavor that routes acts on a
 /// redirection.
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(super) enum NodeParked {
     /// Parked (or could not), as the caller sees it.
     Parked(Parked),
@@ -383,6 +404,7 @@ pub(super) enum NodeParked {
 }
 
 /// A cluster's `MOVED` or `ASK`: the command did not run here.
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 fn is_redirection(err: &redis::RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
     matches!(
@@ -394,6 +416,7 @@ fn is_redirection(err: &redis::RedisError) -> bool {
 /// Replies that end a park without a token and call for another look: a
 /// cluster between two configurations (`TRYAGAIN`, `CLUSTERDOWN`), or a
 /// master demoted under the waiter (`UNBLOCKED`).
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 fn ends_park(err: &redis::RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
     matches!(

@@ -8,7 +8,10 @@
 //! park time). It wakes with a baton (the holder released) or by timeout
 //! (the holder's lease ran out, or it is time to look again), and then makes
 //! one attempt, even when its deadline has just passed, so a baton it took
-//! is never dropped unused.
+//! is never dropped unused. How the backend parks is its own business: on
+//! one server, Sentinel and a quorum's masters, many waiters share a few
+//! connections, each blocked on many baton lists (`backend::hub`); on a
+//! Cluster, each parked connection waits on one list.
 //!
 //! Inside one process, threads waiting on the same baton key queue up (see
 //! `local_queue`): one of them (the *parker*) waits in Redis for all, the

@@ -88,6 +88,49 @@ fn a_resent_acquisition_whose_reply_was_lost_finds_its_own_first_run() {
 /// Issue 21 item 10: a waiter SIGKILLed while queued, the holder unlocks,
 /// the name is never used again: every key under the name's tag expires
 /// (docs/how-it-works.md's promise), none is left without a TTL.
+/// Issue 22: a fair release whose reply was lost runs once. P releases, the
+/// release runs and its reply is lost; D takes the lock before P's client
+/// sends the release again. The resend (owner- and token-checked) must
+/// leave D's hold alone, and P's `unlock` reports the release.
+#[test]
+fn a_release_whose_reply_was_lost_leaves_the_next_holder_alone() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let p = Client::builder(proxy.url())
+        .io_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let d = support::client(&server);
+    let lock = p.fair_lock("lost-release").unwrap();
+    lock.try_lock().unwrap().expect("free").unlock().unwrap(); // scripts loaded
+    let (held, wait_held) = std::sync::mpsc::channel();
+    let (go, wait_go) = std::sync::mpsc::channel::<()>();
+    let releaser = thread::spawn(move || {
+        let guard = lock.lock().unwrap();
+        held.send(guard.fencing_token()).unwrap();
+        wait_go.recv_timeout(Duration::from_secs(30)).unwrap();
+        guard.unlock()
+    });
+    let first = wait_held.recv_timeout(Duration::from_secs(10)).unwrap();
+    // 300 ms per request through the proxy: room for D between the first
+    // run and the resend.
+    proxy.set_delay(Duration::from_millis(300));
+    proxy.drop_reply_to(b"EVALSHA");
+    go.send(()).unwrap();
+    support::eventually(Duration::from_secs(10), "the release's reply lost", || {
+        proxy.dropped_replies() == 1
+    });
+    let d_lock = d.fair_lock("lost-release").unwrap();
+    let taken = d_lock.try_lock().unwrap().expect("the first run released");
+    assert!(taken.fencing_token() > first);
+    releaser.joined().expect("the resend reports the release");
+    proxy.set_delay(Duration::ZERO);
+    let holder = d_lock.holder().unwrap().expect("D still holds it");
+    assert_eq!(holder.fencing_token, taken.fencing_token(), "{holder:?}");
+    taken.unlock().expect("D's hold was left alone");
+    assert_eq!(d_lock.holder().unwrap(), None);
+}
+
 #[test]
 fn a_killed_waiters_keys_all_expire_after_the_names_last_use() {
     let server = RedisServer::start();

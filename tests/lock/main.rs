@@ -5,6 +5,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod at_scale;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod errors;

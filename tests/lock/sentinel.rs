@@ -638,3 +638,91 @@ fn a_named_master_that_is_a_replica_is_unavailable_not_used() {
     assert!(err.to_string().contains("is not"), "{err}");
     assert!(!err.to_string().contains("READONLY"), "{err}");
 }
+
+/// Issue 27 on Sentinel: one client waits on 64 names, each on a thread
+/// of its own, through a `SENTINEL FAILOVER`. Half the names are released
+/// before it, half after; every waiter gets its lock within 200 ms of its
+/// release (those released after, once the client parks on the new
+/// master), and the client parks on a few connections of each master,
+/// not one per name.
+#[test]
+fn many_names_waited_through_a_failover_wake_at_their_release() {
+    const NAMES: usize = 64;
+    const BOUND: Duration = Duration::from_millis(200);
+    let deployment = Deployment::start(Kind::Sentinel);
+    let sentinels = deployment.sentinels();
+    let holder = deployment.client();
+    let waiting = deployment.client();
+    let names: Vec<String> = (0..NAMES).map(|n| format!("many-failover:{n}")).collect();
+    let mut guards: Vec<_> = names
+        .iter()
+        .map(|name| Some(holder.lock(name).unwrap().lock().unwrap()))
+        .collect();
+    wait_for_replica(sentinels.master(), "test-sync");
+    let (acquired, acquisitions) = std::sync::mpsc::channel();
+    let waiters: Vec<_> = names
+        .iter()
+        .enumerate()
+        .map(|(n, name)| {
+            let lock = waiting.lock(name).unwrap();
+            let acquired = acquired.clone();
+            thread::spawn(move || {
+                let guard = lock.try_lock_for(FAILOVER * 3).unwrap();
+                let at = Instant::now();
+                assert!(guard.is_some(), "{n}: not acquired");
+                acquired.send((n, at)).unwrap();
+            })
+        })
+        .collect();
+    let parked = |server: &RedisServer| {
+        eventually(FAILOVER, "the waiters park", || {
+            crate::support::blocked_clients(server) >= 1
+        });
+        // Every waiter has made its attempt and parked.
+        thread::sleep(Duration::from_millis(500));
+        crate::support::blocked_clients(server)
+    };
+    let parked_before = parked(sentinels.master());
+    let order: Vec<usize> = (0..NAMES).map(|i| (i * 23 + 5) % NAMES).collect();
+    let mut late = Vec::new();
+    let mut release_and_collect = |order: &[usize]| {
+        let mut released = std::collections::HashMap::new();
+        for &n in order {
+            guards[n].take().unwrap().unlock().unwrap();
+            released.insert(n, Instant::now());
+            thread::sleep(Duration::from_millis(5));
+        }
+        for _ in order {
+            let (n, at) = acquisitions
+                .recv_timeout(FAILOVER)
+                .expect("every waiter gets its lock");
+            let wake = at.saturating_duration_since(released[&n]);
+            if wake > BOUND {
+                late.push((n, wake));
+            }
+        }
+    };
+    release_and_collect(&order[..NAMES / 2]);
+
+    let old = sentinels.master().port();
+    sentinel_failover(sentinels);
+    wait_for_failover(sentinels, old);
+    let new = server_at(sentinels, sentinels.current_master_port().unwrap());
+    let parked_after = parked(new);
+    release_and_collect(&order[NAMES / 2..]);
+    for waiter in waiters {
+        waiter.joined();
+    }
+    println!(
+        "{NAMES} names through a failover: {parked_before} parked connections before, \
+         {parked_after} after; woken late: {late:?}"
+    );
+    assert!(
+        late.is_empty(),
+        "woken more than {BOUND:?} after the release: {late:?}"
+    );
+    assert!(
+        parked_before <= 4 && parked_after <= 4,
+        "parked connections: {parked_before} before, {parked_after} after the failover"
+    );
+}

@@ -191,7 +191,10 @@ fn return_and_question_mark_in_the_body_keep_their_meaning_and_release() {
 
 /// Holds `name` on another thread until the returned sender is used or
 /// dropped; returns once it is held.
-fn hold_elsewhere(client: &Client, name: &str) -> (mpsc::Sender<()>, thread::JoinHandle<()>) {
+pub(crate) fn hold_elsewhere(
+    client: &Client,
+    name: &str,
+) -> (mpsc::Sender<()>, thread::JoinHandle<()>) {
     let (held_tx, held_rx) = mpsc::channel();
     let (release_tx, release_rx) = mpsc::channel::<()>();
     let lock = client.lock(name).unwrap();

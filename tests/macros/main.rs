@@ -1,6 +1,6 @@
 //! `#[redbaton::locked]`: what it compiles to (`compile`, through trybuild)
 //! and how locked functions behave against real redis-servers, between
-//! threads (`calls`) and between processes (`processes`). Child processes
+//! threads (`calls`, `multi` for `keys = [ … ]`) and between processes (`processes`). Child processes
 //! re-run this binary on `child_entry`, which hands the role to the module
 //! that owns it.
 
@@ -9,6 +9,7 @@ mod support;
 
 mod calls;
 mod compile;
+mod multi;
 mod processes;
 
 /// The error type of the locked functions under test: redbaton's errors

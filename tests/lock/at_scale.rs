@@ -1,0 +1,246 @@
+//! Waiting at scale (issue 27): one client waits on many names at once,
+//! each waiter woken by its own release, on a fixed number of
+//! connections; and no wake-up is lost while the set of waited names
+//! changes. Bounds are generous; `cargo bench --bench waiting` measures
+//! the figures.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::support::JoinWithin;
+use redbaton::Client;
+use testkit::RedisServer;
+
+/// The most connections a client parks on per server, whatever the number
+/// of names it waits for (the parking hub's shards).
+const PARKING_CONNECTIONS: usize = 4;
+
+/// Connections the server has now, by `CLIENT LIST`.
+fn connections(server: &RedisServer) -> usize {
+    let mut admin = server.connection();
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut admin).unwrap();
+    list.lines().filter(|line| !line.trim().is_empty()).count()
+}
+
+/// A scrambled order of `0..n` (a fixed permutation: `n` is a power of
+/// two and the multiplier odd).
+fn scrambled(n: usize) -> Vec<usize> {
+    (0..n).map(|i| (i * 97 + 31) % n).collect()
+}
+
+/// Sorted durations' p50, p99 and max.
+fn percentiles(mut values: Vec<Duration>) -> (Duration, Duration, Duration) {
+    values.sort();
+    let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.99), values[values.len() - 1])
+}
+
+/// 256 threads of one client each wait for a name of their own; another
+/// client holds all 256 and releases them one by one, staggered, in a
+/// scrambled order. Every waiter gets its lock within 200 ms of its
+/// release (the old layer's one parked connection per name, 16 at most,
+/// left most waiters to their maximum park: seconds), and the waiting
+/// client's connections stay within its pool and a few parking ones.
+#[test]
+fn two_hundred_fifty_six_names_wake_at_their_release_on_a_few_connections() {
+    const NAMES: usize = 256;
+    const POOL: u32 = 4;
+    let server = RedisServer::start();
+    let holder = Client::builder(server.url())
+        .pool_size(POOL)
+        .build()
+        .unwrap();
+    let waiting = Client::builder(server.url())
+        .pool_size(POOL)
+        .build()
+        .unwrap();
+    let names: Vec<String> = (0..NAMES).map(|n| format!("scale:{n}")).collect();
+    let guards: Vec<_> = names
+        .iter()
+        .map(|name| holder.lock(name).unwrap().lock().unwrap())
+        .collect();
+    let baseline = connections(&server);
+
+    let ready = Arc::new(Barrier::new(NAMES + 1));
+    let (acquired, acquisitions) = mpsc::channel();
+    let waiters: Vec<_> = names
+        .iter()
+        .enumerate()
+        .map(|(n, name)| {
+            let lock = waiting.lock(name).unwrap();
+            let (ready, acquired) = (Arc::clone(&ready), acquired.clone());
+            thread::Builder::new()
+                .stack_size(256 * 1024)
+                .spawn(move || {
+                    ready.wait();
+                    let guard = lock.try_lock_for(Duration::from_secs(30)).unwrap();
+                    let at = Instant::now();
+                    assert!(guard.is_some(), "{n}: not acquired");
+                    acquired.send((n, at)).unwrap();
+                })
+                .unwrap()
+        })
+        .collect();
+    ready.wait();
+    // Every waiter has made its first attempt and parked.
+    thread::sleep(Duration::from_millis(500));
+
+    let peak = Arc::new(std::sync::atomic::AtomicUsize::new(connections(&server)));
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (peak, done) = (Arc::clone(&peak), Arc::clone(&done));
+        let port = server.port();
+        thread::spawn(move || {
+            let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+            let mut admin = client.get_connection().unwrap();
+            while !done.load(Ordering::Relaxed) {
+                let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut admin).unwrap();
+                let now = list.lines().filter(|l| !l.trim().is_empty()).count();
+                peak.fetch_max(now, Ordering::Relaxed);
+                thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+
+    let mut guards: Vec<_> = guards.into_iter().map(Some).collect();
+    let mut released = vec![Instant::now(); NAMES];
+    for n in scrambled(NAMES) {
+        guards[n].take().unwrap().unlock().unwrap();
+        released[n] = Instant::now();
+        thread::sleep(Duration::from_millis(2));
+    }
+    let mut wakes = Vec::with_capacity(NAMES);
+    for _ in 0..NAMES {
+        let (n, at) = acquisitions
+            .recv_timeout(Duration::from_secs(30))
+            .expect("every waiter gets its lock");
+        wakes.push((n, at.saturating_duration_since(released[n])));
+    }
+    done.store(true, Ordering::Relaxed);
+    sampler.joined();
+    for waiter in waiters {
+        waiter.joined();
+    }
+    let (p50, p99, max) = percentiles(wakes.iter().map(|(_, wake)| *wake).collect());
+    let peak = peak.load(Ordering::Relaxed);
+    println!(
+        "{NAMES} names: wake after release p50 {p50:?} p99 {p99:?} max {max:?}; connections \
+         {baseline} before waiting, {peak} at most while waiting"
+    );
+    let late: Vec<_> = wakes
+        .iter()
+        .filter(|(_, wake)| *wake > Duration::from_millis(200))
+        .collect();
+    assert!(late.is_empty(), "woken late: {late:?}");
+    // The waiting client's command pool, its parking connections, and the
+    // sampler's own connection.
+    let bound = baseline + POOL as usize + PARKING_CONNECTIONS + 1;
+    assert!(
+        peak <= bound,
+        "{peak} connections while waiting (bound {bound})"
+    );
+}
+
+/// Names come and go in a client's set of waited names while their locks
+/// are released: a waiter of client A on each name gives up at a random
+/// moment (its name leaves A's blocked call, a token popped for it goes
+/// back), others of A and B wait on names never released (joining and
+/// leaving all along), and a waiter of client B on each name must get the
+/// lock after every release, within 200 ms of it. With a maximum park of
+/// 20 s, a lost wake-up would show as a waiter woken seconds late.
+#[test]
+fn no_wake_up_is_lost_while_waited_names_come_and_go() {
+    const NAMES: usize = 64;
+    const CHURN: usize = 8;
+    let server = RedisServer::start();
+    let holder = Client::builder(server.url()).build().unwrap();
+    let patient = |url: String| {
+        Client::builder(url)
+            .max_park(Duration::from_secs(20))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (patient(server.url()), patient(server.url()));
+    let names: Vec<String> = (0..NAMES).map(|n| format!("churn:{n}")).collect();
+    let guards: Vec<_> = names
+        .iter()
+        .map(|name| holder.lock(name).unwrap().lock().unwrap())
+        .collect();
+    let _never: Vec<_> = (0..CHURN)
+        .map(|k| holder.lock(&format!("never:{k}")).unwrap().lock().unwrap())
+        .collect();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut churners = Vec::new();
+    for (k, client) in (0..CHURN).flat_map(|k| [(k, a.clone()), (k, b.clone())]) {
+        let stop = Arc::clone(&stop);
+        churners.push(thread::spawn(move || {
+            let mut rounds = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let lock = client
+                    .lock(&format!("never:{}", (k + rounds as usize) % CHURN))
+                    .unwrap();
+                let wait = Duration::from_millis(5 + (rounds * 7 + k as u64 * 3) % 40);
+                assert!(lock.try_lock_for(wait).unwrap().is_none());
+                rounds += 1;
+            }
+            rounds
+        }));
+    }
+
+    let (acquired, acquisitions) = mpsc::channel();
+    let mut waiters = Vec::new();
+    for (n, name) in names.iter().enumerate() {
+        // A's waiter leaves after a while, maybe just as its lock is
+        // released; if it gets the lock, it passes it on at once.
+        let lock = a.lock(name).unwrap();
+        waiters.push(thread::spawn(move || {
+            let wait = Duration::from_millis(100 + (n as u64 * 37) % 700);
+            if let Some(guard) = lock.try_lock_for(wait).unwrap() {
+                guard.unlock().unwrap();
+            }
+        }));
+        let lock = b.lock(name).unwrap();
+        let acquired = acquired.clone();
+        waiters.push(thread::spawn(move || {
+            let guard = lock.try_lock_for(Duration::from_secs(30)).unwrap();
+            let at = Instant::now();
+            assert!(guard.is_some(), "{n}: B's waiter did not get the lock");
+            acquired.send((n, at)).unwrap();
+        }));
+    }
+    thread::sleep(Duration::from_millis(200));
+
+    let mut guards: Vec<_> = guards.into_iter().map(Some).collect();
+    let mut released = HashMap::new();
+    for n in scrambled(NAMES) {
+        guards[n].take().unwrap().unlock().unwrap();
+        released.insert(n, Instant::now());
+        thread::sleep(Duration::from_millis(11));
+    }
+    let mut wakes = Vec::new();
+    for _ in 0..NAMES {
+        let (n, at) = acquisitions
+            .recv_timeout(Duration::from_secs(30))
+            .expect("every B waiter gets its lock");
+        wakes.push((n, at.saturating_duration_since(released[&n])));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let rounds: u64 = churners.into_iter().map(|c| c.joined()).sum();
+    for waiter in waiters {
+        waiter.joined();
+    }
+    let (p50, p99, max) = percentiles(wakes.iter().map(|(_, wake)| *wake).collect());
+    println!(
+        "{NAMES} names with {rounds} joins and leaves meanwhile: B woken after release p50 \
+         {p50:?} p99 {p99:?} max {max:?}"
+    );
+    let late: Vec<_> = wakes
+        .iter()
+        .filter(|(_, wake)| *wake > Duration::from_millis(200))
+        .collect();
+    assert!(late.is_empty(), "woken late (a lost wake-up): {late:?}");
+}
