@@ -161,6 +161,7 @@ impl Backend {
     /// For a quorum: whether master `index` (its place in
     /// [`Backend::masters`]) is left out of rounds until its probe finds
     /// it answering. False for every other flavor.
+    #[cfg(feature = "redlock")]
     pub(crate) fn is_suspect(&self, index: usize) -> bool {
         match &self.flavor {
             #[cfg(feature = "redlock")]
@@ -176,6 +177,7 @@ impl Backend {
     /// master (by its place in [`Backend::masters`]) on which its last
     /// round found the lock held, or `None` for the quorum's usual parking
     /// master. Nothing for every other flavor.
+    #[cfg(feature = "redlock")]
     pub(crate) fn prefer_parking(&self, master: Option<usize>) {
         match &self.flavor {
             #[cfg(feature = "redlock")]
@@ -280,6 +282,7 @@ impl Backend {
     /// order of [`Backend::masters`]; for any other flavor, one error.
     /// `only`: the masters to send it to (all: `None`); the others' results
     /// are errors that nothing was sent.
+    #[cfg(feature = "redlock")]
     pub(crate) fn send_to(
         &self,
         name: &str,

@@ -86,6 +86,7 @@ pub(crate) enum ReleaseReply {
     /// left out as suspect). The lock is free, but those masters may still
     /// hold their copy, and waiters parked there hear no baton until it
     /// expires: the release must reach them in the background.
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
     ReleasedInPart,
 }
 

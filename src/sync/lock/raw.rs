@@ -231,6 +231,7 @@ pub(crate) struct ReleaseOne<'a> {
 /// the first send). Nothing for one deployment, whose single answer ends
 /// the clean-up.
 #[derive(Debug, Default)]
+#[cfg_attr(not(feature = "redlock"), allow(dead_code))]
 pub(crate) struct Answered(pub(crate) Vec<bool>);
 
 /// A clean-up that sends the last release of an ownership again until
