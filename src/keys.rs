@@ -282,6 +282,63 @@ impl LimiterKeys {
     }
 }
 
+/// The `SCAN MATCH` pattern of the lock keys under `prefix` whose names
+/// match `name_glob`: `P:{G}:lock`, where `G` is the glob with `%`, `{` and
+/// `}` encoded as in a key, so that a literal brace in it matches a brace
+/// of a name. The prefix's glob characters are escaped: it is matched
+/// literally. A name's `%`, `{` and `}` take three characters in a key, so
+/// a `?` of the glob never matches one of them (a `*` does).
+pub(crate) fn lock_scan_pattern(prefix: &str, name_glob: &str) -> String {
+    format!("{}:{{{}}}:lock", glob_escape(prefix), hash_tag(name_glob))
+}
+
+/// The name of the plain lock whose lock key is `key` under `prefix`, or
+/// `None` when `key` is no such key (another kind's, another prefix's, or
+/// an encoding [`hash_tag`] never makes). The inverse of
+/// [`LockKeys::new`]'s `lock`.
+pub(crate) fn lock_name_of(prefix: &str, key: &str) -> Option<String> {
+    let tag = key
+        .strip_prefix(prefix)?
+        .strip_prefix(":{")?
+        .strip_suffix("}:lock")?;
+    let name = untag(tag)?;
+    check_name(&name).ok()?;
+    Some(name)
+}
+
+/// Undoes [`hash_tag`]: `None` for a tag it cannot have made (a brace, or
+/// a `%` not followed by one of its three codes).
+fn untag(tag: &str) -> Option<String> {
+    let mut name = String::with_capacity(tag.len());
+    let mut rest = tag;
+    while let Some(at) = rest.find(['%', '{', '}']) {
+        name.push_str(&rest[..at]);
+        let code = rest[at..].get(..3)?;
+        name.push(match code {
+            "%25" => '%',
+            "%7B" => '{',
+            "%7D" => '}',
+            _ => return None,
+        });
+        rest = &rest[at + 3..];
+    }
+    name.push_str(rest);
+    Some(name)
+}
+
+/// `text` with the characters special to Redis's glob (`*`, `?`, `[`, `]`,
+/// `\`) escaped, so that it matches itself only.
+fn glob_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
 /// The key of the `INCR` counter that numbers thread identities.
 pub(crate) fn identity_counter(prefix: &str) -> String {
     format!("{prefix}:identity")
@@ -401,5 +458,48 @@ mod tests {
             Err(Error::InvalidName { .. })
         ));
         assert!(LockKeys::new("p", &long[1..]).is_ok());
+    }
+
+    #[test]
+    fn lock_names_are_read_back_from_their_keys() {
+        for name in ["plain", "a{b}c%d", "%7B", "}{", "x:lock", "émoji 🦀", "%"] {
+            let keys = LockKeys::new("app:p", name).unwrap();
+            assert_eq!(lock_name_of("app:p", &keys.lock).as_deref(), Some(name));
+        }
+        // Another kind's key, another prefix's, a key of no lock.
+        let fair = LockKeys::fair("p", "n").unwrap();
+        assert_eq!(lock_name_of("p", &fair.lock), None);
+        assert_eq!(
+            lock_name_of("p", &LockKeys::new("p", "n").unwrap().baton),
+            None
+        );
+        assert_eq!(
+            lock_name_of("q", &LockKeys::new("p", "n").unwrap().lock),
+            None
+        );
+        assert_eq!(lock_name_of("p", "p:{}:lock"), None);
+        // Encodings the key layout never makes.
+        for key in [
+            "p:{a%41}:lock",
+            "p:{a%7}:lock",
+            "p:{a%}:lock",
+            "p:{a{b}:lock",
+            "p:{a}b}:lock",
+        ] {
+            assert_eq!(lock_name_of("p", key), None, "{key}");
+        }
+    }
+
+    #[test]
+    fn scan_patterns_encode_the_glob_and_escape_the_prefix() {
+        assert_eq!(lock_scan_pattern("redbaton", "*"), "redbaton:{*}:lock");
+        assert_eq!(
+            lock_scan_pattern("redbaton", "job{1}*"),
+            "redbaton:{job%7B1%7D*}:lock"
+        );
+        assert_eq!(
+            lock_scan_pattern("a*b?[c]\\", "%"),
+            "a\\*b\\?\\[c\\]\\\\:{%25}:lock"
+        );
     }
 }

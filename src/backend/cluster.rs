@@ -225,6 +225,27 @@ impl Cluster {
         Err(not_sent(self.kept_moving(name)))
     }
 
+    /// Runs `exchange` on each master of the slot map (loaded first if
+    /// none is yet): see [`Backend::on_every_master`](super::Backend::on_every_master).
+    pub(super) fn on_every_master<T>(
+        &self,
+        name: &str,
+        mut exchange: impl FnMut(&mut dyn ConnectionLike) -> RedisResult<T>,
+    ) -> Result<Vec<T>, Error> {
+        if self.routes.read().generation == 0 {
+            self.refresh(0)?;
+        }
+        let routes = Arc::clone(&self.routes.read());
+        let mut values = Vec::with_capacity(routes.masters.len());
+        for master in &routes.masters {
+            let sent = master
+                .send(&mut exchange)
+                .map_err(|failed| master.failed(failed, name).error)?;
+            values.push(sent.value);
+        }
+        Ok(values)
+    }
+
     /// Parks on the node serving `list`: one socket on one node.
     ///
     /// A redirection is followed as a command's is: `ASK` (the list's slot

@@ -272,6 +272,54 @@ impl Backend {
             .map_err(|failed| failed.error)
     }
 
+    /// Runs `exchange` once on every server that holds keys: the server,
+    /// the master the sentinels name, each master of a cluster's slot map,
+    /// each master of a quorum. One value per server; the first failure
+    /// ends it (`name`: the object named in its message). Not resent: an
+    /// exchange here only reads, for an operator's listing.
+    pub(crate) fn on_every_master<T>(
+        &self,
+        name: &str,
+        mut exchange: impl FnMut(&mut dyn ConnectionLike) -> RedisResult<T>,
+    ) -> Result<Vec<T>, Error> {
+        self.each_master(name, &mut exchange)
+    }
+
+    /// [`Backend::on_every_master`] with the exchange behind one pointer
+    /// type, so that a quorum's call for each master is the same function.
+    fn each_master<T>(
+        &self,
+        name: &str,
+        exchange: &mut dyn FnMut(&mut dyn ConnectionLike) -> RedisResult<T>,
+    ) -> Result<Vec<T>, Error> {
+        self.check_process()?;
+        match &self.flavor {
+            Flavor::Single(single) => Ok(vec![
+                single
+                    .exchange(name, exchange)
+                    .map_err(|failed| failed.error)?
+                    .value,
+            ]),
+            #[cfg(feature = "cluster")]
+            Flavor::Cluster(cluster) => cluster.on_every_master(name, exchange),
+            #[cfg(feature = "sentinel")]
+            Flavor::Sentinel(sentinel) => Ok(vec![
+                sentinel
+                    .exchange(name, exchange)
+                    .map_err(|failed| failed.error)?
+                    .value,
+            ]),
+            #[cfg(feature = "redlock")]
+            Flavor::Quorum(quorum) => {
+                let mut values = Vec::new();
+                for master in quorum.masters() {
+                    values.extend(master.each_master(name, exchange)?);
+                }
+                Ok(values)
+            }
+        }
+    }
+
     /// Sends `packed` to the masters of a quorum at once, then reads
     /// every reply, each within `timeout` of the start: a round costs the
     /// slowest answering master, never one timeout per master that does

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::context::Context;
 use crate::error::Error;
-use crate::keys::{LatchKeys, LimiterKeys, LockKeys, RwKeys, SemaphoreKeys};
+use crate::keys::{self, LatchKeys, LimiterKeys, LockKeys, RwKeys, SemaphoreKeys};
 use crate::lease::WatchdogStats;
 use crate::sync::lock::RawLock;
 use crate::sync::rwlock::RwProtocol;
@@ -16,6 +16,10 @@ use crate::sync::semaphore::{DeploymentSemaphore, RawSemaphore};
 use crate::sync::{CountDownLatch, Lock, MultiLock, RateLimiter, RwLock, Semaphore};
 
 pub use builder::{ClientBuilder, Topology};
+
+/// Keys `SCAN` looks at per call in [`Client::lock_names`]: a few hundred
+/// keep each call short on a busy server and the round trips few.
+const SCAN_COUNT: u32 = 500;
 
 /// A client of one Redis deployment, from which every synchronizer is
 /// made: [`Lock`]s (and fair locks), [`RwLock`]s, [`Semaphore`]s,
@@ -234,6 +238,71 @@ impl Client {
             Arc::clone(&self.semaphore_raw),
             keys,
         ))
+    }
+
+    /// The names of the plain locks that exist now (held, so their key
+    /// exists) whose name matches `pattern`, sorted, each once: for an
+    /// operator's listing, not for program logic (a lock may be taken or
+    /// freed as the answer arrives).
+    ///
+    /// `pattern` is a Redis glob (`*`, `?`, `[...]`, `\` to escape) over
+    /// the name: `"*"` lists every lock, `"jobs:*"` those whose name starts
+    /// with `jobs:`. A name's `%`, `{` and `}` are stored as three
+    /// characters each, so a `?` never matches one of them (a `*` does).
+    /// Fair locks, read-write locks and the other kinds are not listed.
+    ///
+    /// It walks the keys with `SCAN` under the client's key prefix: on one
+    /// server or a Sentinel's master, that server; on a Cluster, every
+    /// master of its slot map; on a Redlock quorum, every master, the names
+    /// merged (a name held on any master is listed). `SCAN` visits every
+    /// key of the keyspace, a few hundred per call: cheap for an operator,
+    /// too slow for a hot path.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redbaton::Error> {
+    /// let client = redbaton::Client::open("redis://127.0.0.1/")?;
+    /// for name in client.lock_names("inventory:*")? {
+    ///     if let Some(holder) = client.lock(&name)?.holder()? {
+    ///         println!("{name}: held by {:?}", holder.client_name);
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// Redis failures (the first server that fails ends the walk).
+    pub fn lock_names(&self, pattern: &str) -> Result<Vec<String>, Error> {
+        let prefix = &self.context.config.prefix;
+        let matching = keys::lock_scan_pattern(prefix, pattern);
+        let found = self.context.backend.on_every_master(pattern, |c| {
+            let mut keys = Vec::new();
+            let mut cursor = 0u64;
+            loop {
+                let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&matching)
+                    .arg("COUNT")
+                    .arg(SCAN_COUNT)
+                    .query(c)?;
+                keys.extend(batch);
+                if next == 0 {
+                    return Ok(keys);
+                }
+                cursor = next;
+            }
+        })?;
+        let mut names: Vec<String> = found
+            .iter()
+            .flatten()
+            .filter_map(|key| keys::lock_name_of(prefix, key))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        Ok(names)
     }
 
     /// What the watchdog has done so far: renewal rounds (one round trip

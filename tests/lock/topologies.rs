@@ -94,3 +94,38 @@ across_topologies! {
         assert!(late < Duration::from_secs(2), "woken by the baton, not the park's end: {late:?}");
     }
 }
+
+across_topologies! {
+    /// `Client::lock_names` finds every held lock wherever its slot lives
+    /// (on a cluster, the names fall on every master), each once and by
+    /// the name it was given, and nothing of other kinds or once freed.
+    fn lock_names_lists_the_held_locks_of_every_master(deployment) {
+        let client = deployment.client();
+        let guards: Vec<_> = NAMES
+            .iter()
+            .map(|name| client.lock(name).unwrap().lock().unwrap())
+            .collect();
+        let mut expected: Vec<String> = NAMES.iter().map(|name| (*name).to_owned()).collect();
+        expected.sort();
+        // A fair lock and a semaphore's permit are no plain locks.
+        if !deployment.is_quorum() {
+            let _fair = client.fair_lock("fair only").unwrap().lock().unwrap();
+            let semaphore = client.semaphore("orders").unwrap();
+            semaphore.try_set_permits(1).unwrap();
+            let _permit = semaphore.acquire().unwrap();
+            assert_eq!(client.lock_names("*").unwrap(), expected);
+        }
+        assert_eq!(client.lock_names("*").unwrap(), expected);
+        // The glob is over names: a literal brace matches a brace.
+        assert_eq!(client.lock_names("{x}").unwrap(), ["{x}"]);
+        assert_eq!(client.lock_names("?").unwrap(), ["a", "b", "c", "d", "e"]);
+        assert_eq!(client.lock_names("nothing*").unwrap(), Vec::<String>::new());
+        // Another prefix is another application's.
+        let other = deployment.builder().prefix("other").build().unwrap();
+        assert_eq!(other.lock_names("*").unwrap(), Vec::<String>::new());
+        for guard in guards {
+            guard.unlock().unwrap();
+        }
+        assert_eq!(client.lock_names("*").unwrap(), Vec::<String>::new());
+    }
+}
