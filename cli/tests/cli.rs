@@ -1,0 +1,208 @@
+//! The `redbaton` binary against a real server: what it lists and shows of
+//! locks held by another client, and force-unlock with and without
+//! confirmation.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use redbaton::Client;
+use testkit::RedisServer;
+
+const HOLDER_NAME: &str = "billing-worker-7";
+const LEASE: Duration = Duration::from_secs(30);
+
+/// Runs the binary with `args`, `stdin` as its input.
+fn redbaton(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redbaton"))
+        .args(args)
+        .env_remove("REDBATON_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    let mut input = child.stdin.take().expect("piped stdin");
+    // A command that does not read its input may have exited already.
+    let _ = input.write_all(stdin.as_bytes());
+    drop(input);
+    child.wait_with_output().expect("the binary ends")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).expect("UTF-8 output")
+}
+
+fn holder_client(server: &RedisServer) -> Client {
+    Client::builder(server.url().as_str())
+        .client_name(HOLDER_NAME)
+        .default_lease(LEASE)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn list_shows_each_held_lock_with_its_holder() {
+    let server = RedisServer::start();
+    let client = holder_client(&server);
+    // Braces and a percent sign: stored escaped, listed as given.
+    let name = "jobs:{7}%";
+    let lock = client.lock(name).unwrap();
+    let outer = lock.lock().unwrap();
+    let inner = lock.lock().unwrap();
+    let token = outer.fencing_token();
+    // Held too, but outside the pattern; and a free lock is not listed.
+    let _other = client.lock("reports").unwrap().lock().unwrap();
+    client
+        .lock("jobs:free")
+        .unwrap()
+        .lock()
+        .unwrap()
+        .unlock()
+        .unwrap();
+
+    let url = server.url();
+    let output = redbaton(&["--url", &url, "list", "jobs:*"], "");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let text = stdout(&output);
+    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split('\t').collect()).collect();
+    assert_eq!(rows.len(), 2, "a header and one lock: {text}");
+    assert_eq!(
+        rows[0],
+        ["NAME", "CLIENT", "DEPTH", "TOKEN", "LEASE", "OWNER"]
+    );
+    let row = &rows[1];
+    assert_eq!(row[..4], [name, HOLDER_NAME, "2", &token.to_string()]);
+    let lease: f64 = row[4].strip_suffix('s').unwrap().parse().unwrap();
+    assert!(lease > 0.0 && lease <= LEASE.as_secs_f64(), "lease {lease}");
+    let holder = lock.holder().unwrap().unwrap();
+    assert_eq!(row[5], holder.owner.as_str());
+
+    // Without a pattern: both held locks, sorted.
+    let all = stdout(&redbaton(&["--url", &url, "list"], ""));
+    let names: Vec<&str> = all
+        .lines()
+        .skip(1)
+        .map(|l| l.split('\t').next().unwrap())
+        .collect();
+    assert_eq!(names, [name, "reports"]);
+
+    // Another prefix sees none of them.
+    let elsewhere = stdout(&redbaton(&["--url", &url, "--prefix", "other", "list"], ""));
+    assert_eq!(elsewhere.lines().count(), 1, "{elsewhere}");
+    drop(inner);
+    drop(outer);
+}
+
+#[test]
+fn show_semaphore_and_latch_report_their_state() {
+    let server = RedisServer::start();
+    let client = holder_client(&server);
+    let url = server.url();
+    let guard = client.lock("one").unwrap().lock().unwrap();
+    let shown = stdout(&redbaton(&["--url", &url, "show", "one"], ""));
+    assert!(
+        shown.contains(&format!("client: {HOLDER_NAME}\n")),
+        "{shown}"
+    );
+    assert!(shown.contains("depth: 1\n"), "{shown}");
+    assert!(
+        shown.contains(&format!("token: {}\n", guard.fencing_token())),
+        "{shown}"
+    );
+    let free = stdout(&redbaton(&["--url", &url, "show", "two"], ""));
+    assert!(free.contains("held: no"), "{free}");
+
+    let semaphore = client.semaphore("pool").unwrap();
+    assert_eq!(semaphore.try_set_permits(3).unwrap(), 3);
+    let _permit = semaphore.acquire().unwrap();
+    let sem = stdout(&redbaton(&["--url", &url, "semaphore", "pool"], ""));
+    assert!(sem.contains("total permits: 3\n"), "{sem}");
+    assert!(sem.contains("available permits: 2\n"), "{sem}");
+
+    let latch = client.count_down_latch("start").unwrap();
+    assert!(latch.try_set_count(4).unwrap());
+    latch.count_down().unwrap();
+    let count = stdout(&redbaton(&["--url", &url, "latch", "start"], ""));
+    assert!(count.contains("count: 3\n"), "{count}");
+}
+
+#[test]
+fn force_unlock_frees_only_when_confirmed() {
+    let server = RedisServer::start();
+    let client = holder_client(&server);
+    let url = server.url();
+    let lock = client.lock("stuck").unwrap();
+    let guard = lock.lock().unwrap();
+    let token = guard.fencing_token();
+
+    // A wrong confirmation, then none at all: the lock stays as it was.
+    for input in ["stuc\n", ""] {
+        let refused = redbaton(&["--url", &url, "force-unlock", "stuck"], input);
+        assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+        assert!(stdout(&refused).contains("Type the name to confirm"));
+        let holder = lock.holder().unwrap().expect("still held");
+        assert_eq!(holder.fencing_token, token);
+    }
+
+    // The name typed: removed.
+    let typed = redbaton(&["--url", &url, "force-unlock", "stuck"], "stuck\n");
+    assert_eq!(typed.status.code(), Some(0), "{typed:?}");
+    assert!(!lock.is_locked().unwrap());
+    drop(guard);
+
+    // --yes asks nothing.
+    let guard = lock.lock().unwrap();
+    let forced = redbaton(&["--url", &url, "force-unlock", "stuck", "--yes"], "");
+    assert_eq!(forced.status.code(), Some(0), "{forced:?}");
+    assert!(!stdout(&forced).contains("Type the name"));
+    assert!(!lock.is_locked().unwrap());
+    assert!(
+        guard.unlock().is_err(),
+        "its holder learns it lost the lock"
+    );
+
+    // A fair lock, by its own keys.
+    let fair = client.fair_lock("stuck").unwrap();
+    let _fair_guard = fair.lock().unwrap();
+    let forced = redbaton(
+        &["--url", &url, "force-unlock", "--fair", "stuck", "--yes"],
+        "",
+    );
+    assert_eq!(forced.status.code(), Some(0), "{forced:?}");
+    assert!(!fair.is_locked().unwrap());
+}
+
+#[test]
+fn usage_errors_exit_2_and_help_exits_0() {
+    for args in [
+        &[][..],
+        &["list"][..],
+        &["--url", "redis://127.0.0.1:1", "frobnicate"][..],
+        &["--url", "redis://127.0.0.1:1", "show"][..],
+        &["--url", "redis://127.0.0.1:1", "list", "--yes"][..],
+        &["--url"][..],
+    ] {
+        let output = redbaton(args, "");
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");
+        assert!(output.stdout.is_empty());
+        assert!(String::from_utf8_lossy(&output.stderr).contains("--help"));
+    }
+    let help = redbaton(&["--help"], "");
+    assert_eq!(help.status.code(), Some(0));
+    assert!(stdout(&help).contains("force-unlock NAME"));
+}
+
+#[test]
+fn an_unreachable_server_fails_with_exit_1() {
+    // A port nothing listens on: the listener is closed before the run.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let output = redbaton(&["--url", &url, "list"], "");
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(!output.stderr.is_empty());
+}
