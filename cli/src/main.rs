@@ -27,7 +27,7 @@ commands:
   list [PATTERN]              held locks whose name matches the glob PATTERN
                               (default *): name, client, depth, token, lease
   show NAME                   the holder of lock NAME
-  fair NAME                   the holder of fair lock NAME
+  fair NAME                   the holder and queued waiters of fair lock NAME
   semaphore NAME              total and available permits of semaphore NAME
   latch NAME                  the count of latch NAME
   force-unlock NAME [--fair] [--yes]
@@ -216,7 +216,11 @@ fn run(target: Target, command: Command) -> Result<ExitCode, redbaton::Error> {
             }
         }
         Command::Show(name) => describe(&name, client.lock(&name)?.holder()?),
-        Command::Fair(name) => describe(&name, client.fair_lock(&name)?.holder()?),
+        Command::Fair(name) => {
+            let lock = client.fair_lock(&name)?;
+            describe(&name, lock.holder()?);
+            println!("waiters: {}", lock.queued_waiters()?);
+        }
         Command::Semaphore(name) => {
             let semaphore = client.semaphore(&name)?;
             println!("semaphore: {}", shown(&name));

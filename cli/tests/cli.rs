@@ -113,6 +113,29 @@ fn show_semaphore_and_latch_report_their_state() {
     let free = stdout(&redbaton(&["--url", &url, "show", "two"], ""));
     assert!(free.contains("held: no"), "{free}");
 
+    // A fair lock: its holder and its queue (one waiter per client).
+    let fair = client.fair_lock("queue").unwrap();
+    let fair_guard = fair.lock().unwrap();
+    let waiter = holder_client(&server).fair_lock("queue").unwrap();
+    let waiting = std::thread::spawn(move || {
+        waiter
+            .try_lock_for(Duration::from_secs(20))
+            .map(|got| got.is_some())
+    });
+    let mut looks = 0;
+    let text = loop {
+        let text = stdout(&redbaton(&["--url", &url, "fair", "queue"], ""));
+        looks += 1;
+        if text.contains("waiters: 1\n") || looks == 200 {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(text.contains("waiters: 1\n"), "{text}");
+    assert!(text.contains(&format!("client: {HOLDER_NAME}\n")), "{text}");
+    drop(fair_guard);
+    assert!(waiting.join().unwrap().unwrap());
+
     let semaphore = client.semaphore("pool").unwrap();
     assert_eq!(semaphore.try_set_permits(3).unwrap(), 3);
     let _permit = semaphore.acquire().unwrap();
@@ -164,7 +187,7 @@ fn force_unlock_frees_only_when_confirmed() {
 
     // A fair lock, by its own keys.
     let fair = client.fair_lock("stuck").unwrap();
-    let _fair_guard = fair.lock().unwrap();
+    let _fair_held = fair.lock().unwrap();
     let forced = redbaton(
         &["--url", &url, "force-unlock", "--fair", "stuck", "--yes"],
         "",

@@ -408,3 +408,51 @@ fn bad_input_damaged_keys_and_a_quorum_are_clear_errors() {
         assert!(matches!(err, Error::WrongTopology { .. }), "{err:?}");
     }
 }
+
+across_topologies! {
+    but_masters;
+    /// `Lock::queued_waiters` counts the live places of a fair lock's
+    /// queue: not a place that ended (a dead waiter's, not purged yet),
+    /// and nothing for a plain lock, whose waiters Redis does not record.
+    fn queued_waiters_counts_the_live_places_of_the_queue(deployment) {
+        let client = deployment.builder().max_park(Duration::from_secs(30)).build().unwrap();
+        let lock = client.fair_lock("counted").unwrap();
+        let held = lock.lock().unwrap();
+        assert_eq!(lock.queued_waiters().unwrap(), 0);
+        // A dead waiter's place that ended long ago, as the scripts leave
+        // it until their next purge.
+        let places = "redbaton:{counted}:fair:lock:places";
+        let mut raw = deployment.server_for(places).connection();
+        let _: () = redis::pipe()
+            .cmd("ZADD").arg(places).arg(1).arg("ghost:1")
+            .cmd("ZADD").arg(queue_key("counted")).arg(1).arg("ghost:1")
+            .query(&mut raw)
+            .unwrap();
+        assert_eq!(lock.queued_waiters().unwrap(), 0, "an ended place counted");
+        // Two clients: one client's threads take one place between them.
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let lock = deployment.client().fair_lock("counted").unwrap();
+                thread::spawn(move || lock.try_lock_for(Duration::from_secs(20)).unwrap().is_some())
+            })
+            .collect();
+        support::eventually(Duration::from_secs(10), "two live places", || {
+            lock.queued_waiters().unwrap() == 2
+        });
+        // Their arrival purged the ghost.
+        assert_eq!(queue_of(deployment, "counted"), 2);
+        // A plain lock of the same name, waited for: nothing recorded.
+        let plain = client.lock("counted").unwrap();
+        let plain_held = plain.lock().unwrap();
+        let other = plain.clone();
+        let plain_waiter = thread::spawn(move || other.try_lock_for(Duration::from_secs(20)).unwrap().is_some());
+        assert_eq!(plain.queued_waiters().unwrap(), 0);
+        plain_held.unlock().unwrap();
+        assert!(plain_waiter.joined());
+        held.unlock().unwrap();
+        for waiter in waiters {
+            assert!(waiter.joined());
+        }
+        assert_eq!(lock.queued_waiters().unwrap(), 0);
+    }
+}

@@ -323,6 +323,19 @@ impl Lock {
         self.raw.is_locked(&self.keys)
     }
 
+    /// For a fair lock ([`Client::fair_lock`](crate::Client::fair_lock)):
+    /// how many waiters hold a place in its queue now (a waiter whose
+    /// process died keeps its place until it ends, about one park slice).
+    /// For a plain lock, 0: its waiters park without a record in Redis.
+    /// One round trip; for an operator's look, stale as it arrives.
+    ///
+    /// # Errors
+    /// Redis failures; [`Error::WrongType`] when the queue's key holds
+    /// something else.
+    pub fn queued_waiters(&self) -> Result<u64, Error> {
+        self.raw.queued(&self.keys)
+    }
+
     /// Whether the calling thread holds this lock through a live guard, as
     /// far as this client knows. No network call: a lock whose lease ran
     /// out unnoticed still counts until its guard learns it (see

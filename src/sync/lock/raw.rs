@@ -213,6 +213,13 @@ pub(crate) trait RawLock: RenewLeases {
         let _ = (keys, identity);
         Ok(())
     }
+
+    /// How many waiters of a fair lock hold a place in its queue now. 0
+    /// for other locks, whose waiters Redis does not record.
+    fn queued(&self, keys: &LockKeys) -> Result<u64, Error> {
+        let _ = keys;
+        Ok(0)
+    }
 }
 
 /// One release of a batch ([`RawLock::release_many`]): as the arguments
@@ -719,6 +726,30 @@ impl RawLock for DeploymentLock {
         let forced: FairReply<Done> = self.run(keys, &calls::fair_force_unlock(keys, fair))?;
         self.wake(keys, forced.wake);
         Ok(forced.reply.0)
+    }
+
+    fn queued(&self, keys: &LockKeys) -> Result<u64, Error> {
+        let Some(fair) = &keys.fair else {
+            return Ok(0);
+        };
+        // The server's clock, then every place's end, in one round trip:
+        // a place that ended is a dead waiter's that no script purged yet.
+        let (time, places): ((u64, u64), Vec<(String, f64)>) =
+            self.backend.run(&keys.lock, &keys.name, |c| {
+                redis::pipe()
+                    .cmd("TIME")
+                    .cmd("ZRANGE")
+                    .arg(&fair.places)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query(c)
+            })?;
+        let now_ms = time.0 * 1000 + time.1 / 1000;
+        Ok(places
+            .iter()
+            .filter(|(_, end)| *end > now_ms as f64)
+            .count() as u64)
     }
 
     fn leave_queue(&self, keys: &LockKeys, identity: &str) -> Result<(), Error> {
