@@ -445,6 +445,8 @@ mod guides {
     #[cfg(feature = "tls")]
     #[doc = include_str!("../docs/security.md")]
     struct Security;
+    #[doc = include_str!("../docs/operations.md")]
+    struct Operations;
     #[doc = include_str!("../docs/performance.md")]
     struct Performance;
     #[doc = include_str!("../docs/development.md")]
