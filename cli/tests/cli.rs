@@ -229,3 +229,74 @@ fn an_unreachable_server_fails_with_exit_1() {
     assert_eq!(output.status.code(), Some(1), "{output:?}");
     assert!(!output.stderr.is_empty());
 }
+
+/// Each deployment option reaches the locks of its deployment: on a
+/// Cluster the names fall on every master, and all are listed.
+#[test]
+fn every_deployment_option_lists_its_locks() {
+    let names = ["a", "b", "c", "d", "e"];
+    let cluster = testkit::RedisCluster::start(3, 0);
+    let sentinels = testkit::RedisSentinels::start("locks", 1, 3);
+    let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let master_urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    // The names' slots are served by every master of the cluster.
+    let mut ports: Vec<u16> = names
+        .iter()
+        .map(|name| {
+            let slot = cluster.slot_of(&format!("redbaton:{{{name}}}:lock"));
+            cluster.master_of_slot(slot).port()
+        })
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    assert_eq!(ports.len(), 3, "the names fall on every master");
+    let cases = [
+        (
+            redbaton::Topology::cluster(cluster.seed_urls()),
+            vec!["--cluster".to_owned(), cluster.seed_urls().join(",")],
+            HOLDER_NAME,
+        ),
+        (
+            redbaton::Topology::sentinel("locks", sentinels.sentinel_urls()),
+            vec![
+                "--sentinel".to_owned(),
+                "locks".to_owned(),
+                sentinels.sentinel_urls().join(","),
+            ],
+            HOLDER_NAME,
+        ),
+        // A quorum's holders have no client name on record.
+        (
+            redbaton::Topology::masters(master_urls.clone()),
+            vec!["--masters".to_owned(), master_urls.join(",")],
+            "-",
+        ),
+    ];
+    for (topology, options, client_name) in cases {
+        let client = Client::builder(topology)
+            .client_name(HOLDER_NAME)
+            .build()
+            .unwrap();
+        let guards: Vec<_> = names
+            .iter()
+            .map(|name| client.lock(name).unwrap().lock().unwrap())
+            .collect();
+        let mut args: Vec<&str> = options.iter().map(String::as_str).collect();
+        args.push("list");
+        let output = redbaton(&args, "");
+        assert_eq!(output.status.code(), Some(0), "{options:?}: {output:?}");
+        let text = stdout(&output);
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .skip(1)
+            .map(|line| line.split('\t').collect())
+            .collect();
+        let listed: Vec<&str> = rows.iter().map(|row| row[0]).collect();
+        assert_eq!(listed, names, "{options:?}: {text}");
+        for (row, guard) in rows.iter().zip(&guards) {
+            assert_eq!(row[1], client_name, "{options:?}: {text}");
+            assert_eq!(row[3], guard.fencing_token().to_string(), "{text}");
+        }
+        drop(guards);
+    }
+}
