@@ -113,7 +113,7 @@ fn show_semaphore_and_latch_report_their_state() {
     let free = stdout(&redbaton(&["--url", &url, "show", "two"], ""));
     assert!(free.contains("held: no"), "{free}");
 
-    // A fair lock: its holder and its queue (one waiter per client).
+    // A fair lock: its holder and its queue (a waiter of another client).
     let fair = client.fair_lock("queue").unwrap();
     let fair_guard = fair.lock().unwrap();
     let waiter = holder_client(&server).fair_lock("queue").unwrap();

@@ -429,10 +429,10 @@ across_topologies! {
             .query(&mut raw)
             .unwrap();
         assert_eq!(lock.queued_waiters().unwrap(), 0, "an ended place counted");
-        // Two clients: one client's threads take one place between them.
+        // Two threads, each its own place.
         let waiters: Vec<_> = (0..2)
             .map(|_| {
-                let lock = deployment.client().fair_lock("counted").unwrap();
+                let lock = lock.clone();
                 thread::spawn(move || lock.try_lock_for(Duration::from_secs(20)).unwrap().is_some())
             })
             .collect();
