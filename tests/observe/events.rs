@@ -139,22 +139,21 @@ fn a_multi_lock_announces_each_name_acquired_then_released() {
     let server = RedisServer::start();
     let recorder = Recorder::default();
     let client = observed(&server, &recorder);
-    let guard = client
-        .multi_lock(["pears", "apples"])
-        .unwrap()
-        .lock()
-        .unwrap();
-    let tokens: Vec<u64> = guard.fencing_tokens().map(|(_, token)| token).collect();
+    let both = client.multi_lock(["pears", "apples"]).unwrap();
+    let guard = both.lock().unwrap();
+    let mut tokens: Vec<u64> = guard.fencing_tokens().map(|(_, token)| token).collect();
     guard.unlock().unwrap();
-    assert_eq!(
-        recorder.whats(),
-        [
-            "acquired apples FirstAttempt",
-            "acquired pears FirstAttempt",
-            "released pears",
-            "released apples"
-        ]
-    );
+    // try_lock tells the same.
+    let tried = both.try_lock().unwrap().expect("free");
+    tokens.extend(tried.fencing_tokens().map(|(_, token)| token));
+    drop(tried);
+    let cycle = [
+        "acquired apples FirstAttempt",
+        "acquired pears FirstAttempt",
+        "released pears",
+        "released apples",
+    ];
+    assert_eq!(recorder.whats(), [cycle, cycle].concat());
     let announced: Vec<u64> = recorder
         .events()
         .iter()
