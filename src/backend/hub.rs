@@ -207,6 +207,7 @@ impl Hub {
     /// and a baton from it may not come for a long while. The blocked
     /// call itself goes on; its keys leave the next one unless waited on
     /// again.
+    #[cfg(feature = "redlock")]
     pub(super) fn send_waiters_away(&self, error: &Error) {
         let mut state = self.inner.state.lock();
         let keys: Vec<String> = state.keys.keys().cloned().collect();
