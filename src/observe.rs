@@ -369,6 +369,38 @@ impl Observer {
             inner.call(&make());
         }
     }
+
+    /// Tells the hooks how the release of a hold (of `kind` on `name`,
+    /// made at `acquired`) came out: `Released`, or `ReleaseFailed` when
+    /// Redis failed. Nothing for a hold found lost: its `Lost` event ended
+    /// it, told either before this release (`told_lost`: a fixed lease's
+    /// end, a renewal that found it gone) or by this release, whose error
+    /// says so. So each hold ends in exactly one event.
+    pub(crate) fn release_outcome(
+        &self,
+        name: &str,
+        kind: HoldKind,
+        acquired: Instant,
+        outcome: &Result<(), crate::error::Error>,
+        told_lost: bool,
+    ) {
+        if told_lost {
+            return;
+        }
+        match outcome {
+            Ok(()) => self.emit(|| Event::Released {
+                name,
+                kind,
+                held: acquired.elapsed(),
+            }),
+            Err(err) if err.is_lost() => {}
+            Err(_) => self.emit(|| Event::ReleaseFailed {
+                name,
+                kind,
+                held: acquired.elapsed(),
+            }),
+        }
+    }
 }
 
 impl Inner {

@@ -477,6 +477,20 @@ fn main() {
     let cycle = median(5_000, || {
         lock.lock().expect("lock").unlock().expect("unlock")
     });
+    // The same cycle with an event hook set (one that counts what it is
+    // told), against the cycle without: what observing costs.
+    let told = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = std::sync::Arc::clone(&told);
+    let hooked = Client::builder(url.as_str())
+        .on_event(move |_| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        })
+        .build()
+        .expect("url");
+    let hooked_lock = hooked.lock("bench:uncontended:hooked").expect("name");
+    let hooked_cycle = median(5_000, || {
+        hooked_lock.lock().expect("lock").unlock().expect("unlock")
+    });
     let redlock = redlock::RedLock::new(vec![url.as_str()]);
     let peer_cycle = median(2_000, || {
         let l = redlock
@@ -513,6 +527,13 @@ fn main() {
         x(bare_cycle),
         peer_cycle.as_secs_f64() * 1e6,
         x(peer_cycle)
+    );
+    println!(
+        "uncontended lock + unlock with an event hook set: {:.1} µs = {:.2} x RTT, {:.2} x the cycle without ({} events told)",
+        hooked_cycle.as_secs_f64() * 1e6,
+        x(hooked_cycle),
+        hooked_cycle.as_secs_f64() / cycle.as_secs_f64(),
+        told.load(std::sync::atomic::Ordering::Relaxed)
     );
 
     for (label, across) in [

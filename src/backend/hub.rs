@@ -202,6 +202,18 @@ impl Hub {
     /// Parks the calling thread until a token of `list` comes to it, or
     /// `park` has passed (at least [`IMPRECISE_FLOOR`] unless `precise`),
     /// or the blocked call it relies on fails.
+    /// Ends the park of every waiter, who looks again (as when the blocked
+    /// call fails), for `error`: the server stopped answering elsewhere,
+    /// and a baton from it may not come for a long while. The blocked
+    /// call itself goes on; its keys leave the next one unless waited on
+    /// again.
+    #[cfg(feature = "redlock")]
+    pub(super) fn send_waiters_away(&self, error: &Error) {
+        let mut state = self.inner.state.lock();
+        let keys: Vec<String> = state.keys.keys().cloned().collect();
+        state.end_all(&keys, |_| Outcome::ConnectionFailed(error.clone()));
+    }
+
     pub(super) fn park(
         &self,
         name: &str,

@@ -19,7 +19,9 @@
 //!   copies: the holder may hold only a majority, and the master it does
 //!   not hold gets no baton when it releases. A release that master did
 //!   not answer is sent again in the background until it does, and wakes
-//!   the waiters there then.
+//!   the waiters there then; and when this client finds a master not
+//!   answering, its waiters parked there look again at once and park on
+//!   one that answers.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -208,6 +210,13 @@ impl Quorum {
             self.observer.emit(|| Event::MasterSuspect {
                 master: self.masters[index].addr(),
             });
+            // This process's waiters parked there would hear no baton
+            // from it before it answers again (a stopped master keeps
+            // their blocked call open): they look again now, and park on
+            // a master that answers.
+            if let Some(single) = single_of(&self.masters[index]) {
+                single.send_waiters_away(error);
+            }
         }
         // Set after `suspect`, cleared by the probe before it clears
         // `suspect`: a master marked suspect always has a probe, or is no

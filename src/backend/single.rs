@@ -308,6 +308,13 @@ impl Single {
         self.hub.park(name, list, park, precise)
     }
 
+    /// Ends every park on this server: its waiters look again (a Redlock
+    /// quorum found this master not answering, and parks elsewhere).
+    #[cfg(feature = "redlock")]
+    pub(super) fn send_waiters_away(&self, error: &Error) {
+        self.hub.send_waiters_away(error);
+    }
+
     /// Parks in `BLPOP` on `list` until `park_until` at most, after
     /// `ASKING` when `asking` (a cluster's importing node serves the list
     /// for this one command). A redirection is handed back, not

@@ -77,6 +77,20 @@ struct Signal {
     closed: bool,
 }
 
+impl Signal {
+    /// Tells the receivers `reason`, once; nothing once the guards
+    /// released.
+    fn tell(&mut self, reason: LostReason) {
+        if self.reason.is_some() || self.closed {
+            return;
+        }
+        self.reason = Some(reason);
+        for sender in self.senders.drain(..) {
+            let _ = sender.try_send(reason);
+        }
+    }
+}
+
 impl LeaseStatus {
     /// A live ownership, valid until `valid_until` unless renewed.
     pub(crate) fn new(valid_until: Instant) -> Self {
@@ -108,11 +122,18 @@ impl LeaseStatus {
     /// Records that the ownership is gone, for `reason`, and tells the
     /// loss signal's receivers; true the first time.
     pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
-        let first = !self.lost.swap(true, Ordering::AcqRel);
-        if first {
-            self.tell(reason);
+        if self.lost.swap(true, Ordering::AcqRel) {
+            return false;
         }
-        first
+        let mut signal = self.signal.lock();
+        // Told already (the watchdog tells a fixed lease's end without
+        // marking it, so that its release is still sent): that loss was
+        // announced then, and this is not a new one.
+        if signal.reason.is_some() {
+            return false;
+        }
+        signal.tell(reason);
+        true
     }
 
     /// A receiver of the loss signal: it gets the reason once, when the
@@ -139,10 +160,7 @@ impl LeaseStatus {
         if signal.reason.is_some() || signal.closed {
             return false;
         }
-        signal.reason = Some(reason);
-        for sender in signal.senders.drain(..) {
-            let _ = sender.try_send(reason);
-        }
+        signal.tell(reason);
         true
     }
 
@@ -155,6 +173,12 @@ impl LeaseStatus {
         let mut signal = self.signal.lock();
         signal.closed = true;
         signal.senders.clear();
+    }
+
+    /// Whether the loss signal was told a reason (told once, whether or
+    /// not anybody listened): the hold's `Lost` event was sent.
+    pub(crate) fn was_told_lost(&self) -> bool {
+        self.signal.lock().reason.is_some()
     }
 
     /// Whether receivers wait to be told.

@@ -139,28 +139,90 @@ fn a_multi_lock_announces_each_name_acquired_then_released() {
     let server = RedisServer::start();
     let recorder = Recorder::default();
     let client = observed(&server, &recorder);
-    let guard = client
-        .multi_lock(["pears", "apples"])
-        .unwrap()
-        .lock()
-        .unwrap();
-    let tokens: Vec<u64> = guard.fencing_tokens().map(|(_, token)| token).collect();
+    let both = client.multi_lock(["pears", "apples"]).unwrap();
+    let guard = both.lock().unwrap();
+    let mut tokens: Vec<u64> = guard.fencing_tokens().map(|(_, token)| token).collect();
     guard.unlock().unwrap();
-    assert_eq!(
-        recorder.whats(),
-        [
-            "acquired apples FirstAttempt",
-            "acquired pears FirstAttempt",
-            "released pears",
-            "released apples"
-        ]
-    );
+    // try_lock tells the same.
+    let tried = both.try_lock().unwrap().expect("free");
+    tokens.extend(tried.fencing_tokens().map(|(_, token)| token));
+    drop(tried);
+    let cycle = [
+        "acquired apples FirstAttempt",
+        "acquired pears FirstAttempt",
+        "released pears",
+        "released apples",
+    ];
+    assert_eq!(recorder.whats(), [cycle, cycle].concat());
     let announced: Vec<u64> = recorder
         .events()
         .iter()
         .filter_map(|seen| seen.fencing_token)
         .collect();
     assert_eq!(announced, tokens);
+}
+
+/// A fixed lease told lost at its end (by the client's clock) whose release
+/// still finds the key in Redis: the hold ended with `Lost`, so the release
+/// tells nothing more (a `Released` too would count the hold out twice).
+#[test]
+fn a_hold_told_lost_ends_with_lost_alone_even_if_its_release_finds_the_key() {
+    let server = RedisServer::start();
+    let recorder = Recorder::default();
+    let client = observed(&server, &recorder);
+    let lock = client
+        .lock("told")
+        .unwrap()
+        .with_fixed_lease(Duration::from_millis(200))
+        .unwrap();
+    let guard = lock.lock().unwrap();
+    // The key outlives the client's view of the lease: the release below
+    // finds it and frees it.
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(lock_key("told"))
+        .arg(10_000)
+        .query(&mut server.connection())
+        .unwrap();
+    let lost = guard.lost();
+    assert_eq!(
+        lost.recv_timeout(Duration::from_secs(5)),
+        Ok(LostReason::LeaseEnded)
+    );
+    guard.unlock().expect("the key was still there");
+    assert_eq!(
+        recorder.whats(),
+        ["acquired told FirstAttempt", "lost told LeaseEnded"]
+    );
+}
+
+/// The same hold whose release finds the key gone: still `Lost` alone, not
+/// a second `Lost` from the release.
+#[test]
+fn a_hold_told_lost_ends_with_one_lost_when_its_release_finds_the_key_gone() {
+    let server = RedisServer::start();
+    let recorder = Recorder::default();
+    let client = observed(&server, &recorder);
+    let lock = client
+        .lock("gone")
+        .unwrap()
+        .with_fixed_lease(Duration::from_millis(200))
+        .unwrap();
+    let guard = lock.lock().unwrap();
+    let lost = guard.lost();
+    assert_eq!(
+        lost.recv_timeout(Duration::from_secs(5)),
+        Ok(LostReason::LeaseEnded)
+    );
+    let _: () = redis::cmd("DEL")
+        .arg(lock_key("gone"))
+        .query(&mut server.connection())
+        .unwrap();
+    let err = guard.unlock().expect_err("the key is gone");
+    assert!(err.is_lost(), "{err}");
+    assert_eq!(
+        recorder.whats(),
+        ["acquired gone FirstAttempt", "lost gone LeaseEnded"]
+    );
 }
 
 #[test]

@@ -245,22 +245,14 @@ impl LockGuard {
 
     /// Tells the event hook of a release that came to `released`.
     pub(super) fn announce_release(&self, released: &Result<(), Error>) {
-        let Some(acquired) = self.acquired else {
-            return;
-        };
-        match released {
-            Ok(()) => self.context.observer().emit(|| Event::Released {
-                name: &self.keys.name,
-                kind: self.kind(),
-                held: acquired.elapsed(),
-            }),
-            // Told as `Lost` when it was found.
-            Err(err) if err.is_lost() => {}
-            Err(_) => self.context.observer().emit(|| Event::ReleaseFailed {
-                name: &self.keys.name,
-                kind: self.kind(),
-                held: acquired.elapsed(),
-            }),
+        if let Some(acquired) = self.acquired {
+            self.context.observer().release_outcome(
+                &self.keys.name,
+                self.kind(),
+                acquired,
+                released,
+                self.ownership.status.was_told_lost(),
+            );
         }
     }
 

@@ -165,9 +165,15 @@ impl MultiLock {
     /// # Errors
     /// As [`lock`](MultiLock::lock).
     pub fn try_lock(&self) -> Result<Option<MultiLockGuard>, Error> {
+        let start = self.context.observer().is_set().then(Instant::now);
         let identity = self.context.identity()?;
         match self.attempt(&identity, false)? {
-            Tried::Acquired(guard) => Ok(Some(guard)),
+            Tried::Acquired(guard) => {
+                if let Some(start) = start {
+                    self.announce(&guard, start, Acquisition::FirstAttempt);
+                }
+                Ok(Some(guard))
+            }
             Tried::Held { .. } => Ok(None),
         }
     }
@@ -221,8 +227,7 @@ impl MultiLock {
     /// [`MultiLock::wait_for_all`], told to the event hook: one
     /// `Acquired` per name, all at once.
     fn acquire(&self, deadline: Option<Instant>) -> Result<Option<MultiLockGuard>, Error> {
-        let observer = self.context.observer();
-        let start = observer.is_set().then(Instant::now);
+        let start = self.context.observer().is_set().then(Instant::now);
         let mut first_attempt = true;
         let taken = self.wait_for_all(deadline, &mut first_attempt)?;
         if let (Some(guard), Some(start)) = (&taken, start) {
@@ -231,17 +236,24 @@ impl MultiLock {
             } else {
                 Acquisition::AfterWaiting
             };
-            for held in &guard.guards {
-                observer.emit(|| Event::Acquired {
-                    name: held.name(),
-                    kind: held.kind(),
-                    waited: start.elapsed(),
-                    fencing_token: Some(held.fencing_token()),
-                    how,
-                });
-            }
+            self.announce(guard, start, how);
         }
         Ok(taken)
+    }
+
+    /// Tells the event hook of each name `taken` holds, got `how` after a
+    /// call that started at `start`.
+    fn announce(&self, taken: &MultiLockGuard, start: Instant, how: Acquisition) {
+        let observer = self.context.observer();
+        for held in &taken.guards {
+            observer.emit(|| Event::Acquired {
+                name: held.name(),
+                kind: held.kind(),
+                waited: start.elapsed(),
+                fencing_token: Some(held.fencing_token()),
+                how,
+            });
+        }
     }
 
     /// The first attempt, then waits, each on the name in the way, until

@@ -77,20 +77,13 @@ impl Hold {
     fn release(&mut self) -> Result<(), Error> {
         let released = self.release_once();
         if let Some(acquired) = self.acquired {
-            match &released {
-                Ok(()) => self.context.observer().emit(|| Event::Released {
-                    name: &self.keys.name,
-                    kind: self.hold_kind(),
-                    held: acquired.elapsed(),
-                }),
-                // Told as `Lost` when it was found.
-                Err(err) if err.is_lost() => {}
-                Err(_) => self.context.observer().emit(|| Event::ReleaseFailed {
-                    name: &self.keys.name,
-                    kind: self.hold_kind(),
-                    held: acquired.elapsed(),
-                }),
-            }
+            self.context.observer().release_outcome(
+                &self.keys.name,
+                self.hold_kind(),
+                acquired,
+                &released,
+                self.status.was_told_lost(),
+            );
         }
         released
     }

@@ -146,20 +146,13 @@ impl SemaphorePermit {
     fn give_back(&mut self) -> Result<(), Error> {
         let released = self.give_back_once();
         if let Some(acquired) = self.acquired {
-            match &released {
-                Ok(()) => self.context.observer().emit(|| Event::Released {
-                    name: &self.keys.name,
-                    kind: HoldKind::Permits,
-                    held: acquired.elapsed(),
-                }),
-                // Told as `Lost` when it was found.
-                Err(err) if err.is_lost() => {}
-                Err(_) => self.context.observer().emit(|| Event::ReleaseFailed {
-                    name: &self.keys.name,
-                    kind: HoldKind::Permits,
-                    held: acquired.elapsed(),
-                }),
-            }
+            self.context.observer().release_outcome(
+                &self.keys.name,
+                HoldKind::Permits,
+                acquired,
+                &released,
+                self.held.status.was_told_lost(),
+            );
         }
         released
     }
