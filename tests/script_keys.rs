@@ -462,6 +462,8 @@ fn quorum_scenario(masters: &[RedisServer]) {
 #[test]
 fn every_script_declares_every_key_it_touches() {
     let server = RedisServer::start();
+    // The quorum's masters are monitored too, with the redlock feature.
+    #[cfg_attr(not(feature = "redlock"), allow(unused_mut))]
     let mut monitored = vec![(Monitor::start(&server), &server)];
     let _background = scenario(&server);
     #[cfg(feature = "redlock")]
