@@ -223,7 +223,10 @@ impl Ownerships {
 
     /// Applies `update` to the renewal of `due`'s ownership if it is still
     /// in the table (its guards may have released it meanwhile); removes it
-    /// when the update marked it lost.
+    /// when the update marked it lost. Marked, not merely out of time by
+    /// now: a renewal that failed just before the lease's end is tried
+    /// again, and that round marks it lost and tells its loss signal and
+    /// the event hook (forgetting it here would tell nobody).
     pub(crate) fn update_renewal(&self, due: &DueRenewal, update: impl FnOnce(&mut Renewal)) {
         let mut entries = self.entries.lock();
         let Some(entry) = entries
@@ -235,7 +238,7 @@ impl Ownerships {
         if let Some(renewal) = entry.renewal.as_mut() {
             update(renewal);
         }
-        if entry.status.is_lost() {
+        if entry.status.is_marked_lost() {
             entries.remove(&due.key);
         }
     }

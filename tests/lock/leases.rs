@@ -372,15 +372,22 @@ fn renewal_that_cannot_reach_redis_marks_the_guard_lost_when_the_lease_ends() {
         .unwrap();
     let lock = client.lock("unreachable").unwrap();
     let guard = lock.lock().unwrap();
+    // Waited on the loss signal, which the watchdog sends when it marks the
+    // guard lost: `is_lost()` turns true by the clock alone a moment
+    // earlier, and a release sent then may still find the lock ours (a
+    // renewal stuck in the paused server lands when it resumes).
+    let lost = guard.lost();
     server.pause();
     let paused = Instant::now();
-    let deadline = paused + Duration::from_secs(5);
-    while !guard.is_lost() && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(10));
-    }
+    let told = lost.recv_timeout(Duration::from_secs(5));
     let noticed = paused.elapsed();
     server.resume();
-    assert!(guard.is_lost(), "still not lost after {noticed:?}");
+    assert_eq!(
+        told,
+        Ok(redbaton::LostReason::Unreachable),
+        "after {noticed:?}"
+    );
+    assert!(guard.is_lost());
     // Not before the lease could have ended, and not long after.
     assert!(noticed >= lease / 2, "lost after only {noticed:?}");
     assert!(
