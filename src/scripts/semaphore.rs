@@ -71,6 +71,10 @@ pub(crate) struct AcquireArgs<'a> {
     pub(crate) place: Option<&'a str>,
     /// How long a place lasts without a new attempt.
     pub(crate) place_ttl: Duration,
+    /// When the caller has waited long enough to hold newcomers back (to
+    /// reserve the permits it needs when it is short): how long the
+    /// reservation lasts unless it comes back.
+    pub(crate) reserve_for: Option<Duration>,
 }
 
 pub(crate) fn acquire(keys: &SemaphoreKeys, args: AcquireArgs<'_>, baton_ttl: Duration) -> Call {
@@ -81,6 +85,7 @@ pub(crate) fn acquire(keys: &SemaphoreKeys, args: AcquireArgs<'_>, baton_ttl: Du
         .arg(args.place.unwrap_or(""))
         .arg(millis(args.place_ttl))
         .arg(millis(baton_ttl))
+        .arg(args.reserve_for.map_or(0, millis))
 }
 
 /// Returns the permits of `id`.

@@ -72,7 +72,6 @@ matrix! {
     rw_single_max_park_1ms: RwLock, Single, Event::MaxPark(1);
     rw_single_max_park_20ms: RwLock, Single, Event::MaxPark(20);
     rw_single_max_park_100ms: RwLock, Single, Event::MaxPark(100);
-    #[ignore = "intermittent since the parking hub came back (1 of its last 4 full runs, 2026-11-25): the victim that takes every permit did not get them within 20 s while workers cycled single permits; not diagnosed"]
     sem_single_holder_killed: Semaphore, Single, Event::HolderKilled;
     sem_single_waiter_killed: Semaphore, Single, Event::WaiterKilled;
     sem_single_holder_stopped: Semaphore, Single, Event::HolderStopped;

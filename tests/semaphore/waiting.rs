@@ -6,7 +6,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::across_topologies;
-use crate::support::JoinWithin;
+use crate::sem_keys;
+use crate::support::{self, JoinWithin};
 use redbaton::Client;
 use testkit::RedisServer;
 
@@ -55,7 +56,8 @@ across_topologies! { but_masters;
     /// parks behind it, and one permit is released: the token reaches the
     /// waiter it can serve (the waiter for three, which may take it first,
     /// passes it on), well before a 10 s park would end. The waiter for
-    /// three gets its permits once they are all free.
+    /// three gets its permits once they are all free. (The waiter for three
+    /// never holds others back here: see the tests of `hold_back_after`.)
     fn a_waiter_for_one_is_not_held_up_by_another_clients_waiter_for_three(deployment) {
         let park = Duration::from_secs(10);
         let holder = deployment.client();
@@ -65,7 +67,10 @@ across_topologies! { but_masters;
         let (got, receive) = mpsc::channel();
         let waiter = |k: u64, got: mpsc::Sender<(u64, Instant)>| {
             let client = deployment.builder().max_park(park).build().unwrap();
-            let waiting = client.semaphore("mixed").unwrap();
+            let waiting = client
+                .semaphore("mixed")
+                .unwrap()
+                .hold_back_after(Duration::MAX);
             thread::spawn(move || {
                 let permits = waiting
                     .try_acquire_many_for(k, Duration::from_secs(30))
@@ -218,5 +223,169 @@ fn a_token_for_a_waiter_that_has_gone_does_not_make_the_others_spin() {
     // attempts if a loaded machine delayed them: a handful, not thousands.
     assert!(scripts <= 8, "{scripts} script calls in 2 s: {during:?}");
     assert!(!handle.joined(), "three never became free");
+    drop(held);
+}
+
+/// The place that holds newcomers back on semaphore `name`, if any.
+fn reserved(server: &RedisServer, name: &str) -> Option<String> {
+    let [state, ..] = sem_keys(name);
+    redis::cmd("HGET")
+        .arg(&state)
+        .arg("reserved")
+        .query(&mut server.connection())
+        .unwrap()
+}
+
+/// Nine clients take one of three permits each, over and over, for 100 ms
+/// at a time, so that the three are hardly ever free at once: a waiter for
+/// all three still gets them, soon after it has waited its 100 ms (it
+/// reserves them and the takers of one wait), and the takers go on once it
+/// has them.
+#[test]
+fn a_waiter_for_every_permit_is_not_starved_by_takers_of_one() {
+    const TAKERS: usize = 9;
+    const PERMITS: u64 = 3;
+    const HOLD: Duration = Duration::from_millis(100);
+    let server = RedisServer::start();
+    let sem = support::client(&server).semaphore("starve").unwrap();
+    sem.try_set_permits(PERMITS).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // When each taker got its permit.
+    let (took, taken) = mpsc::channel();
+    let takers: Vec<_> = (0..TAKERS)
+        .map(|_| {
+            let sem = support::client(&server).semaphore("starve").unwrap();
+            let (stop, took) = (stop.clone(), took.clone());
+            thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Some(permit) = sem.try_acquire_for(Duration::from_secs(20)).unwrap() {
+                        took.send(Instant::now()).unwrap();
+                        thread::sleep(HOLD);
+                        permit.release().unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    // The takers are under way.
+    for _ in 0..10 {
+        taken
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a taker took one");
+    }
+    let waiting = support::client(&server).semaphore("starve").unwrap();
+    let asked = Instant::now();
+    let all = waiting
+        .try_acquire_many_for(PERMITS, Duration::from_secs(5))
+        .unwrap();
+    let waited = asked.elapsed();
+    let held = Instant::now();
+    // When the waiter started to give them back: a taker may get one
+    // before the release returns.
+    let releasing = all.map(|all| {
+        thread::sleep(Duration::from_millis(50));
+        let releasing = Instant::now();
+        all.release().unwrap();
+        releasing
+    });
+    // The takers go on.
+    for _ in 0..5 {
+        taken
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a taker took one after");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for taker in takers {
+        taker.joined();
+    }
+    let releasing = releasing.expect("the waiter for all got them within 5 s");
+    let inside = taken
+        .try_iter()
+        .filter(|at| *at > held && *at < releasing)
+        .count();
+    assert_eq!(inside, 0, "a taker got a permit while all were held");
+    assert!(
+        waited < Duration::from_secs(2),
+        "the waiter for all waited {waited:?}"
+    );
+    assert_eq!(sem.available_permits().unwrap(), PERMITS);
+    assert_eq!(
+        reserved(&server, "starve"),
+        None,
+        "the reservation outlived its waiter's turn"
+    );
+}
+
+/// A waiter for two of two permits, one of them held, reserves them at
+/// once (`hold_back_after(ZERO)`): the free permit goes neither to a
+/// `try_acquire` nor to a waiter for one of another client. When the waiter
+/// for two gives up, the waiter for one gets the free permit at once, not
+/// at the end of its 10 s park.
+#[test]
+fn a_waiter_that_gives_up_its_reservation_lets_the_waiters_it_held_back_in() {
+    let server = RedisServer::start();
+    let sem = support::client(&server).semaphore("reserve").unwrap();
+    sem.try_set_permits(2).unwrap();
+    let held = sem.acquire().unwrap();
+
+    let eager = Client::builder(server.url())
+        .max_park(Duration::from_millis(50))
+        .build()
+        .unwrap()
+        .semaphore("reserve")
+        .unwrap()
+        .hold_back_after(Duration::ZERO);
+    let (gave_up, given_up) = mpsc::channel();
+    let reserving = thread::spawn(move || {
+        let got = eager
+            .try_acquire_many_for(2, Duration::from_millis(1_500))
+            .unwrap();
+        gave_up.send(Instant::now()).unwrap();
+        assert!(
+            got.is_none(),
+            "the waiter for two got both while one was held"
+        );
+    });
+    support::eventually(Duration::from_secs(5), "the reservation", || {
+        reserved(&server, "reserve").is_some()
+    });
+    assert!(
+        sem.try_acquire().unwrap().is_none(),
+        "a try_acquire took a permit held back for the waiter for two"
+    );
+
+    let patient = Client::builder(server.url())
+        .max_park(Duration::from_secs(10))
+        .build()
+        .unwrap()
+        .semaphore("reserve")
+        .unwrap();
+    let (got, acquired) = mpsc::channel();
+    let one = thread::spawn(move || {
+        let permit = patient
+            .try_acquire_for(Duration::from_secs(5))
+            .unwrap()
+            .expect("the waiter for one got the free permit");
+        got.send(Instant::now()).unwrap();
+        drop(permit);
+    });
+    let gave_up_at = given_up
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the waiter for two gave up");
+    let acquired_at = acquired
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the waiter for one acquired");
+    reserving.joined();
+    one.joined();
+    assert!(
+        acquired_at >= gave_up_at,
+        "the waiter for one got a permit held back for the waiter for two"
+    );
+    let after = acquired_at - gave_up_at;
+    assert!(
+        after < Duration::from_secs(1),
+        "the waiter for one got in {after:?} after"
+    );
+    assert_eq!(reserved(&server, "reserve"), None);
     drop(held);
 }

@@ -6,7 +6,10 @@
 --
 -- KEYS[1]  state    (hash: total = permits in force, used = permits held by
 --                    live holders, passes = tokens passed on by waiters that
---                    could not use them since the last release; no TTL)
+--                    could not use them since the last release, reserved =
+--                    the place of the waiter that holds newcomers back and
+--                    reserved_end = when that ends unless it comes back,
+--                    server ms, if any (see reservation); no TTL)
 -- KEYS[2]  holders  (sorted set: permit id -> end of its lease, server ms)
 -- KEYS[3]  counts   (hash: permit id -> how many permits it holds)
 -- KEYS[4]  waiters  (sorted set: "<k>:<waiter identity>" -> end of its
@@ -49,11 +52,12 @@ local function a_count(x)
   return x ~= nil and x >= 0 and x <= 1e15 and x == math.floor(x)
 end
 
--- read_state(): the state as a table {total, used, passes}; or nil and the
+-- read_state(): the state as a table {total, used, passes, reserved,
+-- reserved_end} (reserved: a place, or false); or nil and the
 -- reply to return: {-1} when no total was ever set, {-3, field} when the
 -- state is damaged (field 1: total, 2: used).
 local function read_state()
-  local stored = redis.call('HMGET', KEYS[1], 'total', 'used', 'passes')
+  local stored = redis.call('HMGET', KEYS[1], 'total', 'used', 'passes', 'reserved', 'reserved_end')
   if not stored[1] and not stored[2] then
     return nil, {-1}
   end
@@ -69,12 +73,47 @@ local function read_state()
   if not a_count(passes) then
     passes = 0
   end
-  return {total = total, used = used, passes = passes}
+  return {
+    total = total, used = used, passes = passes,
+    reserved = stored[4], reserved_end = tonumber(stored[5] or '0') or 0, had_reserved = stored[4],
+  }
 end
 
 -- save(st): writes the state back.
 local function save(st)
-  redis.call('HSET', KEYS[1], 'total', int(st.total), 'used', int(st.used), 'passes', int(st.passes))
+  if st.reserved then
+    redis.call('HSET', KEYS[1], 'total', int(st.total), 'used', int(st.used), 'passes', int(st.passes),
+      'reserved', st.reserved, 'reserved_end', int(st.reserved_end))
+  else
+    redis.call('HSET', KEYS[1], 'total', int(st.total), 'used', int(st.used), 'passes', int(st.passes))
+    if st.had_reserved then
+      redis.call('HDEL', KEYS[1], 'reserved', 'reserved_end')
+    end
+  end
+end
+
+-- reservation(st, now): the place of the waiter that holds newcomers back,
+-- and its k; nil when there is none. A waiter that has waited long (the
+-- client says so, see acquire.lua) reserves its k: until it is served, or
+-- its place ends or is given up, nobody else takes permits that would leave
+-- fewer than its k for it. Without it a waiter for many permits starves
+-- while others keep taking one or two. A reservation ends unless its waiter
+-- comes back in time (reserved_end, pushed on at each of its attempts, so
+-- that a waiter that died holds nobody back for long); one that has ended,
+-- whose place has left the waiters, or whose k is over the total, is
+-- dropped here (and from the state at the next save).
+local function reservation(st, now)
+  local place = st.reserved
+  if not place then
+    return nil
+  end
+  local ends = redis.call('ZSCORE', KEYS[4], place)
+  local k = tonumber(string.match(place, '^(%d+):'))
+  if ends and tonumber(ends) > now and st.reserved_end > now and k and k <= st.total then
+    return place, k
+  end
+  st.reserved = false
+  return nil
 end
 
 -- purge(st, now): removes the holders whose lease ended by `now` and takes
@@ -103,10 +142,11 @@ end
 
 -- wake(st, now, ttl, failed): makes the baton list hold one token per waiter
 -- that may be served now, and never more tokens than live waiters. Counted
--- in place order (earliest place end first): each waiter whose k fits in the
--- permits still uncounted, and each whose k is over the total (its next
--- attempt reports that). A waiter that cannot get its k is not woken for
--- nothing.
+-- the reserving waiter first (its k is set aside whether or not it fits
+-- now), then in place order (earliest place end first): each waiter whose k
+-- fits in the permits still uncounted, and each whose k is over the total
+-- (its next attempt reports that). A waiter that cannot get its k is not
+-- woken for nothing.
 --
 -- `failed`: the caller could not get its permits, and may have taken a token
 -- meant for another waiter (tokens go to whoever parked first). It passes the
@@ -121,9 +161,18 @@ local function wake(st, now, ttl, failed)
   local members = redis.call('ZRANGE', KEYS[4], 0, -1)
   local left = math.max(0, st.total - st.used)
   local wanted = 0
+  local first, first_k = reservation(st, now)
+  if first then
+    if first_k <= left then
+      wanted = wanted + 1
+    end
+    left = math.max(0, left - first_k)
+  end
   for _, member in ipairs(members) do
     local k = tonumber(string.match(member, '^(%d+):'))
-    if k and k > st.total then
+    if member == first then
+      -- counted above
+    elseif k and k > st.total then
       wanted = wanted + 1
     elseif k and k <= left then
       wanted = wanted + 1

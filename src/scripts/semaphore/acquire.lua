@@ -11,6 +11,10 @@
 -- ARGV[5]     how long a place lasts without a new attempt, in milliseconds
 --             (the longest park, plus a margin)
 -- ARGV[6]     baton TTL in milliseconds
+-- ARGV[7]     when the caller has waited long enough to hold newcomers
+--             back (see reservation in lib/permits.lua): how long, in
+--             milliseconds, a reservation it makes or holds lasts unless it
+--             comes back; else "0"
 --
 -- Returns {1, k}                 acquired; also when this permit id holds
 --                                its permits already (the same request,
@@ -27,7 +31,11 @@
 -- here at each of its attempts and removed when it acquires (or by the
 -- client when it gives up), so that releases push a token for it; one that
 -- is short passes on a token it may have taken from another (see wake).
--- Not first-come first-served: whoever asks when permits are free gets them.
+-- Not first-come first-served: whoever asks when permits are free gets them,
+-- except those set aside for a waiter that has waited long (the
+-- reservation, one at a time, made here by such a waiter that is short):
+-- a try_acquire, a newcomer and every other waiter take only permits beyond
+-- the reserving waiter's k.
 local err = sem_type_error()
 if err then
   return err
@@ -60,12 +68,20 @@ if k > st.total then
 end
 
 local available = math.max(0, st.total - st.used)
-if k <= available then
+local first, first_k = reservation(st, now)
+local free = available
+if first and first ~= place then
+  free = math.max(0, available - first_k)
+end
+if k <= free then
   st.used = st.used + k
   redis.call('ZADD', KEYS[2], int(now + tonumber(ARGV[3])), id)
   redis.call('HSET', KEYS[3], id, int(k))
   if place ~= '' then
     redis.call('ZREM', KEYS[4], place)
+  end
+  if first == place then
+    st.reserved = false
   end
   st.passes = 0
   wake(st, now, ARGV[6], false)
@@ -78,6 +94,11 @@ if place ~= '' then
   redis.call('ZADD', KEYS[4], int(now + ttl), place)
   if redis.call('PTTL', KEYS[4]) < ttl then
     redis.call('PEXPIRE', KEYS[4], ttl)
+  end
+  local hold = tonumber(ARGV[7])
+  if hold > 0 and (not first or first == place) then
+    st.reserved = place
+    st.reserved_end = now + hold
   end
 end
 if purged > 0 then

@@ -1,6 +1,7 @@
 -- state: the total and the permits available now, after returning the
--- permits of holders whose lease ended (the one write; it wakes the waiters
--- those permits may serve).
+-- permits of holders whose lease ended and dropping a reservation whose
+-- waiter has gone (the only writes; they wake the waiters those permits may
+-- serve). A waiter that reserved and gives up calls it after leaving.
 --
 -- KEYS[1..5]  state, holders, counts, waiters, baton (see lib/permits.lua)
 -- ARGV[1]     baton TTL in milliseconds
@@ -17,7 +18,11 @@ if not st then
   return reply
 end
 local now = server_ms()
-if purge(st, now) > 0 then
+-- A reservation given up (its waiter left) frees the permits it held back:
+-- the waiters it held back are woken for them.
+local had = st.reserved
+reservation(st, now)
+if purge(st, now) > 0 or had ~= st.reserved then
   st.passes = 0
   wake(st, now, ARGV[1], false)
   save(st)

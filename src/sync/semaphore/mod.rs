@@ -30,6 +30,12 @@ use permit::Held;
 /// The most permits a semaphore holds, and the most one call may ask for.
 const MAX_PERMITS: u64 = 1_000_000_000_000;
 
+/// How long a waiter waits, by default, before it holds newcomers back (see
+/// [`Semaphore::hold_back_after`]). Short enough that a waiter for many
+/// permits is not starved by a stream of takers of one; long enough that
+/// most waits under ordinary contention end before it.
+const HOLD_BACK_AFTER: Duration = Duration::from_millis(100);
+
 /// A handle on one distributed counting semaphore, made by
 /// [`Client::semaphore`](crate::Client::semaphore).
 ///
@@ -51,7 +57,10 @@ const MAX_PERMITS: u64 = 1_000_000_000_000;
 /// per process parks in `BLPOP` on the semaphore's baton list, and a
 /// release pushes a token for each waiter the returned permits may serve.
 /// Waiting is not first-come first-served between processes, and a waiter
-/// asking for many permits can be overtaken by waiters asking for few.
+/// asking for many permits can be overtaken by waiters asking for few, but
+/// only for a bounded time: a waiter that has waited 100 ms (see
+/// [`hold_back_after`](Semaphore::hold_back_after)) reserves the permits it
+/// needs, and until it gets them or stops waiting, nobody else takes them.
 /// Within a process, waiters queue in arrival order: a waiter that cannot
 /// get its permits holds up the threads of its process queued behind it
 /// (for the same semaphore) until it gets them or its deadline passes, even
@@ -87,6 +96,8 @@ pub struct Semaphore {
     leased: Leased,
     /// `None`: renewed by the watchdog while a guard lives.
     fixed_lease: Option<Duration>,
+    /// How long a waiter waits before it reserves the permits it needs.
+    hold_back_after: Duration,
 }
 
 impl Semaphore {
@@ -107,6 +118,7 @@ impl Semaphore {
             keys: Arc::new(keys),
             leased,
             fixed_lease: None,
+            hold_back_after: HOLD_BACK_AFTER,
         }
     }
 
@@ -146,6 +158,40 @@ impl Semaphore {
             fixed_lease: Some(lease),
             ..self.clone()
         })
+    }
+
+    /// A handle on the same semaphore whose waiters hold newcomers back
+    /// after waiting `after` (100 ms by default).
+    ///
+    /// Permits go to whoever asks when they are free, so a waiter for
+    /// several permits could wait for ever while others keep taking one:
+    /// they are rarely all free at once. To bound that, a waiter that has
+    /// waited `after` and still finds too few permits reserves the number it
+    /// needs: from then until it gets them, gives up, or its process stops
+    /// trying, every other caller of any process (waiters, newcomers and
+    /// `try_acquire`) takes only permits beyond that number. One waiter
+    /// reserves at a time per semaphore; the next one to have waited long
+    /// enough reserves once it is served. A shorter `after` is closer to
+    /// first-come first-served; [`Duration::MAX`] never reserves (the
+    /// fastest for waiters of one permit, but no bound for the others).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn main() -> Result<(), redbaton::Error> {
+    /// # let client = redbaton::Client::open("redis://127.0.0.1/")?;
+    /// let pool = client.semaphore("gpu")?.hold_back_after(Duration::from_millis(20));
+    /// let all = pool.acquire_many(8)?; // overtaken for at most about 20 ms
+    /// # drop(all);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn hold_back_after(&self, after: Duration) -> Semaphore {
+        Semaphore {
+            hold_back_after: after,
+            ..self.clone()
+        }
     }
 
     /// Sets the semaphore's total to `permits`, unless a total is in force
@@ -266,7 +312,7 @@ impl Semaphore {
         check_permits(permits)?;
         let start = self.context.observer().is_set().then(Instant::now);
         let identity = self.context.identity()?;
-        match self.attempt(&identity, permits, None)? {
+        match self.attempt(&identity, permits, None, false)? {
             Attempt::Acquired(permit) => {
                 Ok(Some(permit.announced(start, Acquisition::FirstAttempt)))
             }
@@ -363,17 +409,21 @@ impl Semaphore {
         permits: u64,
         deadline: Option<Instant>,
     ) -> Result<Option<SemaphorePermit>, Error> {
-        let start = self.context.observer().is_set().then(Instant::now);
-        let acquired = self.first_then_wait(permits, deadline)?;
+        let since = Instant::now();
+        let start = self.context.observer().is_set().then_some(since);
+        let acquired = self.first_then_wait(permits, deadline, since)?;
         Ok(acquired.map(|(permit, how)| permit.announced(start, how)))
     }
 
     /// [`acquire_until`](Semaphore::acquire_until)'s work: the permit, and
-    /// how it was got.
+    /// how it was got. `since`: when the caller started; once it has waited
+    /// [`hold_back_after`](Semaphore::hold_back_after), its attempts reserve
+    /// the permits it needs.
     fn first_then_wait(
         &self,
         permits: u64,
         deadline: Option<Instant>,
+        since: Instant,
     ) -> Result<Option<(SemaphorePermit, Acquisition)>, Error> {
         let context = &self.context;
         let identity =
@@ -382,11 +432,34 @@ impl Semaphore {
         // Whether an attempt may have left this thread a place among the
         // waiters, which it must give up if it stops waiting unserved.
         let placed = Cell::new(false);
+        // Whether an attempt may have made this thread's place the one that
+        // holds newcomers back: if it gives up, those are woken.
+        let reserved = Cell::new(false);
+        let attempt = || {
+            placed.set(true);
+            let waited = since.elapsed();
+            let claim = waited >= self.hold_back_after;
+            reserved.set(reserved.get() || claim);
+            let attempt = self.attempt(&identity, permits, Some(&place), claim)?;
+            let until_claim = self.hold_back_after.saturating_sub(waited);
+            Ok::<_, Error>(match attempt {
+                // Back when it may reserve, not at the end of a long park:
+                // a waiter for many permits is woken only when they are
+                // all free, which may be never until it reserves them.
+                Attempt::Held { lease_left } if !claim && until_claim < context.config.max_park => {
+                    Attempt::Held {
+                        lease_left: Some(
+                            lease_left.map_or(until_claim, |left| left.min(until_claim)),
+                        ),
+                    }
+                }
+                attempt => attempt,
+            })
+        };
         // A newcomer queues behind waiting threads of this process instead
         // of trying first, so that they are served in order.
         if !context.room.has_waiters(&self.keys.baton) {
-            placed.set(true);
-            match self.attempt(&identity, permits, Some(&place)) {
+            match attempt() {
                 Ok(Attempt::Acquired(permit)) => {
                     return Ok(Some((permit, Acquisition::FirstAttempt)))
                 }
@@ -394,40 +467,46 @@ impl Semaphore {
                 Err(err) if err.is_transient() => {
                     log::debug!("redbaton: first attempt on {:?} failed: {err}", self.name());
                 }
-                Err(err) => return Err(self.gave_up(&place, false, err)),
+                Err(err) => return Err(self.gave_up(&place, false, false, err)),
             }
         }
         let waited =
             context
                 .room
-                .wait_until(&self.keys.name, &self.keys.baton, (), deadline, || {
-                    placed.set(true);
-                    self.attempt(&identity, permits, Some(&place))
-                });
+                .wait_until(&self.keys.name, &self.keys.baton, (), deadline, attempt);
         match waited {
             Ok(Waited::Acquired(permit)) => Ok(Some((permit, Acquisition::AfterWaiting))),
             // Nobody hands permits over locally: a grant is only a reason
             // to look again.
             Ok(Waited::Granted(())) => {
-                self.leave(&place, placed.get());
-                self.first_then_wait(permits, deadline)
+                self.leave(&place, placed.get(), reserved.get());
+                self.first_then_wait(permits, deadline, since)
             }
             Ok(Waited::TimedOut) => {
-                self.leave(&place, placed.get());
+                self.leave(&place, placed.get(), reserved.get());
                 Ok(None)
             }
-            Err(err) => Err(self.gave_up(&place, placed.get(), err)),
+            Err(err) => Err(self.gave_up(&place, placed.get(), reserved.get(), err)),
         }
     }
 
     /// Gives up this thread's place among the waiters, if it may have one
     /// (the script removes it itself on success and on over-capacity).
-    /// Best effort: a place left behind ends by itself.
-    fn leave(&self, place: &str, placed: bool) {
+    /// A place that may have held newcomers back is followed by a look at
+    /// the state, which drops the reservation and wakes the waiters it held
+    /// back. Best effort: a place left behind ends by itself, and its
+    /// reservation with it.
+    fn leave(&self, place: &str, placed: bool, reserved: bool) {
         if !placed {
             return;
         }
-        if let Err(err) = self.raw.leave(&self.keys, place) {
+        let left = self.raw.leave(&self.keys, place).and_then(|()| {
+            if reserved {
+                self.raw.state(&self.keys)?;
+            }
+            Ok(())
+        });
+        if let Err(err) = left {
             log::debug!(
                 "redbaton: could not give up a waiting place on {:?}: {err}",
                 self.name()
@@ -436,12 +515,12 @@ impl Semaphore {
     }
 
     /// Leaves the wait with `err`.
-    fn gave_up(&self, place: &str, placed: bool, err: Error) -> Error {
+    fn gave_up(&self, place: &str, placed: bool, reserved: bool, err: Error) -> Error {
         if !matches!(
             err,
             Error::PermitsOverCapacity { .. } | Error::WrongTopology { .. }
         ) {
-            self.leave(place, placed);
+            self.leave(place, placed, reserved);
         }
         err
     }
@@ -461,6 +540,7 @@ impl Semaphore {
         identity: &Arc<str>,
         permits: u64,
         place: Option<&str>,
+        claim: bool,
     ) -> Result<Attempt<SemaphorePermit>, Error> {
         let context = &self.context;
         let id: Arc<str> = format!("{identity}:{}", context.next_request()).into();
@@ -473,6 +553,10 @@ impl Semaphore {
             // A place outlives the longest park and the next attempt's
             // round trip.
             place_ttl: context.config.max_park + context.config.io_timeout,
+            // A waiter comes back at least every `max_park`: one that died
+            // holds others back about one and a half park slices, as a dead
+            // waiter holds up a fair lock's queue.
+            reserve_for: claim.then(|| context.config.place_ttl()),
         };
         let sent = Instant::now();
         match self.raw.attempt(&self.keys, args) {
