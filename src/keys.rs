@@ -21,6 +21,7 @@
 //! share a key even under one name.
 
 use crate::error::Error;
+use crate::observe::HoldKind;
 
 /// The longest lock name accepted. Redis takes longer keys, but a name this
 /// long is almost surely data passed by mistake, and every command carries it.
@@ -282,6 +283,96 @@ impl LimiterKeys {
     }
 }
 
+/// What a waiter on `baton_key` (for object `name` under `prefix`) waits
+/// for: the kind of hold whose baton (or fair lock's wake list) it is, or
+/// `None` for a latch's round (not a hold) or a key of no hold. Read back
+/// by laying out each kind's keys for `name`, so that the layout has one
+/// copy; the wait core asks only when an event hook is set.
+pub(crate) fn kind_waited_on(prefix: &str, name: &str, baton_key: &str) -> Option<HoldKind> {
+    if LockKeys::new(prefix, name).ok()?.baton == baton_key {
+        return Some(HoldKind::Lock);
+    }
+    let fair = LockKeys::fair(prefix, name).ok()?;
+    if baton_key
+        .strip_prefix(fair.baton.as_str())
+        .is_some_and(|rest| rest.starts_with(':'))
+    {
+        return Some(HoldKind::FairLock);
+    }
+    let rw = RwKeys::new(prefix, name).ok()?;
+    if rw.read_baton == baton_key {
+        return Some(HoldKind::Read);
+    }
+    if rw.write_baton == baton_key {
+        return Some(HoldKind::Write);
+    }
+    if SemaphoreKeys::new(prefix, name).ok()?.baton == baton_key {
+        return Some(HoldKind::Permits);
+    }
+    None
+}
+
+/// What the key `key` under `prefix` shows is held, for an operator's
+/// listing: a held lock's, fair lock's, write hold's or read holds' key, a
+/// semaphore's holders, a latch's count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// `LockKeys::new(..).lock`.
+    Lock,
+    /// `LockKeys::fair(..).lock`.
+    FairLock,
+    /// `RwKeys::write`.
+    Write,
+    /// `RwKeys::readers`.
+    Readers,
+    /// `SemaphoreKeys::holders`.
+    SemaphoreHolders,
+    /// `LatchKeys::count`.
+    LatchCount,
+}
+
+/// The `SCAN MATCH` pattern of every key under `prefix` of the objects
+/// whose names match `name_glob` (encoded and escaped as in
+/// [`lock_scan_pattern`]): `P:{G}:*`.
+pub(crate) fn object_scan_pattern(prefix: &str, name_glob: &str) -> String {
+    format!("{}:{{{}}}:*", glob_escape(prefix), hash_tag(name_glob))
+}
+
+/// The object name in `key` under `prefix`, and what the key shows held
+/// ([`Found`]); `None` for any other key (a baton, a fence, a rate
+/// limiter's, another prefix's, an encoding [`hash_tag`] never makes).
+/// Read back by laying out each kind's keys for the name found, so that
+/// the layout has one copy.
+pub(crate) fn found_in(prefix: &str, key: &str) -> Option<(Found, String)> {
+    let (tag, _) = key
+        .strip_prefix(prefix)?
+        .strip_prefix(":{")?
+        .split_once('}')?;
+    let name = untag(tag)?;
+    check_name(&name).ok()?;
+    let found = if LockKeys::new(prefix, &name).ok()?.lock == key {
+        Found::Lock
+    } else if LockKeys::fair(prefix, &name).ok()?.lock == key {
+        Found::FairLock
+    } else if let Some(rw) = RwKeys::new(prefix, &name)
+        .ok()
+        .filter(|rw| rw.write == key || rw.readers == key)
+    {
+        if rw.write == key {
+            Found::Write
+        } else {
+            Found::Readers
+        }
+    } else if SemaphoreKeys::new(prefix, &name).ok()?.holders == key {
+        Found::SemaphoreHolders
+    } else if LatchKeys::new(prefix, &name).ok()?.count == key {
+        Found::LatchCount
+    } else {
+        return None;
+    };
+    Some((found, name))
+}
+
 /// The `SCAN MATCH` pattern of the lock keys under `prefix` whose names
 /// match `name_glob`: `P:{G}:lock`, where `G` is the glob with `%`, `{` and
 /// `}` encoded as in a key, so that a literal brace in it matches a brace
@@ -488,6 +579,62 @@ mod tests {
         ] {
             assert_eq!(lock_name_of("p", key), None, "{key}");
         }
+    }
+
+    #[test]
+    fn a_baton_key_tells_what_its_waiters_wait_for() {
+        let name = "a{b}:baton";
+        let lock = LockKeys::new("p", name).unwrap();
+        let fair = LockKeys::fair("p", name).unwrap();
+        let rw = RwKeys::new("p", name).unwrap();
+        let sem = SemaphoreKeys::new("p", name).unwrap();
+        let latch = LatchKeys::new("p", name).unwrap();
+        for (key, kind) in [
+            (lock.baton.clone(), Some(HoldKind::Lock)),
+            (fair.wake_list("i:1"), Some(HoldKind::FairLock)),
+            (rw.read_baton, Some(HoldKind::Read)),
+            (rw.write_baton, Some(HoldKind::Write)),
+            (sem.baton, Some(HoldKind::Permits)),
+            (latch.baton("r"), None),
+            // Not batons, or another name's.
+            (fair.baton, None),
+            (lock.lock, None),
+            (LockKeys::new("p", "other").unwrap().baton, None),
+        ] {
+            assert_eq!(kind_waited_on("p", name, &key), kind, "{key}");
+        }
+    }
+
+    #[test]
+    fn held_objects_are_read_back_from_their_keys() {
+        for name in ["plain", "a{b}c%d", "x:rw:write", "émoji 🦀"] {
+            let lock = LockKeys::new("app:p", name).unwrap();
+            let fair = LockKeys::fair("app:p", name).unwrap();
+            let rw = RwKeys::new("app:p", name).unwrap();
+            let sem = SemaphoreKeys::new("app:p", name).unwrap();
+            let latch = LatchKeys::new("app:p", name).unwrap();
+            for (key, found) in [
+                (&lock.lock, Found::Lock),
+                (&fair.lock, Found::FairLock),
+                (&rw.write, Found::Write),
+                (&rw.readers, Found::Readers),
+                (&sem.holders, Found::SemaphoreHolders),
+                (&latch.count, Found::LatchCount),
+            ] {
+                assert_eq!(
+                    found_in("app:p", key),
+                    Some((found, name.to_owned())),
+                    "{key}"
+                );
+            }
+            // Keys that show nothing held, and another prefix's.
+            for key in [&lock.baton, &lock.fence, &fair.fence, &rw.fence, &sem.state] {
+                assert_eq!(found_in("app:p", key), None, "{key}");
+            }
+            assert_eq!(found_in("app", &lock.lock), None);
+        }
+        assert_eq!(found_in("p", "p:{a%41}:lock"), None);
+        assert_eq!(object_scan_pattern("a*", "job{1}*"), "a\\*:{job%7B1%7D*}:*");
     }
 
     #[test]

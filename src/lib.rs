@@ -226,7 +226,7 @@ mod scripts;
 mod sinks;
 mod sync;
 
-pub use client::{Client, ClientBuilder, Topology};
+pub use client::{Client, ClientBuilder, PermitHolder, RwHolders, SyncKind, Topology};
 pub use error::Error;
 pub use lease::WatchdogStats;
 pub use observe::{Acquisition, Event, HoldKind, LostReason, LostSignal};

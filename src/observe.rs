@@ -280,6 +280,9 @@ pub enum Event<'a> {
     Parked {
         /// The synchronizer's name.
         name: &'a str,
+        /// What it waits to hold; `None` for a latch's wait (it holds
+        /// nothing once the count reaches zero).
+        kind: Option<HoldKind>,
     },
     /// A waiting thread stopped waiting: it is about to hold the object,
     /// or its deadline passed, or Redis failed.
@@ -299,6 +302,22 @@ pub enum Event<'a> {
         /// The synchronizer's name.
         name: &'a str,
         /// How long it waited.
+        waited: Duration,
+    },
+    /// An acquisition gave up on an error, which its caller gets (Redis
+    /// unreachable or busy until the deadline, a key of another type, a
+    /// refused script): the end of a call that neither acquired nor timed
+    /// out. Told when a wait ends so (after its [`Woken`](Event::Woken)),
+    /// and when the first attempt of a lock, a fair lock or a semaphore
+    /// fails before any wait.
+    #[non_exhaustive]
+    AcquireFailed {
+        /// The synchronizer's name.
+        name: &'a str,
+        /// What it was to hold.
+        kind: HoldKind,
+        /// From the call (or, when a wait failed, from the wait's start)
+        /// to the failure.
         waited: Duration,
     },
     /// A cluster's slot map was loaded again (after a `MOVED` or a

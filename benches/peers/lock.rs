@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! cargo bench --manifest-path benches/peers/Cargo.toml --bench lock
+//! cargo bench --manifest-path benches/peers/Cargo.toml --bench lock -- --uncontended-only
 //! ```
 //!
 //! Uses `REDIS_URL` when set; otherwise a throwaway `redis-server` from PATH.
@@ -491,6 +492,21 @@ fn main() {
     let hooked_cycle = median(5_000, || {
         hooked_lock.lock().expect("lock").unlock().expect("unlock")
     });
+    // The same cycle with `metrics(false)`, to a recorder that keeps every
+    // update (metrics-util's debugging recorder, installed globally): two
+    // counters, two histograms and two gauge updates per cycle.
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::set_global_recorder(recorder).expect("the only recorder");
+    let metered = Client::builder(url.as_str())
+        .metrics(false)
+        .build()
+        .expect("url");
+    let metered_lock = metered.lock("bench:uncontended:metered").expect("name");
+    let metered_cycle = median(5_000, || {
+        metered_lock.lock().expect("lock").unlock().expect("unlock")
+    });
+    let recorded = snapshotter.snapshot().into_vec().len();
     let redlock = redlock::RedLock::new(vec![url.as_str()]);
     let peer_cycle = median(2_000, || {
         let l = redlock
@@ -535,6 +551,16 @@ fn main() {
         hooked_cycle.as_secs_f64() / cycle.as_secs_f64(),
         told.load(std::sync::atomic::Ordering::Relaxed)
     );
+    println!(
+        "uncontended lock + unlock with metrics(false) to a recorder: {:.1} µs = {:.2} x RTT, {:.2} x the cycle without ({recorded} series)",
+        metered_cycle.as_secs_f64() * 1e6,
+        x(metered_cycle),
+        metered_cycle.as_secs_f64() / cycle.as_secs_f64(),
+    );
+    // `-- --uncontended-only`: the rows above, without the contended runs.
+    if env::args().any(|arg| arg == "--uncontended-only") {
+        return;
+    }
 
     for (label, across) in [
         ("1 process x 16 threads", false),

@@ -29,6 +29,15 @@ fn redbaton(args: &[&str], stdin: &str) -> Output {
     child.wait_with_output().expect("the binary ends")
 }
 
+/// The header of `list`.
+const HEADER: [&str; 7] = ["KIND", "NAME", "CLIENT", "HOLDS", "TOKEN", "LEASE", "OWNER"];
+
+/// A lease column: some time left, at most `LEASE`.
+fn assert_lease(column: &str) {
+    let lease: f64 = column.strip_suffix('s').unwrap().parse().unwrap();
+    assert!(lease > 0.0 && lease <= LEASE.as_secs_f64(), "lease {lease}");
+}
+
 fn stdout(output: &Output) -> String {
     String::from_utf8(output.stdout.clone()).expect("UTF-8 output")
 }
@@ -67,23 +76,22 @@ fn list_shows_each_held_lock_with_its_holder() {
     let text = stdout(&output);
     let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split('\t').collect()).collect();
     assert_eq!(rows.len(), 2, "a header and one lock: {text}");
-    assert_eq!(
-        rows[0],
-        ["NAME", "CLIENT", "DEPTH", "TOKEN", "LEASE", "OWNER"]
-    );
+    assert_eq!(rows[0], HEADER);
     let row = &rows[1];
-    assert_eq!(row[..4], [name, HOLDER_NAME, "2", &token.to_string()]);
-    let lease: f64 = row[4].strip_suffix('s').unwrap().parse().unwrap();
-    assert!(lease > 0.0 && lease <= LEASE.as_secs_f64(), "lease {lease}");
+    assert_eq!(
+        row[..5],
+        ["lock", name, HOLDER_NAME, "2", &token.to_string()]
+    );
+    assert_lease(row[5]);
     let holder = lock.holder().unwrap().unwrap();
-    assert_eq!(row[5], holder.owner.as_str());
+    assert_eq!(row[6], holder.owner.as_str());
 
     // Without a pattern: both held locks, sorted.
     let all = stdout(&redbaton(&["--url", &url, "list"], ""));
     let names: Vec<&str> = all
         .lines()
         .skip(1)
-        .map(|l| l.split('\t').next().unwrap())
+        .map(|l| l.split('\t').nth(1).unwrap())
         .collect();
     assert_eq!(names, [name, "reports"]);
 
@@ -92,6 +100,83 @@ fn list_shows_each_held_lock_with_its_holder() {
     assert_eq!(elsewhere.lines().count(), 1, "{elsewhere}");
     drop(inner);
     drop(outer);
+}
+
+#[test]
+fn list_shows_every_kind_held_with_its_holders() {
+    let server = RedisServer::start();
+    let client = holder_client(&server);
+    let fair = client.fair_lock("queue").unwrap().lock().unwrap();
+    let writer = client.rw_lock("table").unwrap().write().unwrap();
+    let reader = client.rw_lock("shared").unwrap().read().unwrap();
+    let pool = client.semaphore("pool").unwrap();
+    assert_eq!(pool.try_set_permits(3).unwrap(), 3);
+    let permits = pool.acquire_many(2).unwrap();
+    let latch = client.count_down_latch("gate").unwrap();
+    assert!(latch.try_set_count(2).unwrap());
+    // Nothing held: not listed.
+    let idle = client.semaphore("idle").unwrap();
+    assert_eq!(idle.try_set_permits(1).unwrap(), 1);
+    client
+        .rw_lock("free")
+        .unwrap()
+        .write()
+        .unwrap()
+        .unlock()
+        .unwrap();
+    let opened = client.count_down_latch("open").unwrap();
+    assert!(opened.try_set_count(1).unwrap());
+    opened.count_down().unwrap();
+
+    let output = redbaton(&["--url", &server.url(), "list"], "");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let text = stdout(&output);
+    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split('\t').collect()).collect();
+    assert_eq!(rows[0], HEADER, "{text}");
+    // Every hold here is the test thread's: one owner identity.
+    let owner = client
+        .fair_lock("queue")
+        .unwrap()
+        .holder()
+        .unwrap()
+        .unwrap()
+        .owner;
+    let held: Vec<[&str; 5]> = rows[1..]
+        .iter()
+        .map(|row| [row[0], row[1], row[2], row[3], row[4]])
+        .collect();
+    let (fair_token, write_token) = (
+        fair.fencing_token().to_string(),
+        writer.fencing_token().to_string(),
+    );
+    assert_eq!(
+        held,
+        [
+            ["fair_lock", "queue", HOLDER_NAME, "1", fair_token.as_str()],
+            // Sorted by kind, then name.
+            ["read", "shared", HOLDER_NAME, "1", rows[2][4]],
+            ["write", "table", HOLDER_NAME, "1", write_token.as_str()],
+            ["permits", "pool", HOLDER_NAME, "2", "-"],
+            ["latch", "gate", "-", "2", "-"],
+        ],
+        "{text}"
+    );
+    for row in &rows[1..5] {
+        assert_lease(row[5]);
+        assert_eq!(row[6], owner.as_str(), "{text}");
+    }
+    assert!(rows[2][4].parse::<u64>().is_ok(), "a read token: {text}");
+    assert_eq!(rows[5][5..], ["-", "-"], "{text}");
+
+    // The pattern applies to every kind.
+    let some = stdout(&redbaton(&["--url", &server.url(), "list", "[pt]*"], ""));
+    let names: Vec<&str> = some
+        .lines()
+        .skip(1)
+        .map(|l| l.split('\t').nth(1).unwrap())
+        .collect();
+    assert_eq!(names, ["table", "pool"], "{some}");
+    drop((fair, writer, reader, permits));
 }
 
 #[test]
@@ -291,11 +376,12 @@ fn every_deployment_option_lists_its_locks() {
             .skip(1)
             .map(|line| line.split('\t').collect())
             .collect();
-        let listed: Vec<&str> = rows.iter().map(|row| row[0]).collect();
+        let listed: Vec<&str> = rows.iter().map(|row| row[1]).collect();
         assert_eq!(listed, names, "{options:?}: {text}");
         for (row, guard) in rows.iter().zip(&guards) {
-            assert_eq!(row[1], client_name, "{options:?}: {text}");
-            assert_eq!(row[3], guard.fencing_token().to_string(), "{text}");
+            assert_eq!(row[0], "lock", "{options:?}: {text}");
+            assert_eq!(row[2], client_name, "{options:?}: {text}");
+            assert_eq!(row[4], guard.fencing_token().to_string(), "{text}");
         }
         drop(guards);
     }

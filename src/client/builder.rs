@@ -652,11 +652,21 @@ impl ClientBuilder {
     /// subscriber, as events of target `redbaton` with the event's fields
     /// (`name`, `kind`, `waited`, `held`, `fencing_token`, `how`,
     /// `reason`): a loss at `WARN`; a failed renewal, a background
-    /// release, a timeout and what the deployment did at `INFO`; an
-    /// acquisition, a release and the waits at `DEBUG`. The client opens
-    /// no span: an event is told inside the span current on its thread
-    /// (the caller's, for an acquisition or a release). Adds a hook, as
-    /// [`on_event`](ClientBuilder::on_event) does.
+    /// release, a timeout, a failed acquisition and what the deployment
+    /// did at `INFO`; an acquisition, a release and the waits at `DEBUG`.
+    ///
+    /// Each acquisition (of a lock, fair lock, read or write hold, or
+    /// permits; a latch's wait is none) is also one span `acquire` of
+    /// target `redbaton` at `INFO`, with fields `name`, `kind`, `outcome`
+    /// (`acquired`, `timed_out` or `failed`), `waited_ms` (the event's
+    /// `waited`, in milliseconds), and `fencing_token` and `how` when
+    /// acquired. A span opens when the caller's thread starts waiting and
+    /// closes at the outcome, with the wait's events inside it; an
+    /// acquisition that did not wait opens and closes its span at its
+    /// outcome. A `try_*` call that finds the object taken and does not
+    /// wait (`try_lock`, `try_acquire`, ...) makes none. Spans are
+    /// children of the span current on the caller's thread. Adds a hook,
+    /// as [`on_event`](ClientBuilder::on_event) does.
     ///
     /// # Examples
     ///

@@ -2,6 +2,7 @@
 //! synchronizer, and its [`ClientBuilder`] (`builder.rs`).
 
 mod builder;
+mod inspect;
 
 use std::fmt;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use crate::sync::semaphore::{DeploymentSemaphore, RawSemaphore};
 use crate::sync::{CountDownLatch, Lock, MultiLock, RateLimiter, RwLock, Semaphore};
 
 pub use builder::{ClientBuilder, Topology};
+pub use inspect::{PermitHolder, RwHolders, SyncKind};
 
 /// Keys `SCAN` looks at per call in [`Client::lock_names`]: a few hundred
 /// keep each call short on a busy server and the round trips few.
@@ -249,7 +251,8 @@ impl Client {
     /// the name: `"*"` lists every lock, `"jobs:*"` those whose name starts
     /// with `jobs:`. A name's `%`, `{` and `}` are stored as three
     /// characters each, so a `?` never matches one of them (a `*` does).
-    /// Fair locks, read-write locks and the other kinds are not listed.
+    /// Fair locks, read-write locks and the other kinds are not listed:
+    /// [`held_names`](Client::held_names) lists every kind.
     ///
     /// It walks the keys with `SCAN` under the client's key prefix: on one
     /// server or a Sentinel's master, that server; on a Cluster, every
@@ -277,27 +280,9 @@ impl Client {
     pub fn lock_names(&self, pattern: &str) -> Result<Vec<String>, Error> {
         let prefix = &self.context.config.prefix;
         let matching = keys::lock_scan_pattern(prefix, pattern);
-        let found = self.context.backend.on_every_master(pattern, |c| {
-            let mut keys = Vec::new();
-            let mut cursor = 0u64;
-            loop {
-                let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&matching)
-                    .arg("COUNT")
-                    .arg(SCAN_COUNT)
-                    .query(c)?;
-                keys.extend(batch);
-                if next == 0 {
-                    return Ok(keys);
-                }
-                cursor = next;
-            }
-        })?;
+        let found = self.scan(pattern, &matching)?;
         let mut names: Vec<String> = found
             .iter()
-            .flatten()
             .filter_map(|key| keys::lock_name_of(prefix, key))
             .collect();
         names.sort_unstable();

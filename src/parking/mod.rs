@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use crate::backend::{Backend, Parked};
 use crate::config::Config;
 use crate::error::Error;
+use crate::keys;
 use crate::observe::{Event, Observer};
 
 pub(crate) use local_queue::{Reservation, Turn};
@@ -70,6 +71,9 @@ pub(crate) struct WaitingRoom<C, G> {
     io_timeout: Duration,
     /// Told when a thread starts and stops waiting.
     observer: Observer,
+    /// The key prefix, to tell the observer what a baton key is waited
+    /// for.
+    prefix: String,
 }
 
 impl<C: Clone, G: Copy> WaitingRoom<C, G> {
@@ -80,6 +84,7 @@ impl<C: Clone, G: Copy> WaitingRoom<C, G> {
             max_park: config.max_park,
             io_timeout: config.io_timeout,
             observer: config.observer.clone(),
+            prefix: config.prefix.clone(),
         }
     }
 
@@ -121,19 +126,27 @@ impl<C: Clone, G: Copy> WaitingRoom<C, G> {
         if !self.observer.is_set() {
             return self.wait_in_queue(name, baton_key, claim, deadline, attempt);
         }
+        let kind = keys::kind_waited_on(&self.prefix, name, baton_key);
         let start = Instant::now();
-        self.observer.emit(|| Event::Parked { name });
+        self.observer.emit(|| Event::Parked { name, kind });
         let waited = self.wait_in_queue(name, baton_key, claim, deadline, attempt);
         let elapsed = start.elapsed();
         self.observer.emit(|| Event::Woken {
             name,
             waited: elapsed,
         });
-        if let Ok(Waited::TimedOut) = waited {
-            self.observer.emit(|| Event::TimedOut {
+        match (&waited, kind) {
+            (Ok(Waited::TimedOut), _) => self.observer.emit(|| Event::TimedOut {
                 name,
                 waited: elapsed,
-            });
+            }),
+            // A latch's failed wait was no acquisition.
+            (Err(_), Some(kind)) => self.observer.emit(|| Event::AcquireFailed {
+                name,
+                kind,
+                waited: elapsed,
+            }),
+            _ => {}
         }
         waited
     }

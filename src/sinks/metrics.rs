@@ -14,6 +14,8 @@ const ACQUISITIONS: &str = "redbaton_acquisitions_total";
 const CONTENDED: &str = "redbaton_contended_acquisitions_total";
 /// Waits whose deadline passed.
 const TIMEOUTS: &str = "redbaton_timeouts_total";
+/// Acquisitions that gave up on an error, by `kind`.
+const ACQUIRE_FAILURES: &str = "redbaton_acquire_failures_total";
 /// Holds found lost, by `kind` and `reason`.
 const LOSSES: &str = "redbaton_losses_total";
 /// Releases that failed on something other than a loss, by `kind`.
@@ -52,6 +54,10 @@ pub(crate) fn describe() {
         (
             TIMEOUTS,
             "Waits that ended at their deadline without the object",
+        ),
+        (
+            ACQUIRE_FAILURES,
+            "Acquisitions that gave up on an error, by kind",
         ),
         (LOSSES, "Holds found lost, by kind and reason"),
         (
@@ -169,7 +175,12 @@ fn record(event: &Event<'_>, named: bool) {
         Event::ReleaseRetried { name } => {
             counter!(BACKGROUND_RELEASES, labels(named, name, None, &[])).increment(1);
         }
-        Event::Parked { name } => {
+        Event::AcquireFailed {
+            name, kind: held, ..
+        } => {
+            counter!(ACQUIRE_FAILURES, labels(named, name, Some(held), &[])).increment(1);
+        }
+        Event::Parked { name, .. } => {
             gauge!(PARKED, labels(named, name, None, &[])).increment(1.0);
         }
         Event::Woken { name, .. } => {

@@ -392,3 +392,32 @@ fn a_loss_is_counted_with_its_reason_and_ends_the_hold() {
         ])
     );
 }
+
+#[test]
+fn an_acquisition_that_fails_is_counted_by_kind() {
+    let server = RedisServer::start();
+    let recorded = Recorded::new();
+    recorded.on(|| {
+        let client = metered(&server, false);
+        // The keys hold strings: each first attempt fails on the type.
+        let mut connection = server.connection();
+        let sem = "redbaton:{pool}:sem:state";
+        for key in [lock_key("wrong"), sem.to_owned()] {
+            let _: () = redis::cmd("SET")
+                .arg(key)
+                .arg("x")
+                .query(&mut connection)
+                .unwrap();
+        }
+        assert!(client.lock("wrong").unwrap().try_lock().is_err());
+        assert!(client.lock("wrong").unwrap().lock().is_err());
+        assert!(client.semaphore("pool").unwrap().try_acquire().is_err());
+    });
+    assert_eq!(
+        summary(&recorded.values()),
+        expected(&[
+            ("redbaton_acquire_failures_total{kind=lock}", 2.0),
+            ("redbaton_acquire_failures_total{kind=permits}", 1.0),
+        ])
+    );
+}

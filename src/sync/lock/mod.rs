@@ -217,8 +217,12 @@ impl Lock {
     /// As [`lock`](Lock::lock).
     pub fn try_lock(&self) -> Result<Option<LockGuard>, Error> {
         let start = self.context.observer().is_set().then(Instant::now);
-        let identity = self.context.identity()?;
-        match self.attempt(&identity, false, &mut 0)? {
+        let identity = self
+            .context
+            .identity()
+            .map_err(|err| self.failed(start, err))?;
+        let attempt = self.attempt(&identity, false, &mut 0);
+        match attempt.map_err(|err| self.failed(start, err))? {
             Attempt::Acquired(guard) => {
                 Ok(Some(self.acquired(guard, start, Acquisition::FirstAttempt)))
             }
@@ -369,7 +373,8 @@ impl Lock {
         let start = self.context.observer().is_set().then(Instant::now);
         let context = &self.context;
         let identity =
-            parking::ride_out(deadline, context.config.io_timeout, || context.identity())?;
+            parking::ride_out(deadline, context.config.io_timeout, || context.identity())
+                .map_err(|err| self.failed(start, err))?;
         // A newcomer queues behind local waiters instead of trying first, so
         // that they are served in order; a holder re-entering never queues.
         let holds = context
@@ -388,7 +393,7 @@ impl Lock {
                 Err(err) if err.is_transient() => {
                     log::debug!("redbaton: first attempt on {:?} failed: {err}", self.name());
                 }
-                Err(err) => return Err(err),
+                Err(err) => return Err(self.failed(start, err)),
             }
         }
         let claim = Claim {
@@ -438,6 +443,29 @@ impl Lock {
             });
         }
         guard
+    }
+
+    /// Tells the event hook that an acquisition that started at `start`
+    /// (`None`: no hook was set then) failed before any wait with `err`;
+    /// returns `err`. A wait that fails is told by the wait core.
+    fn failed(&self, start: Option<Instant>, err: Error) -> Error {
+        if let Some(start) = start {
+            self.context.observer().emit(|| Event::AcquireFailed {
+                name: &self.keys.name,
+                kind: self.kind(),
+                waited: start.elapsed(),
+            });
+        }
+        err
+    }
+
+    /// What this lock's guards hold.
+    fn kind(&self) -> HoldKind {
+        if self.keys.fair.is_some() {
+            HoldKind::FairLock
+        } else {
+            HoldKind::Lock
+        }
     }
 
     /// The list a waiter parks on: the lock's baton, shared by all its

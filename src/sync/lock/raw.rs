@@ -37,6 +37,11 @@ use crate::scripts::Call;
 pub struct Owner(String);
 
 impl Owner {
+    /// The owner of the thread identity `identity`, as stored in Redis.
+    pub(crate) fn new(identity: String) -> Owner {
+        Owner(identity)
+    }
+
     /// The identity as stored in Redis.
     pub fn as_str(&self) -> &str {
         &self.0

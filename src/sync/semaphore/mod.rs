@@ -16,7 +16,7 @@ use crate::context::Context;
 use crate::error::Error;
 use crate::keys::SemaphoreKeys;
 use crate::lease::{LeaseMode, Leased, RenewLeases};
-use crate::observe::Acquisition;
+use crate::observe::{Acquisition, Event, HoldKind};
 use crate::parking::{self, Attempt, Waited};
 use crate::scripts::semaphore::{
     AcquireArgs, AcquireReply, Adjust, Refusal, StateReply, TotalReply,
@@ -311,8 +311,12 @@ impl Semaphore {
     pub fn try_acquire_many(&self, permits: u64) -> Result<Option<SemaphorePermit>, Error> {
         check_permits(permits)?;
         let start = self.context.observer().is_set().then(Instant::now);
-        let identity = self.context.identity()?;
-        match self.attempt(&identity, permits, None, false)? {
+        let identity = self
+            .context
+            .identity()
+            .map_err(|err| self.failed(start, err))?;
+        let attempt = self.attempt(&identity, permits, None, false);
+        match attempt.map_err(|err| self.failed(start, err))? {
             Attempt::Acquired(permit) => {
                 Ok(Some(permit.announced(start, Acquisition::FirstAttempt)))
             }
@@ -411,23 +415,25 @@ impl Semaphore {
     ) -> Result<Option<SemaphorePermit>, Error> {
         let since = Instant::now();
         let start = self.context.observer().is_set().then_some(since);
-        let acquired = self.first_then_wait(permits, deadline, since)?;
+        let acquired = self.first_then_wait(permits, deadline, since, start)?;
         Ok(acquired.map(|(permit, how)| permit.announced(start, how)))
     }
 
     /// [`acquire_until`](Semaphore::acquire_until)'s work: the permit, and
     /// how it was got. `since`: when the caller started; once it has waited
     /// [`hold_back_after`](Semaphore::hold_back_after), its attempts reserve
-    /// the permits it needs.
+    /// the permits it needs. `start`: the same, if a hook was set then.
     fn first_then_wait(
         &self,
         permits: u64,
         deadline: Option<Instant>,
         since: Instant,
+        start: Option<Instant>,
     ) -> Result<Option<(SemaphorePermit, Acquisition)>, Error> {
         let context = &self.context;
         let identity =
-            parking::ride_out(deadline, context.config.io_timeout, || context.identity())?;
+            parking::ride_out(deadline, context.config.io_timeout, || context.identity())
+                .map_err(|err| self.failed(start, err))?;
         let place = format!("{permits}:{identity}");
         // Whether an attempt may have left this thread a place among the
         // waiters, which it must give up if it stops waiting unserved.
@@ -467,7 +473,7 @@ impl Semaphore {
                 Err(err) if err.is_transient() => {
                     log::debug!("redbaton: first attempt on {:?} failed: {err}", self.name());
                 }
-                Err(err) => return Err(self.gave_up(&place, false, false, err)),
+                Err(err) => return Err(self.failed(start, self.gave_up(&place, false, false, err))),
             }
         }
         let waited =
@@ -480,7 +486,7 @@ impl Semaphore {
             // to look again.
             Ok(Waited::Granted(())) => {
                 self.leave(&place, placed.get(), reserved.get());
-                self.first_then_wait(permits, deadline, since)
+                self.first_then_wait(permits, deadline, since, start)
             }
             Ok(Waited::TimedOut) => {
                 self.leave(&place, placed.get(), reserved.get());
@@ -521,6 +527,20 @@ impl Semaphore {
             Error::PermitsOverCapacity { .. } | Error::WrongTopology { .. }
         ) {
             self.leave(place, placed, reserved);
+        }
+        err
+    }
+
+    /// Tells the event hook that an acquisition that started at `start`
+    /// (`None`: no hook was set then) failed before any wait with `err`;
+    /// returns `err`. A wait that fails is told by the wait core.
+    fn failed(&self, start: Option<Instant>, err: Error) -> Error {
+        if let Some(start) = start {
+            self.context.observer().emit(|| Event::AcquireFailed {
+                name: &self.keys.name,
+                kind: HoldKind::Permits,
+                waited: start.elapsed(),
+            });
         }
         err
     }
