@@ -56,16 +56,15 @@ drop_dead_waiters(queue, places, now)
 local head = redis.call('ZRANGE', queue, 0, 0)[1]
 
 if (held[1] == false or held[1] == ARGV[1]) and (head == nil or head == ARGV[1]) then
-  local fence, ferr = next_fence(KEYS[2], ARGV[5])
+  local fence, ferr, token = next_fence(KEYS[2], ARGV[5])
   if ferr then
     return ferr
   end
   redis.call('ZREM', queue, ARGV[1])
   redis.call('ZREM', places, ARGV[1])
-  local token = string.format('%.0f', fence)
-  redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', 1, 'fence', token, 'req', ARGV[6])
+  redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6])
   if redis.call('ZCARD', queue) > 0 then
-    redis.call('HSET', KEYS[1], 'waited', 1)
+    redis.call('HSET', KEYS[1], 'waited', '1')
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, fence, 1}
@@ -85,7 +84,7 @@ if ARGV[7] == '1' then
   redis.call('ZADD', places, now + tonumber(ARGV[8]), ARGV[1])
   keep_queue(queue, places, ARGV[8])
   if held[1] then
-    redis.call('HSET', KEYS[1], 'waited', 1)
+    redis.call('HSET', KEYS[1], 'waited', '1')
   end
 end
 

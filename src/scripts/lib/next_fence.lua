@@ -1,5 +1,6 @@
--- next_fence(key, ttl, proposed): the next fencing token of a lock, or nil
--- and an error reply. Prepended to the scripts that start an ownership.
+-- next_fence(key, ttl, proposed): the next fencing token of a lock (as a
+-- number, nil, and as the digits to store), or nil and an error reply.
+-- Prepended to the scripts that start an ownership.
 --
 -- `proposed` (a string, or nil: none) is a Redlock client's proposal: the
 -- token is never below it either, so that when every master of a majority
@@ -20,6 +21,20 @@
 -- exponent form.
 local function next_fence(key, ttl, proposed)
   local stored = redis.call('GET', key)
+  local now = redis.call('TIME')
+  local micros = now[2]
+  local clock = now[1] .. string.rep('0', 6 - #micros) .. micros
+  -- The usual case, decided on the digits: no proposal, and a counter that
+  -- is absent or below the clock (strings of digits of one length compare
+  -- as their numbers do). It writes the clock's digits as they are: a
+  -- token's round trip through a double and '%.0f' costs this script more
+  -- than any of its calls.
+  if (proposed == nil or proposed == '0')
+    and (not stored or (string.find(stored, '^%d+$')
+      and (#stored < #clock or (#stored == #clock and stored < clock)))) then
+    redis.call('SET', key, clock, 'PX', ttl)
+    return tonumber(clock), nil, clock
+  end
   local counter = 0
   if stored then
     counter = tonumber(stored)
@@ -27,10 +42,8 @@ local function next_fence(key, ttl, proposed)
       return nil, redis.error_reply('WRONGTYPE fence key ' .. key .. ' holds a value that is not an integer')
     end
   end
-  local now = redis.call('TIME')
-  local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local fence = math.max(counter + 1, clock, tonumber(proposed or '0') or 0)
-  redis.call('SET', key, string.format('%.0f', fence), 'PX', ttl)
-  return fence
+  local fence = math.max(counter + 1, tonumber(clock), tonumber(proposed or '0') or 0)
+  local token = string.format('%.0f', fence)
+  redis.call('SET', key, token, 'PX', ttl)
+  return fence, nil, token
 end
-

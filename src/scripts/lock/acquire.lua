@@ -49,15 +49,14 @@ if held[1] == ARGV[1] and held[2] == ARGV[3] then
 end
 
 if held[1] == false or held[1] == ARGV[1] then
-  local fence, err = next_fence(KEYS[2], ARGV[5], ARGV[8])
+  local fence, err, token = next_fence(KEYS[2], ARGV[5], ARGV[8])
   if err then
     return err
   end
-  local token = string.format('%.0f', fence)
   if ARGV[7] == '1' then
-    redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', 1, 'fence', token, 'req', ARGV[6], 'waited', 1)
+    redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6], 'waited', '1')
   else
-    redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', 1, 'fence', token, 'req', ARGV[6])
+    redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6])
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, fence, 1}

@@ -60,15 +60,14 @@ for i = 1, names do
     reply[#reply + 1] = tonumber(ARGV[3 * i + 3])
     reply[#reply + 1] = tonumber(depth)
   else
-    local fence, err = next_fence(KEYS[2 * i], ARGV[2], nil)
+    local fence, err, token = next_fence(KEYS[2 * i], ARGV[2], nil)
     if err then
       return err
     end
-    local token = string.format('%.0f', fence)
     if ARGV[4] == '1' then
-      redis.call('HSET', lock, 'flag', identity, 'count', 1, 'fence', token, 'req', ARGV[3], 'waited', 1)
+      redis.call('HSET', lock, 'flag', identity, 'count', '1', 'fence', token, 'req', ARGV[3], 'waited', '1')
     else
-      redis.call('HSET', lock, 'flag', identity, 'count', 1, 'fence', token, 'req', ARGV[3])
+      redis.call('HSET', lock, 'flag', identity, 'count', '1', 'fence', token, 'req', ARGV[3])
     end
     redis.call('PEXPIRE', lock, lease)
     reply[#reply + 1] = fence

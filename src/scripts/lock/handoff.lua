@@ -20,11 +20,11 @@ if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
   return -1
 end
 
-local fence, err = next_fence(KEYS[2], ARGV[5], ARGV[7])
+local fence, err, token = next_fence(KEYS[2], ARGV[5], ARGV[7])
 if err then
   return err
 end
 -- The waiter waited, and others may wait behind it: its release wakes one.
-redis.call('HSET', KEYS[1], 'flag', ARGV[3], 'count', 1, 'fence', string.format('%.0f', fence), 'req', ARGV[6], 'waited', 1)
+redis.call('HSET', KEYS[1], 'flag', ARGV[3], 'count', '1', 'fence', token, 'req', ARGV[6], 'waited', '1')
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return fence
