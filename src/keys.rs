@@ -149,6 +149,14 @@ pub(crate) struct RwKeys {
     pub(crate) write_baton: String,
     /// String: the fencing counter of write ownerships.
     pub(crate) fence: String,
+    /// Hash: the upgradable reader, as a lock key (`flag`, `count`,
+    /// `fence` = its hold's token, `req`), with its lease as TTL;
+    /// `upgrading` = the end of a waiting upgrade's mark (server ms).
+    pub(crate) upgradable: String,
+    /// List: batons for threads waiting for the upgradable read.
+    pub(crate) upgradable_baton: String,
+    /// List: the baton of the upgradable holder waiting to upgrade.
+    pub(crate) upgrade_baton: String,
 }
 
 impl RwKeys {
@@ -165,6 +173,9 @@ impl RwKeys {
             read_baton: format!("{rw}:rbaton"),
             write_baton: format!("{rw}:wbaton"),
             fence: format!("{rw}:fence"),
+            upgradable: format!("{rw}:upgradable"),
+            upgradable_baton: format!("{rw}:ubaton"),
+            upgrade_baton: format!("{rw}:upbaton"),
         })
     }
 
@@ -427,6 +438,9 @@ mod tests {
             rw.read_baton,
             rw.write_baton,
             rw.fence,
+            rw.upgradable,
+            rw.upgradable_baton,
+            rw.upgrade_baton,
             sem.state,
             sem.holders,
             sem.counts,
