@@ -110,7 +110,6 @@ across_topologies! {
             .map(|t| {
                 let lock = clients[t % 2].rw_lock("occupied").unwrap();
                 let mut raw = data.connection();
-                let marker = marker;
                 thread::spawn(move || {
                     let mut tally = Tally::default();
                     let wait = Duration::from_secs(60);
