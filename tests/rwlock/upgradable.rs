@@ -506,3 +506,51 @@ across_topologies! {
         }
     }
 }
+
+across_topologies! {
+    but_masters;
+    /// A fresh reader held back by a waiting upgrade waits through the
+    /// upgraded write too, and the write's release wakes it (10 s parks).
+    fn a_reader_held_back_by_an_upgrade_is_woken_when_the_upgraded_write_ends(deployment) {
+        let name = "after-upgrade";
+        let log = Log::default();
+        let holder = deployment.client();
+        let read = holder.rw_lock(name).unwrap().read().unwrap();
+        let (taken, upgradable_taken) = mpsc::channel();
+        let upgrader_client = deployment.builder().max_park(Duration::from_secs(10)).build().unwrap();
+        let upgrader = {
+            let log = log.clone();
+            thread::spawn(move || {
+                let lock = upgrader_client.rw_lock(name).unwrap();
+                let up = lock.upgradable_read().unwrap();
+                taken.send(()).unwrap();
+                let write = up.try_upgrade_for(Duration::from_secs(30)).unwrap().expect("upgraded");
+                thread::sleep(Duration::from_millis(300));
+                log.push("write released");
+                write.unlock().unwrap();
+                up.unlock().unwrap();
+            })
+        };
+        upgradable_taken.recv_timeout(Duration::from_secs(10)).unwrap();
+        let server = deployment.server_for(&rw_key(name, "rbaton"));
+        let mut raw = server.connection();
+        eventually(Duration::from_secs(10), "the upgrade's mark", || upgrade_marked(&mut raw, name));
+        let reader_client = deployment.builder().max_park(Duration::from_secs(10)).build().unwrap();
+        let reader = {
+            let log = log.clone();
+            thread::spawn(move || {
+                let lock = reader_client.rw_lock(name).unwrap();
+                let guard = lock.try_read_for(Duration::from_secs(30)).unwrap().expect("read in the end");
+                log.push("reader in");
+                guard.unlock().unwrap();
+            })
+        };
+        eventually(Duration::from_secs(10), "the upgrade and the reader park", || blocked_clients(server) >= 2);
+        read.unlock().unwrap();
+        upgrader.joined();
+        reader.joined();
+        assert_eq!(log.whats(), ["write released", "reader in"]);
+        let woken = log.at("reader in").duration_since(log.at("write released"));
+        assert!(woken < Duration::from_secs(1), "the reader got in {woken:?} after the write ended: not by a baton");
+    }
+}
