@@ -206,9 +206,10 @@ across_topologies! {
 across_topologies! {
     but_masters;
     /// A reader holds; the upgradable reader's upgrade waits for it while
-    /// a writer that came earlier waits too. The reader's release wakes
-    /// the upgrade (within a second, parks of 10 s), the writer gets in
-    /// only once the write hold and then the upgradable hold are gone.
+    /// a writer that came earlier waits too (and looks again every 100 ms).
+    /// The reader's release wakes the upgrade (within a second, parks of
+    /// 10 s); the writer gets in only once the write hold and then the
+    /// upgradable hold are gone.
     fn an_upgrade_waits_for_the_readers_and_a_writer_that_waited_longer_does_not_get_in_first(deployment) {
         let name = "order";
         let log = Log::default();
@@ -238,7 +239,8 @@ across_topologies! {
         };
         upgradable_taken.recv_timeout(Duration::from_secs(10)).unwrap();
 
-        let writer_client = deployment.builder().max_park(Duration::from_secs(10)).build().unwrap();
+        // The writer looks again every 100 ms: it would find any gap.
+        let writer_client = deployment.builder().max_park(Duration::from_millis(100)).build().unwrap();
         let writer = {
             let log = log.clone();
             thread::spawn(move || {
