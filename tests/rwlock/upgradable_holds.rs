@@ -352,7 +352,10 @@ fn the_loss_signal_and_events_tell_of_the_upgradable_hold() {
     let token = write.fencing_token();
     write.unlock().unwrap();
     let lost = up.lost();
+    // Renewed meanwhile (a renewal every 100 ms): nothing is lost.
+    thread::sleep(Duration::from_millis(700));
     assert!(lost.try_recv().is_err(), "nothing lost yet");
+    assert!(!up.is_lost());
     // Someone deletes the hold: the watchdog's next renewal finds it gone.
     redis::cmd("DEL")
         .arg(rw_key("signalled", "upgradable"))
