@@ -8,10 +8,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redbaton::{Client, Error, Event, HoldKind};
-use testkit::RedisServer;
+use testkit::{FaultProxy, RedisServer};
 
 use crate::rw_key;
-use crate::support::{self, spawn_child, JoinWithin};
+use crate::support::{self, eventually, spawn_child, JoinWithin};
 
 /// This file's child-process roles; false for a role of another file.
 pub(crate) fn run_child(role: &str, url: &str) -> bool {
@@ -378,4 +378,141 @@ fn the_loss_signal_and_events_tell_of_the_upgradable_hold() {
             ("lost".to_owned(), HoldKind::Upgradable, None),
         ]
     );
+}
+
+/// A client that reaches `server` through `proxy`, its identity and
+/// scripts warmed up so that the next script call is the one under test.
+fn warmed_client(proxy: &FaultProxy, name: &str, io_timeout: Duration) -> Client {
+    let client = Client::builder(proxy.url())
+        .io_timeout(io_timeout)
+        .build()
+        .unwrap();
+    let lock = client.rw_lock(name).unwrap();
+    let up = lock.try_upgradable_read().unwrap().expect("free");
+    up.try_upgrade().unwrap().expect("alone").unlock().unwrap();
+    up.unlock().unwrap();
+    client
+}
+
+#[test]
+fn an_upgradable_read_and_an_upgrade_sent_twice_keep_what_their_first_run_made() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let client = warmed_client(&proxy, "lost-up", Duration::from_secs(5));
+    let mut raw = server.connection();
+    let field = |raw: &mut redis::Connection, part: &str, field: &str| -> u64 {
+        redis::cmd("HGET")
+            .arg(rw_key("lost-up", part))
+            .arg(field)
+            .query(raw)
+            .unwrap()
+    };
+    // 300 ms per request through the proxy: time to read what the first
+    // run stored before the resend arrives.
+    proxy.set_delay(Duration::from_millis(300));
+    proxy.drop_reply_to(b"EVALSHA");
+    let (next, go_on) = std::sync::mpsc::channel::<()>();
+    let (taken, upgradable_taken) = std::sync::mpsc::channel();
+    let mut direct = server.connection();
+    let holder = thread::spawn(move || {
+        let lock = client.rw_lock("lost-up").unwrap();
+        let up = lock
+            .try_upgradable_read()
+            .unwrap()
+            .expect("the resend finds its own hold");
+        taken.send(()).unwrap();
+        go_on.recv().unwrap();
+        let write = up
+            .try_upgrade()
+            .unwrap()
+            .expect("the resend finds its write hold");
+        let token = write.fencing_token();
+        // The counter while the write is held (the queued writer issues
+        // the next token once it is gone).
+        let counter: u64 = redis::cmd("GET")
+            .arg(rw_key("lost-up", "fence"))
+            .query(&mut direct)
+            .unwrap();
+        write.unlock().unwrap();
+        up.unlock().unwrap();
+        (token, counter)
+    });
+    eventually(Duration::from_secs(10), "the first reply lost", || {
+        proxy.dropped_replies() == 1
+    });
+    let first_hold = field(&mut raw, "upgradable", "req");
+    assert!(first_hold > 0);
+    // Another client's writer queues before the resend arrives: a fresh
+    // upgradable read would be refused behind it, and the hold the first
+    // run made would be nobody's.
+    let other = support::client(&server);
+    let writer = {
+        let lock = other.rw_lock("lost-up").unwrap();
+        thread::spawn(move || {
+            let write = lock.try_write_for(Duration::from_secs(20)).unwrap();
+            write
+                .expect("the writer gets in after the upgradable reader")
+                .unlock()
+                .unwrap();
+        })
+    };
+    eventually(Duration::from_secs(10), "the writer's place", || {
+        crate::waiting_writers(&mut raw, "lost-up") == 1
+    });
+    upgradable_taken
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(
+        field(&mut raw, "upgradable", "req"),
+        first_hold,
+        "the resend took it afresh"
+    );
+    proxy.drop_reply_to(b"EVALSHA");
+    next.send(()).unwrap();
+    eventually(Duration::from_secs(10), "the upgrade's reply lost", || {
+        proxy.dropped_replies() == 2
+    });
+    let first_fence = field(&mut raw, "write", "fence");
+    let (token, counter) = holder.joined();
+    proxy.set_delay(Duration::ZERO);
+    assert_eq!(
+        token, first_fence,
+        "the resend upgraded afresh under a second token"
+    );
+    assert_eq!(counter, first_fence, "a second token was issued");
+    writer.joined();
+    let up = other
+        .rw_lock("lost-up")
+        .unwrap()
+        .try_upgradable_read()
+        .unwrap();
+    up.expect("nothing left behind").unlock().unwrap();
+}
+
+#[test]
+fn an_upgradable_read_too_few_replicas_confirm_is_undone_at_once() {
+    let server = RedisServer::start();
+    // No replica exists: every fresh hold is undone on its connection.
+    let client = Client::builder(server.url())
+        .replica_acks(1, Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let err = client
+        .rw_lock("unconfirmed-up")
+        .unwrap()
+        .try_upgradable_read()
+        .unwrap_err();
+    assert!(err.is_transient(), "{err:?}");
+    let mut raw = server.connection();
+    let left: bool = redis::cmd("EXISTS")
+        .arg(rw_key("unconfirmed-up", "upgradable"))
+        .query(&mut raw)
+        .unwrap();
+    assert!(!left, "the unconfirmed hold is left for its lease");
+    let other = support::client(&server);
+    let up = other
+        .rw_lock("unconfirmed-up")
+        .unwrap()
+        .try_upgradable_read();
+    up.unwrap().expect("free at once").unlock().unwrap();
 }
