@@ -556,3 +556,54 @@ across_topologies! {
         assert!(woken < Duration::from_secs(1), "the reader got in {woken:?} after the write ended: not by a baton");
     }
 }
+
+across_topologies! {
+    but_masters;
+    /// Four reader threads keep the lock read-held without a gap (each
+    /// holds 20 ms, and they overlap); an upgrade still gets in within
+    /// 1.5 s, alone, and the readers go on after it.
+    fn an_upgrade_is_not_starved_by_a_stream_of_readers(deployment) {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let readers_client = deployment.client();
+        let lock = readers_client.rw_lock("up-stream").unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let inside = Arc::new(AtomicUsize::new(0));
+        let reads = Arc::new(AtomicUsize::new(0));
+        let readers: Vec<_> = (0..4)
+            .map(|i| {
+                let (lock, stop, inside, reads) =
+                    (lock.clone(), Arc::clone(&stop), Arc::clone(&inside), Arc::clone(&reads));
+                thread::spawn(move || {
+                    thread::sleep(Duration::from_millis(5 * i));
+                    while !stop.load(Ordering::SeqCst) {
+                        let guard = lock.try_read_for(Duration::from_secs(20)).unwrap().expect("read");
+                        inside.fetch_add(1, Ordering::SeqCst);
+                        thread::sleep(Duration::from_millis(20));
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        reads.fetch_add(1, Ordering::SeqCst);
+                        guard.unlock().unwrap();
+                    }
+                })
+            })
+            .collect();
+        eventually(Duration::from_secs(10), "the stream of readers", || reads.load(Ordering::SeqCst) >= 20);
+
+        let upgrader_client = deployment.client();
+        let up = upgrader_client.rw_lock("up-stream").unwrap().upgradable_read().unwrap();
+        let started = Instant::now();
+        let write = up.try_upgrade_for(Duration::from_secs(10)).unwrap().expect("not starved");
+        let waited = started.elapsed();
+        assert_eq!(inside.load(Ordering::SeqCst), 0, "a reader is inside with the upgraded writer");
+        let reads_before = reads.load(Ordering::SeqCst);
+        write.unlock().unwrap();
+        up.unlock().unwrap();
+        assert!(waited < Duration::from_millis(1_500), "the upgrade waited {waited:?}");
+        eventually(Duration::from_secs(10), "readers after the upgrade", || {
+            reads.load(Ordering::SeqCst) >= reads_before + 8
+        });
+        stop.store(true, Ordering::SeqCst);
+        for reader in readers {
+            reader.joined();
+        }
+    }
+}
