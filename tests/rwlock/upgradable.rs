@@ -264,6 +264,7 @@ across_topologies! {
             ["read released", "upgraded", "write released", "upgradable released", "writer in"]
         );
         let woken = log.at("upgraded").duration_since(log.at("read released"));
+        println!("upgraded {woken:?} after the last reader left");
         assert!(woken < Duration::from_secs(1), "the upgrade got in {woken:?} after the last reader left");
         assert!(!upgrade_marked(&mut raw, name));
     }
@@ -465,6 +466,7 @@ across_topologies! {
         read.unlock().unwrap();
         let upgraded_at = upgrader.joined();
         let woken = upgraded_at.saturating_duration_since(released_at);
+        println!("upgraded {woken:?} after the release");
         assert!(woken < Duration::from_secs(1), "upgraded {woken:?} after the release: not by a baton");
     }
 }
@@ -597,6 +599,7 @@ across_topologies! {
         let reads_before = reads.load(Ordering::SeqCst);
         write.unlock().unwrap();
         up.unlock().unwrap();
+        println!("the upgrade got in after {waited:?} behind a stream of readers");
         assert!(waited < Duration::from_millis(1_500), "the upgrade waited {waited:?}");
         eventually(Duration::from_secs(10), "readers after the upgrade", || {
             reads.load(Ordering::SeqCst) >= reads_before + 8
