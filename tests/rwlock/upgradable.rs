@@ -610,3 +610,35 @@ across_topologies! {
         }
     }
 }
+
+across_topologies! {
+    but_masters;
+    /// A thread waiting for the upgradable read behind a waiting writer
+    /// (10 s parks) gets in at once when the writer gives up.
+    fn a_writer_that_gives_up_lets_a_waiting_upgradable_reader_in_at_once(deployment) {
+        let name = "writer-leaves";
+        let holder = deployment.client();
+        let held = holder.rw_lock(name).unwrap().read().unwrap();
+        let writer_client = deployment.builder().max_park(Duration::from_secs(5)).build().unwrap();
+        let writer = thread::spawn(move || {
+            let lock = writer_client.rw_lock(name).unwrap();
+            assert!(lock.try_write_for(Duration::from_secs(1)).unwrap().is_none(), "a reader holds");
+            Instant::now()
+        });
+        let mut raw = deployment.server_for(&rw_key(name, "writers")).connection();
+        eventually(Duration::from_secs(10), "the writer's place", || waiting_writers(&mut raw, name) == 1);
+        let waiter_client = deployment.builder().max_park(Duration::from_secs(10)).build().unwrap();
+        let lock = waiter_client.rw_lock(name).unwrap();
+        assert!(lock.try_upgradable_read().unwrap().is_none(), "it waits behind the writer");
+        let waiter = thread::spawn(move || {
+            let up = lock.try_upgradable_read_for(Duration::from_secs(20)).unwrap();
+            (up.is_some(), Instant::now())
+        });
+        let gave_up_at = writer.joined();
+        let (got, at) = waiter.joined();
+        assert!(got);
+        let late = at.saturating_duration_since(gave_up_at);
+        assert!(late < Duration::from_millis(700), "got in {late:?} after the writer gave up");
+        held.unlock().unwrap();
+    }
+}
