@@ -260,10 +260,11 @@ pub enum Error {
         count: u64,
     },
 
-    /// A thread holding only a read lock asked for the write lock of the
-    /// same read-write lock: waiting would deadlock (two such threads would
-    /// each wait for the other's read lock).
-    #[error("read-write lock {name:?}: this thread holds it for reading and asked to write; release the read guards first, then take the write lock")]
+    /// A thread holding only a read lock asked for the write lock (or the
+    /// upgradable read) of the same read-write lock: waiting would deadlock
+    /// (two such threads would each wait for the other's read lock). To
+    /// read and maybe write later, take the upgradable read instead.
+    #[error("read-write lock {name:?}: this thread holds it for reading and asked to write (or for the upgradable read); release the read guards first, or take the upgradable read instead of the read")]
     UpgradeRefused {
         /// The lock's name.
         name: String,

@@ -150,6 +150,14 @@ pub(crate) struct RwKeys {
     pub(crate) write_baton: String,
     /// String: the fencing counter of write ownerships.
     pub(crate) fence: String,
+    /// Hash: the upgradable reader, as a lock key (`flag`, `count`,
+    /// `fence` = its hold's token, `req`), with its lease as TTL;
+    /// `upgrading` = the end of a waiting upgrade's mark (server ms).
+    pub(crate) upgradable: String,
+    /// List: batons for threads waiting for the upgradable read.
+    pub(crate) upgradable_baton: String,
+    /// List: the baton of the upgradable holder waiting to upgrade.
+    pub(crate) upgrade_baton: String,
 }
 
 impl RwKeys {
@@ -166,6 +174,9 @@ impl RwKeys {
             read_baton: format!("{rw}:rbaton"),
             write_baton: format!("{rw}:wbaton"),
             fence: format!("{rw}:fence"),
+            upgradable: format!("{rw}:upgradable"),
+            upgradable_baton: format!("{rw}:ubaton"),
+            upgrade_baton: format!("{rw}:upbaton"),
         })
     }
 
@@ -303,8 +314,11 @@ pub(crate) fn kind_waited_on(prefix: &str, name: &str, baton_key: &str) -> Optio
     if rw.read_baton == baton_key {
         return Some(HoldKind::Read);
     }
-    if rw.write_baton == baton_key {
+    if rw.write_baton == baton_key || rw.upgrade_baton == baton_key {
         return Some(HoldKind::Write);
+    }
+    if rw.upgradable_baton == baton_key {
+        return Some(HoldKind::Upgradable);
     }
     if SemaphoreKeys::new(prefix, name).ok()?.baton == baton_key {
         return Some(HoldKind::Permits);
@@ -518,6 +532,9 @@ mod tests {
             rw.read_baton,
             rw.write_baton,
             rw.fence,
+            rw.upgradable,
+            rw.upgradable_baton,
+            rw.upgrade_baton,
             sem.state,
             sem.holders,
             sem.counts,
@@ -594,6 +611,8 @@ mod tests {
             (fair.wake_list("i:1"), Some(HoldKind::FairLock)),
             (rw.read_baton, Some(HoldKind::Read)),
             (rw.write_baton, Some(HoldKind::Write)),
+            (rw.upgrade_baton, Some(HoldKind::Write)),
+            (rw.upgradable_baton, Some(HoldKind::Upgradable)),
             (sem.baton, Some(HoldKind::Permits)),
             (latch.baton("r"), None),
             // Not batons, or another name's.

@@ -232,7 +232,7 @@ pub use lease::WatchdogStats;
 pub use observe::{Acquisition, Event, HoldKind, LostReason, LostSignal};
 pub use sync::{CountDownLatch, Holder, Lock, LockGuard, Owner, Rate, RateLimiter, RateMode};
 pub use sync::{MultiLock, MultiLockGuard};
-pub use sync::{ReadGuard, RwLock, WriteGuard};
+pub use sync::{ReadGuard, RwLock, UpgradableReadGuard, WriteGuard};
 pub use sync::{Semaphore, SemaphorePermit};
 
 /// Runs a function holding the distributed lock named by its `key`, built

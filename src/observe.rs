@@ -181,6 +181,8 @@ pub enum HoldKind {
     Read,
     /// A write hold of an [`RwLock`](crate::RwLock).
     Write,
+    /// The upgradable read of an [`RwLock`](crate::RwLock).
+    Upgradable,
     /// Permits of a [`Semaphore`](crate::Semaphore).
     Permits,
 }

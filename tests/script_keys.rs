@@ -358,6 +358,40 @@ fn scenario(server: &RedisServer) -> (Client, FaultProxy) {
     writer.joined();
     reader.joined();
 
+    // Upgradable read: taken and re-entered; a thread waiting for it is
+    // woken by its release; an upgrade that gives up takes its mark off,
+    // one that waits for a reader is woken by the reader's release.
+    let rw = client.rw_lock("keys-rw-up").unwrap();
+    let up = rw.upgradable_read().unwrap();
+    rw.upgradable_read().unwrap().unlock().unwrap();
+    let other = rw.clone();
+    let waiting = thread::spawn(move || {
+        other
+            .try_upgradable_read_for(Duration::from_secs(10))
+            .unwrap()
+            .unwrap()
+            .unlock()
+            .unwrap()
+    });
+    let other = rw.clone();
+    let (reading, read_taken) = std::sync::mpsc::channel();
+    let reader = thread::spawn(move || {
+        let read = other.read().unwrap();
+        reading.send(()).unwrap();
+        thread::sleep(ms(800));
+        read.unlock().unwrap();
+    });
+    read_taken.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(up.try_upgrade_for(ms(200)).unwrap().is_none());
+    let write = up
+        .try_upgrade_for(Duration::from_secs(10))
+        .unwrap()
+        .unwrap();
+    write.unlock().unwrap();
+    reader.joined();
+    up.unlock().unwrap();
+    waiting.joined();
+
     // Semaphore: total set and adjusted, a waiter woken by a release,
     // renewals, state.
     let sem = client.semaphore("keys-sem").unwrap();
@@ -418,6 +452,7 @@ fn scenario(server: &RedisServer) -> (Client, FaultProxy) {
     let rw = undoing.rw_lock("keys-rw-undo").unwrap();
     let _ = rw.try_read();
     let _ = rw.try_write();
+    let _ = rw.try_upgradable_read();
     let sem = undoing.semaphore("keys-sem-undo").unwrap();
     let _ = sem.try_set_permits(1);
     let _ = sem.try_acquire();

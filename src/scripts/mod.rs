@@ -100,6 +100,18 @@ scripts! {
     RW_RENEW_READ => "rwlock/renew_read.lua" with ["lib/rw.lua"];
     /// Read-write lock: free what a request whose reply was lost took.
     RW_UNDO => "rwlock/undo.lua" with ["lib/rw.lua", "lib/baton.lua"];
+    /// Read-write lock: take or re-enter the upgradable read, or say how
+    /// long to wait.
+    RW_UPGRADABLE => "rwlock/upgradable.lua" with ["lib/rw.lua", "lib/lease.lua"];
+    /// Read-write lock: release one upgradable guard; the last wakes who
+    /// waits for it.
+    RW_RELEASE_UPGRADABLE => "rwlock/release_upgradable.lua"
+        with ["lib/rw.lua", "lib/lease.lua", "lib/baton.lua"];
+    /// Read-write lock: the upgradable reader takes the write hold once the
+    /// other readers left, or marks that it waits.
+    RW_UPGRADE => "rwlock/upgrade.lua" with ["lib/rw.lua", "lib/next_fence.lua"];
+    /// Read-write lock: an upgrade that gives up takes its mark off.
+    RW_CANCEL_UPGRADE => "rwlock/cancel_upgrade.lua" with ["lib/baton.lua"];
     /// Set a semaphore's total of permits, unless one is in force.
     SEM_SET => "semaphore/set.lua" with ["lib/permits.lua"];
     /// Add permits to a semaphore's total, or take them off it.

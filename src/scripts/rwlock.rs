@@ -9,8 +9,8 @@ use std::time::Duration;
 use redis::{FromRedisValue, ParsingError, Value};
 
 use super::{
-    millis, Call, RW_READ, RW_RELEASE_READ, RW_RELEASE_WRITE, RW_RENEW_READ, RW_UNDO, RW_WITHDRAW,
-    RW_WRITE,
+    millis, Call, RW_CANCEL_UPGRADE, RW_READ, RW_RELEASE_READ, RW_RELEASE_UPGRADABLE,
+    RW_RELEASE_WRITE, RW_RENEW_READ, RW_UNDO, RW_UPGRADABLE, RW_UPGRADE, RW_WITHDRAW, RW_WRITE,
 };
 use crate::keys::RwKeys;
 
@@ -38,6 +38,7 @@ pub(crate) fn read(keys: &RwKeys, args: ReadArgs<'_>) -> Call {
         .key(&keys.read_depths)
         .key(&keys.waiting_writers)
         .key(&keys.read_baton)
+        .key(&keys.upgradable)
         .arg(args.identity)
         .arg(millis(args.lease))
         .arg(args.held_token)
@@ -74,6 +75,7 @@ pub(crate) fn write(keys: &RwKeys, args: WriteArgs<'_>) -> Call {
         .key(&keys.read_depths)
         .key(&keys.waiting_writers)
         .key(&keys.fence)
+        .key(&keys.upgradable)
         .arg(args.identity)
         .arg(millis(args.lease))
         .arg(args.held_fence)
@@ -100,6 +102,8 @@ pub(crate) fn release_read(
         .key(&keys.read_depths)
         .key(&keys.waiting_writers)
         .key(&keys.write_baton)
+        .key(&keys.upgradable)
+        .key(&keys.upgrade_baton)
         .arg(identity)
         .arg(token)
         .arg(guards_left)
@@ -123,6 +127,8 @@ pub(crate) fn release_write(
         .key(&keys.waiting_writers)
         .key(&keys.read_baton)
         .key(&keys.write_baton)
+        .key(&keys.upgradable)
+        .key(&keys.upgradable_baton)
         .arg(identity)
         .arg(fence)
         .arg(guards_left)
@@ -135,6 +141,7 @@ pub(crate) fn withdraw(keys: &RwKeys, identity: &str, baton_ttl: Duration) -> Ca
     Call::new(&RW_WITHDRAW)
         .key(&keys.waiting_writers)
         .key(&keys.read_baton)
+        .key(&keys.upgradable_baton)
         .arg(identity)
         .arg(millis(baton_ttl))
 }
@@ -165,12 +172,124 @@ pub(crate) fn undo(keys: &RwKeys, identity: &str, request: u64, baton_ttl: Durat
         .key(&keys.waiting_writers)
         .key(&keys.read_baton)
         .key(&keys.write_baton)
+        .key(&keys.upgradable)
+        .key(&keys.upgradable_baton)
+        .key(&keys.upgrade_baton)
         .arg(identity)
         .arg(request)
         .arg(millis(baton_ttl))
 }
 
-/// What `rwlock/read.lua` or `rwlock/write.lua` answered.
+/// What [`upgradable`] asks for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UpgradableArgs<'a> {
+    pub(crate) identity: &'a str,
+    /// The lease of a fresh hold, or of the hold re-entered.
+    pub(crate) lease: Duration,
+    /// The token of the caller's live upgradable guards, 0 when none.
+    pub(crate) held_token: u64,
+    /// The depth after this acquisition.
+    pub(crate) depth: usize,
+    /// The request's number: a fresh hold's token.
+    pub(crate) request: u64,
+    /// Whether the caller comes from waiting (others may wait too).
+    pub(crate) waited: bool,
+}
+
+pub(crate) fn upgradable(keys: &RwKeys, args: UpgradableArgs<'_>) -> Call {
+    Call::new(&RW_UPGRADABLE)
+        .key(&keys.upgradable)
+        .key(&keys.write)
+        .key(&keys.readers)
+        .key(&keys.read_depths)
+        .key(&keys.waiting_writers)
+        .arg(args.identity)
+        .arg(millis(args.lease))
+        .arg(args.held_token)
+        .arg(args.depth)
+        .arg(args.request)
+        .arg(if args.waited { "1" } else { "0" })
+}
+
+/// Releases one level of the upgradable hold `token` of `identity`, which
+/// keeps `guards_left` guards; `lease` is the hold's.
+pub(crate) fn release_upgradable(
+    keys: &RwKeys,
+    identity: &str,
+    token: u64,
+    guards_left: usize,
+    lease: Duration,
+    baton_ttl: Duration,
+) -> Call {
+    Call::new(&RW_RELEASE_UPGRADABLE)
+        .key(&keys.upgradable)
+        .key(&keys.write)
+        .key(&keys.readers)
+        .key(&keys.read_depths)
+        .key(&keys.waiting_writers)
+        .key(&keys.read_baton)
+        .key(&keys.write_baton)
+        .key(&keys.upgradable_baton)
+        .arg(identity)
+        .arg(token)
+        .arg(guards_left)
+        .arg(millis(lease))
+        .arg(millis(baton_ttl))
+}
+
+/// What [`upgrade`] asks for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UpgradeArgs<'a> {
+    pub(crate) identity: &'a str,
+    /// The token of the caller's upgradable hold.
+    pub(crate) upgradable_token: u64,
+    /// The lease of the write hold.
+    pub(crate) lease: Duration,
+    pub(crate) fence_ttl: Duration,
+    /// The request's number, for undoing it if its reply is lost.
+    pub(crate) request: u64,
+    /// When refused, mark the upgrade as waiting this long (`None`: the
+    /// caller will not wait).
+    pub(crate) mark: Option<Duration>,
+    /// The token of the caller's live read guards, 0 when it has none.
+    pub(crate) read_token: u64,
+}
+
+pub(crate) fn upgrade(keys: &RwKeys, args: UpgradeArgs<'_>) -> Call {
+    Call::new(&RW_UPGRADE)
+        .key(&keys.upgradable)
+        .key(&keys.write)
+        .key(&keys.readers)
+        .key(&keys.read_depths)
+        .key(&keys.waiting_writers)
+        .key(&keys.fence)
+        .arg(args.identity)
+        .arg(args.upgradable_token)
+        .arg(millis(args.lease))
+        .arg(millis(args.fence_ttl))
+        .arg(args.request)
+        .arg(args.mark.map_or(0, millis))
+        .arg(args.read_token)
+}
+
+/// Takes the waiting-upgrade mark of the upgradable hold `token` of
+/// `identity` off.
+pub(crate) fn cancel_upgrade(
+    keys: &RwKeys,
+    identity: &str,
+    token: u64,
+    baton_ttl: Duration,
+) -> Call {
+    Call::new(&RW_CANCEL_UPGRADE)
+        .key(&keys.upgradable)
+        .key(&keys.read_baton)
+        .arg(identity)
+        .arg(token)
+        .arg(millis(baton_ttl))
+}
+
+/// What `rwlock/read.lua`, `write.lua`, `upgradable.lua` or `upgrade.lua`
+/// answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RwAcquireReply {
     /// Taken afresh (depth 1) or re-entered, under `token` (a write hold's
@@ -181,6 +300,9 @@ pub(crate) enum RwAcquireReply {
     Held { lease_left: Option<Duration> },
     /// The caller reads and asked to write.
     UpgradeRefused,
+    /// The caller asked to upgrade an upgradable hold that is not there
+    /// any more (its lease ran out).
+    NotHeld,
 }
 
 impl FromRedisValue for RwAcquireReply {
@@ -195,8 +317,9 @@ impl FromRedisValue for RwAcquireReply {
                 lease_left: u64::try_from(wait).ok().map(Duration::from_millis),
             }),
             [-2] => Ok(RwAcquireReply::UpgradeRefused),
+            [-3] => Ok(RwAcquireReply::NotHeld),
             _ => {
-                Err(format!("unexpected reply {reply:?} from rwlock/read.lua or write.lua").into())
+                Err(format!("unexpected reply {reply:?} from an rwlock acquisition script").into())
             }
         }
     }
@@ -232,6 +355,10 @@ mod tests {
         assert_eq!(
             RwAcquireReply::from_redis_value(ints(&[-2])).unwrap(),
             RwAcquireReply::UpgradeRefused
+        );
+        assert_eq!(
+            RwAcquireReply::from_redis_value(ints(&[-3])).unwrap(),
+            RwAcquireReply::NotHeld
         );
         assert!(RwAcquireReply::from_redis_value(ints(&[3])).is_err());
     }

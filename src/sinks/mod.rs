@@ -17,6 +17,7 @@ pub(crate) fn kind(kind: HoldKind) -> &'static str {
         HoldKind::FairLock => "fair_lock",
         HoldKind::Read => "read",
         HoldKind::Write => "write",
+        HoldKind::Upgradable => "upgradable",
         HoldKind::Permits => "permits",
     }
 }

@@ -7,7 +7,7 @@
 //! - `rate_limit`: the token bucket ([`RateLimiter`]); no guard and no
 //!   parking: it sleeps for the wait the server computes.
 //! - `rwlock/`: the read-write lock ([`RwLock`], [`ReadGuard`],
-//!   [`WriteGuard`]), writer-preferring.
+//!   [`WriteGuard`], [`UpgradableReadGuard`]), writer-preferring.
 //! - `semaphore/`: the counting semaphore with leased permits
 //!   ([`Semaphore`], [`SemaphorePermit`]).
 //!
@@ -24,5 +24,5 @@ pub(crate) mod semaphore;
 pub use latch::CountDownLatch;
 pub use lock::{Holder, Lock, LockGuard, MultiLock, MultiLockGuard, Owner};
 pub use rate_limit::{Rate, RateLimiter, RateMode};
-pub use rwlock::{ReadGuard, RwLock, WriteGuard};
+pub use rwlock::{ReadGuard, RwLock, UpgradableReadGuard, WriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};

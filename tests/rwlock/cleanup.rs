@@ -7,7 +7,8 @@ use crate::rw_key;
 
 across_topologies! {
     but_masters;
-    /// After readers, a writer and a writer that gave up are all gone,
+    /// After readers, a writer, a writer that gave up, an upgradable
+    /// reader that upgraded and one that gave up upgrading are all gone,
     /// only the fencing counter and batons are left, and all of them
     /// expire.
     fn after_the_last_release_only_expiring_keys_are_left(deployment) {
@@ -23,13 +24,20 @@ across_topologies! {
         assert!(mine.try_read_for(Duration::from_millis(200)).unwrap().is_none());
         write.unlock().unwrap();
         mine.read().unwrap().unlock().unwrap();
+        let up = mine.upgradable_read().unwrap();
+        assert!(theirs.try_upgradable_read_for(Duration::from_millis(200)).unwrap().is_none());
+        let shared = theirs.read().unwrap();
+        assert!(up.try_upgrade_for(Duration::from_millis(300)).unwrap().is_none(), "gave up");
+        shared.unlock().unwrap();
+        up.upgrade().unwrap().unlock().unwrap();
+        up.downgrade().unwrap().unlock().unwrap();
 
         let mut raw = deployment.server_for(&rw_key("tidy", "write")).connection();
-        for part in ["write", "readers", "depths", "writers"] {
+        for part in ["write", "readers", "depths", "writers", "upgradable"] {
             let exists: bool = redis::cmd("EXISTS").arg(rw_key("tidy", part)).query(&mut raw).unwrap();
             assert!(!exists, "{part} is left after the last release");
         }
-        for part in ["fence", "rbaton", "wbaton"] {
+        for part in ["fence", "rbaton", "wbaton", "ubaton", "upbaton"] {
             let ttl: i64 = redis::cmd("PTTL").arg(rw_key("tidy", part)).query(&mut raw).unwrap();
             assert!(ttl == -2 || ttl > 0, "{part} never expires (PTTL {ttl})");
         }

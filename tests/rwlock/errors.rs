@@ -39,12 +39,12 @@ fn zero_and_absurd_fixed_leases_are_invalid() {
 
 across_topologies! {
     but_masters;
-    /// A string under the write key or the readers key is reported as
-    /// `WrongType` by every call, and left as it is.
+    /// A string under the write key, the readers key or the upgradable
+    /// key is reported as `WrongType` by every call, and left as it is.
     fn a_string_under_the_write_or_readers_key_is_a_wrong_type_error(deployment) {
         let client = deployment.client();
         let lock = client.rw_lock("damaged").unwrap();
-        for part in ["write", "readers"] {
+        for part in ["write", "readers", "upgradable"] {
             let key = rw_key("damaged", part);
             let mut raw = deployment.server_for(&key).connection();
             redis::cmd("SET").arg(&key).arg("not redbaton's").query::<()>(&mut raw).unwrap();
@@ -55,6 +55,9 @@ across_topologies! {
                 lock.write().map(drop).unwrap_err(),
                 lock.try_write().map(drop).unwrap_err(),
                 lock.try_write_for(Duration::from_secs(1)).map(drop).unwrap_err(),
+                lock.upgradable_read().map(drop).unwrap_err(),
+                lock.try_upgradable_read().map(drop).unwrap_err(),
+                lock.try_upgradable_read_for(Duration::from_secs(1)).map(drop).unwrap_err(),
             ];
             for err in errors {
                 assert!(matches!(&err, Error::WrongType { name, .. } if name == "damaged"), "{part}: {err:?}");
@@ -82,6 +85,10 @@ fn a_quorum_client_says_the_read_write_lock_needs_one_deployment() {
         lock.try_read().map(drop).unwrap_err(),
         lock.write().map(drop).unwrap_err(),
         lock.try_write_for(Duration::from_secs(1))
+            .map(drop)
+            .unwrap_err(),
+        lock.upgradable_read().map(drop).unwrap_err(),
+        lock.try_upgradable_read_for(Duration::from_secs(1))
             .map(drop)
             .unwrap_err(),
     ];

@@ -15,18 +15,21 @@ mod reentry;
 #[cfg(feature = "sentinel")]
 mod replicas;
 mod resent;
+mod upgradable;
+mod upgradable_holds;
 mod waiting;
 
 /// Entry point of the child processes; does nothing in a normal test run.
 #[test]
 #[ignore = "child-process entry point, started by the tests of this binary"]
 fn child_entry() {
-    support::run_child_role(&[processes::run_child]);
+    support::run_child_role(&[processes::run_child, upgradable_holds::run_child]);
 }
 
 /// A key of read-write lock `name` under the default prefix, as the
 /// key layout (docs/how-it-works.md) gives it: `part` is `write`, `readers`, `depths`,
-/// `writers`, `rbaton`, `wbaton` or `fence`.
+/// `writers`, `rbaton`, `wbaton`, `fence`, `upgradable`, `ubaton` or
+/// `upbaton`.
 pub fn rw_key(name: &str, part: &str) -> String {
     format!("redbaton:{{{}}}:rw:{part}", support::hash_tag(name))
 }
@@ -61,6 +64,11 @@ pub fn rw_state(conn: &mut redis::Connection, name: &str) -> Vec<String> {
         .query(conn)
         .unwrap();
     state.push(format!("writers {writers:?}"));
+    let upgradable: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(rw_key(name, "upgradable"))
+        .query(conn)
+        .unwrap();
+    state.push(format!("upgradable {upgradable:?}"));
     state
 }
 

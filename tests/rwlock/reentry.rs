@@ -132,8 +132,18 @@ fn the_write_script_refuses_an_upgrade_too() {
     let write = |raw: &mut redis::Connection, read_token: u64| -> Vec<i64> {
         redis::cmd("EVAL")
             .arg(&source)
-            .arg(5)
-            .arg(&["write", "readers", "depths", "writers", "fence"].map(|part| rw_key(name, part)))
+            .arg(6)
+            .arg(
+                &[
+                    "write",
+                    "readers",
+                    "depths",
+                    "writers",
+                    "fence",
+                    "upgradable",
+                ]
+                .map(|part| rw_key(name, part)),
+            )
             .arg(&["me", "30000", "0", "1", "60000", "1", "2500"])
             .arg(read_token)
             .query(raw)

@@ -6,6 +6,8 @@
 -- KEYS[3]  depths key     (hash: identity -> "<depth>:<token>")
 -- KEYS[4]  writers key    (sorted set: waiting writer -> place end, server ms)
 -- KEYS[5]  read baton key (list holding at most one "ok" token)
+-- KEYS[6]  upgradable key (hash: flag = the upgradable reader, upgrading =
+--                          end of its waiting upgrade's mark, server ms)
 -- ARGV[1]  identity of the caller
 -- ARGV[2]  lease in milliseconds: of this hold when fresh, of the hold the
 --          caller's live guards belong to when re-entering
@@ -23,15 +25,19 @@
 --         {0, wait_ms}       refused: a writer holds the lock (wait_ms = its
 --                            remaining lease, -1 when it has none), or a
 --                            writer waits (wait_ms = until the earliest
---                            waiting writer's place ends)
+--                            waiting writer's place ends), or the
+--                            upgradable reader waits to upgrade (wait_ms =
+--                            until its mark ends)
 --
--- Writer preference: while a writer waits, a fresh reader is refused; a
--- reader re-entering its own hold, and the writer itself (which may take
--- read: downgrade), are not. A refusal by a holding writer sets `rwait` on
--- the write key, so that its release pushes a read baton.
+-- Writer preference: while a writer or an upgrade waits, a fresh reader is
+-- refused; a reader re-entering its own hold, the writer itself (which may
+-- take read: downgrade) and the upgradable reader are not. A refusal by a
+-- holding writer sets `rwait` on the write key, one by an upgrade's mark
+-- `rwait` on the upgradable key, so that their end pushes a read baton.
 -- now_ms, purge, expire_with, read_hold, ms_score (lib/rw.lua), baton_error
 -- and push_baton (lib/baton.lua) are prepended.
 local writer = redis.call('HMGET', KEYS[1], 'flag')[1]
+local up = redis.call('HMGET', KEYS[6], 'flag', 'upgrading')
 local now = now_ms()
 purge(KEYS[2], KEYS[3], KEYS[4], now)
 local id = ARGV[1]
@@ -56,10 +62,14 @@ if writer and writer ~= id then
   redis.call('HSET', KEYS[1], 'rwait', 1)
   return {0, redis.call('PTTL', KEYS[1])}
 end
-if not writer then
+if not writer and up[1] ~= id then
   local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
   if #first > 0 then
     return {0, math.max(tonumber(first[2]) - now, 0)}
+  end
+  if up[2] and tonumber(up[2]) > now then
+    redis.call('HSET', KEYS[6], 'rwait', 1)
+    return {0, tonumber(up[2]) - now}
   end
 end
 

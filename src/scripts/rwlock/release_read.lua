@@ -6,6 +6,9 @@
 -- KEYS[3]  depths key      (hash: identity -> "<depth>:<token>")
 -- KEYS[4]  writers key     (sorted set: waiting writer -> place end)
 -- KEYS[5]  write baton key (list)
+-- KEYS[6]  upgradable key  (hash: flag = the upgradable reader, upgrading =
+--                           end of its waiting upgrade's mark, server ms)
+-- KEYS[7]  upgrade baton key (list)
 -- ARGV[1]  identity of the caller
 -- ARGV[2]  token of the caller's read hold
 -- ARGV[3]  the caller's live read guards after this release (0: the last)
@@ -17,10 +20,13 @@
 --                ran out); nothing was changed
 --         depth  > 0: an inner guard was released
 --         0      the hold ended; when it was the last reader, writers wait
---                and no writer holds, a write baton was pushed
+--                and no writer or upgradable reader holds, a write baton
+--                was pushed; when the upgradable reader waits to upgrade
+--                and no other reader is left, an upgrade baton was pushed
 --
 -- now_ms, purge, expire_with, read_hold, ms_score (lib/rw.lua),
 -- baton_error and push_baton (lib/baton.lua) are prepended.
+local up = redis.call('HMGET', KEYS[6], 'flag', 'upgrading')
 local now = now_ms()
 purge(KEYS[2], KEYS[3], KEYS[4], now)
 local id = ARGV[1]
@@ -37,15 +43,22 @@ if depth > 0 then
   return depth
 end
 
-local err = baton_error(KEYS[5])
-if err then
-  return err
+for _, baton in ipairs({KEYS[5], KEYS[7]}) do
+  local err = baton_error(baton)
+  if err then
+    return err
+  end
 end
 redis.call('ZREM', KEYS[2], id)
 redis.call('HDEL', KEYS[3], id)
 expire_with(KEYS[2], KEYS[3], now)
-if redis.call('ZCARD', KEYS[2]) == 0 and redis.call('ZCARD', KEYS[4]) > 0
+local left = redis.call('ZCARD', KEYS[2])
+if left == 0 and redis.call('ZCARD', KEYS[4]) > 0 and not up[1]
     and redis.call('EXISTS', KEYS[1]) == 0 then
   push_baton(KEYS[5], ARGV[5])
+end
+if up[2] and tonumber(up[2]) > now
+    and (left == 0 or (left == 1 and redis.call('ZSCORE', KEYS[2], up[1]))) then
+  push_baton(KEYS[7], ARGV[5])
 end
 return 0

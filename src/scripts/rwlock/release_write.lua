@@ -1,12 +1,14 @@
 -- release_write: release one write guard; the last one frees the write
 -- hold and wakes who waits for it.
 --
--- KEYS[1]  write key       (hash: flag, count, fence, req, rwait)
+-- KEYS[1]  write key       (hash: flag, count, fence, req, rwait, uwait)
 -- KEYS[2]  readers key     (sorted set: identity -> lease end, server ms)
 -- KEYS[3]  depths key      (hash: identity -> "<depth>:<token>")
 -- KEYS[4]  writers key     (sorted set: waiting writer -> place end)
 -- KEYS[5]  read baton key  (list)
 -- KEYS[6]  write baton key (list)
+-- KEYS[7]  upgradable key  (hash: flag, ...; only its existence is read)
+-- KEYS[8]  upgradable baton key (list)
 -- ARGV[1]  identity of the caller
 -- ARGV[2]  fencing token of the caller's write hold
 -- ARGV[3]  the caller's live write guards after this release (0: the last)
@@ -18,15 +20,17 @@
 --                nothing was changed
 --         depth  > 0: an inner guard was released
 --         0      the write hold was freed: a read baton was pushed if a
---                reader was refused meanwhile (`rwait`), and a write baton
---                if writers wait and no reader holds (a writer that
---                downgraded may still read; its last read release wakes
---                the writer then)
+--                reader was refused meanwhile (`rwait`), an upgradable
+--                baton if an upgradable reader was (`uwait`), and a write
+--                baton if writers wait and no reader or upgradable reader
+--                holds (a writer that downgraded may still read, one that
+--                upgraded still holds the upgradable read; their last
+--                release wakes the writer then)
 --
 -- The depth is set from ARGV, so the same release sent twice takes off one
 -- level. now_ms, purge (lib/rw.lua), extend_lease, baton_error and
 -- push_baton (lib/) are prepended.
-local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'rwait')
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'rwait', 'uwait')
 if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
   return -1
 end
@@ -38,7 +42,7 @@ if depth > 0 then
   return depth
 end
 
-for _, baton in ipairs({KEYS[5], KEYS[6]}) do
+for _, baton in ipairs({KEYS[5], KEYS[6], KEYS[8]}) do
   local err = baton_error(baton)
   if err then
     return err
@@ -50,7 +54,11 @@ redis.call('DEL', KEYS[1])
 if held[3] then
   push_baton(KEYS[5], ARGV[5])
 end
-if redis.call('ZCARD', KEYS[4]) > 0 and redis.call('ZCARD', KEYS[2]) == 0 then
+if held[4] then
+  push_baton(KEYS[8], ARGV[5])
+end
+if redis.call('ZCARD', KEYS[4]) > 0 and redis.call('ZCARD', KEYS[2]) == 0
+    and redis.call('EXISTS', KEYS[7]) == 0 then
   push_baton(KEYS[6], ARGV[5])
 end
 return 0

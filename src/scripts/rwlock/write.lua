@@ -4,11 +4,13 @@
 --
 -- KEYS[1]  write key    (hash: flag = owner identity, count = depth,
 --                        fence = token, req = the request that created it,
---                        rwait = a reader was refused meanwhile)
+--                        rwait = a reader was refused meanwhile, uwait = an
+--                        upgradable reader was refused meanwhile)
 -- KEYS[2]  readers key  (sorted set: identity -> lease end, server ms)
 -- KEYS[3]  depths key   (hash: identity -> "<depth>:<token>")
 -- KEYS[4]  writers key  (sorted set: waiting writer -> place end, server ms)
 -- KEYS[5]  fence key    (string: the fencing counter of write holds)
+-- KEYS[6]  upgradable key (hash: flag = the upgradable reader, ...)
 -- ARGV[1]  identity of the caller
 -- ARGV[2]  lease in milliseconds (of this hold, or of the one re-entered)
 -- ARGV[3]  fencing token of the caller's live write guards, or "0"
@@ -23,18 +25,23 @@
 -- Returns {1, fence, depth}  acquired: fresh (depth 1) or re-entered, or
 --                            this request's own hold when it is sent again
 --         {0, wait_ms}       refused: wait_ms until the writer's lease ends
---                            (-1: it has none) or, while readers hold it,
---                            until the last reader's lease ends
+--                            (-1: it has none) or, while readers or an
+--                            upgradable reader hold it, until the last of
+--                            their leases ends
 --         {-2}               the caller holds this lock for reading only:
 --                            an upgrade, refused (nothing was changed)
 --
--- A writer that acquires after keeping a place marks `rwait`, for readers
--- may have been refused on its account: its release pushes a read baton.
--- Errors come before any write: HMGET fails with WRONGTYPE when the write
--- key is not a hash, purge when the readers key is not a sorted set.
+-- A writer that acquires after keeping a place marks `rwait` and `uwait`,
+-- for readers and upgradable readers may have been refused on its
+-- account: its release pushes their batons. The upgradable reader (even a
+-- leftover of this identity) keeps every writer out: it becomes the writer
+-- through upgrade.lua. Errors come before any write: HMGET fails with
+-- WRONGTYPE when the write or upgradable key is not a hash, purge when the
+-- readers key is not a sorted set.
 -- now_ms, purge, expire_with, read_hold, ms_score (lib/rw.lua), next_fence
 -- and extend_lease (lib/) are prepended.
 local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'req', 'count')
+local upgradable = redis.call('HMGET', KEYS[6], 'flag')[1]
 local now = now_ms()
 purge(KEYS[2], KEYS[3], KEYS[4], now)
 local id = ARGV[1]
@@ -62,14 +69,15 @@ if token then
   redis.call('HDEL', KEYS[3], id)
 end
 
-if (held[1] == false or held[1] == id) and redis.call('ZCARD', KEYS[2]) == 0 then
-  local fence, err = next_fence(KEYS[5], ARGV[5])
+if (held[1] == false or held[1] == id) and not upgradable
+    and redis.call('ZCARD', KEYS[2]) == 0 then
+  local fence, err, token = next_fence(KEYS[5], ARGV[5])
   if err then
     return err
   end
-  local token = string.format('%.0f', fence)
   if redis.call('ZREM', KEYS[4], id) == 1 then
-    redis.call('HSET', KEYS[1], 'flag', id, 'count', 1, 'fence', token, 'req', ARGV[6], 'rwait', 1)
+    redis.call('HSET', KEYS[1], 'flag', id, 'count', 1, 'fence', token, 'req', ARGV[6], 'rwait', 1,
+      'uwait', 1)
     expire_with(KEYS[4], nil, now)
   else
     -- A leftover of this identity keeps its `rwait`: readers it refused
@@ -87,5 +95,16 @@ end
 if held[1] and held[1] ~= id then
   return {0, redis.call('PTTL', KEYS[1])}
 end
+local wait = 0
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-return {0, math.max(tonumber(last[2]) - now, 0)}
+if #last > 0 then
+  wait = math.max(tonumber(last[2]) - now, 0)
+end
+if upgradable then
+  local left = redis.call('PTTL', KEYS[6])
+  if left < 0 and #last == 0 then
+    return {0, -1}
+  end
+  wait = math.max(wait, left)
+end
+return {0, wait}

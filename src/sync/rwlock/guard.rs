@@ -1,6 +1,7 @@
 //! [`ReadGuard`] and [`WriteGuard`]: proof of holding a read-write lock for
 //! reading or for writing, released when dropped. Both wrap one [`Hold`],
-//! which knows how to release and report a hold of either kind.
+//! which knows how to release and report a hold of any kind (the
+//! upgradable read's guard, in `upgradable.rs`, wraps one too).
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -17,7 +18,7 @@ use crate::lease::{LeaseMode, LeaseStatus};
 use crate::observe::{Acquisition, Event, HoldKind, LostReason};
 use crate::scripts::reply::ReleaseReply;
 
-/// One guard's share of a hold: a read hold or the write hold of one
+/// One guard's share of a hold: a read, upgradable or write hold of one
 /// thread, shared by its re-entered guards through `status`.
 #[derive(Debug)]
 pub(super) struct Hold {
@@ -26,7 +27,8 @@ pub(super) struct Hold {
     pub(super) keys: Arc<RwKeys>,
     pub(super) kind: Kind,
     pub(super) identity: Arc<str>,
-    /// The write hold's fencing token, or the read hold's token.
+    /// The write hold's fencing token, or the read or upgradable hold's
+    /// token.
     pub(super) token: u64,
     /// The hold's lease mode (that of its first acquisition).
     pub(super) mode: LeaseMode,
@@ -42,12 +44,13 @@ impl Hold {
     fn hold_kind(&self) -> HoldKind {
         match self.kind {
             Kind::Read => HoldKind::Read,
+            Kind::Upgradable => HoldKind::Upgradable,
             Kind::Write => HoldKind::Write,
         }
     }
 
     /// A receiver of this hold's loss signal (see `LockGuard::lost`).
-    fn lost_signal(&self) -> Receiver<LostReason> {
+    pub(super) fn lost_signal(&self) -> Receiver<LostReason> {
         self.context
             .lost_signal(&self.status, self.mode, &self.keys.name, self.hold_kind())
     }
@@ -56,13 +59,14 @@ impl Hold {
     fn lease_key(&self) -> &str {
         match self.kind {
             Kind::Read => &self.keys.readers,
+            Kind::Upgradable => &self.keys.upgradable,
             Kind::Write => &self.keys.write,
         }
     }
 
     /// Tells the event hook of this hold, got `how` after a call that
     /// started at `start` (`None`: no hook was set then).
-    fn announce(&self, start: Option<Instant>, how: Acquisition) {
+    pub(super) fn announce(&self, start: Option<Instant>, how: Acquisition) {
         if let Some(start) = start {
             self.context.observer().emit(|| Event::Acquired {
                 name: &self.keys.name,
@@ -74,7 +78,7 @@ impl Hold {
         }
     }
 
-    fn release(&mut self) -> Result<(), Error> {
+    pub(super) fn release(&mut self) -> Result<(), Error> {
         let released = self.release_once();
         if let Some(acquired) = self.acquired {
             self.context.observer().release_outcome(
@@ -164,7 +168,7 @@ impl Hold {
         }
     }
 
-    fn drop_release(&mut self) {
+    pub(super) fn drop_release(&mut self) {
         if self.released {
             return;
         }
@@ -224,17 +228,11 @@ pub struct WriteGuard {
     _not_send: PhantomData<std::sync::MutexGuard<'static, ()>>,
 }
 
-/// What both guards say about their hold, without a network call.
+/// What every guard says about its hold, without a network call, and its
+/// release (by `unlock` or drop). The guard has a `hold: Hold` field.
 macro_rules! hold_accessors {
     ($guard:ident) => {
         impl $guard {
-            pub(super) fn new(hold: Hold) -> Self {
-                $guard {
-                    hold,
-                    _not_send: PhantomData,
-                }
-            }
-
             /// The name of the read-write lock this guard holds.
             pub fn name(&self) -> &str {
                 &self.hold.keys.name
@@ -295,10 +293,28 @@ macro_rules! hold_accessors {
     };
 }
 
+pub(super) use hold_accessors;
+
 hold_accessors!(ReadGuard);
 hold_accessors!(WriteGuard);
 
+impl ReadGuard {
+    pub(super) fn new(hold: Hold) -> Self {
+        ReadGuard {
+            hold,
+            _not_send: PhantomData,
+        }
+    }
+}
+
 impl WriteGuard {
+    pub(super) fn new(hold: Hold) -> Self {
+        WriteGuard {
+            hold,
+            _not_send: PhantomData,
+        }
+    }
+
     /// The fencing token of this write hold: it grows with every fresh
     /// write acquisition of this lock name and stays the same on re-entry.
     /// Pass it to storage that rejects writes carrying a token lower than

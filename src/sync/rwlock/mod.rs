@@ -1,18 +1,25 @@
 //! The read-write lock: [`RwLock`] (the handle on one name, and the ways to
-//! read or write under it), its guards (`guard.rs`), and the Redis
-//! protocol under both (`raw.rs`). Imports run one way: handle → guard →
-//! raw.
+//! read or write under it), the upgradable read (`upgradable.rs`: its
+//! handle methods, its guard, and the upgrade), the read and write guards
+//! (`guard.rs`), and the Redis protocol under all of them (`raw.rs`).
+//! Imports run one way: handle (`mod.rs`, `upgradable.rs`) → guard → raw.
+//! The upgradable guard keeps a clone of its handle, since it upgrades
+//! through it; the read and write guards know no handle.
 //!
-//! Readers share the lock, a writer has it alone. Writer-preferring: once
-//! a writer waits (it keeps a place in Redis, renewed at each of its
-//! attempts), fresh readers queue behind it, so a stream of readers cannot
-//! starve writers; a reader already holding may re-enter. No local
-//! hand-off: waiting threads of one process share one parked connection
-//! per baton (one for readers, one for writers) through the client's
-//! plain waiting room.
+//! Readers share the lock, a writer has it alone, and one upgradable
+//! reader at a time shares it with readers and keeps writers out.
+//! Writer-preferring: once a writer waits (it keeps a place in Redis,
+//! renewed at each of its attempts), fresh readers queue behind it, so a
+//! stream of readers cannot starve writers; a reader already holding may
+//! re-enter. An upgrade that waits holds fresh readers back the same way
+//! (a mark on the upgradable hold). No local hand-off: waiting threads of
+//! one process share one parked connection per baton (readers, writers,
+//! upgradable readers, the upgrade) through the client's plain waiting
+//! room.
 
 mod guard;
 mod raw;
+mod upgradable;
 
 use std::fmt;
 use std::sync::Arc;
@@ -28,6 +35,7 @@ use crate::parking::{self, Attempt, Waited};
 use crate::scripts::rwlock::{ReadArgs, RwAcquireReply, WriteArgs};
 
 pub use guard::{ReadGuard, WriteGuard};
+pub use upgradable::UpgradableReadGuard;
 
 use guard::Hold;
 use raw::{Kind, RawRwLock, RwRenewer};
@@ -36,11 +44,18 @@ use raw::{Kind, RawRwLock, RwRenewer};
 /// [`Client::rw_lock`].
 ///
 /// Any number of threads (of any processes) may hold it for reading at
-/// once; a writer holds it alone. Cheap to clone, `Send + Sync`. Both
-/// modes are re-entrant per thread, and a thread that writes may also take
+/// once; a writer holds it alone. Cheap to clone, `Send + Sync`. Every
+/// mode is re-entrant per thread, and a thread that writes may also take
 /// read guards (a downgrade: once its write guards are gone, it still
 /// reads). A thread that only reads may not ask to write: that is
 /// [`Error::UpgradeRefused`], at once, instead of a deadlock.
+///
+/// **Upgradable read** ([`upgradable_read`](RwLock::upgradable_read)):
+/// one thread at a time may hold it, beside any number of readers; no
+/// writer gets in meanwhile. Its holder may
+/// [`upgrade`](UpgradableReadGuard::upgrade) to the write hold: it waits
+/// for the readers to leave, and no writer can get in between, because
+/// the upgradable hold stays until the write hold is taken.
 ///
 /// **Writer-preferring.** Once a writer waits, fresh readers wait behind
 /// it, so that readers coming and going cannot keep a writer out forever.
@@ -81,18 +96,20 @@ pub struct RwLock {
     /// A read hold's lease lives on the readers set, a write hold's on the
     /// write key; each is renewed by its kind's renewer.
     read_leased: Leased,
+    upgradable_leased: Leased,
     write_leased: Leased,
     /// `None`: renewed by the watchdog while a guard lives.
     fixed_lease: Option<Duration>,
 }
 
-/// The read-write lock's protocol and its two renewers, one per client,
-/// so that the watchdog renews the holds of every read-write lock of the
+/// The read-write lock's protocol and its renewers, one per client, so
+/// that the watchdog renews the holds of every read-write lock of the
 /// client in one round per kind.
 #[derive(Debug)]
 pub(crate) struct RwProtocol {
     raw: Arc<RawRwLock>,
     read: Arc<dyn RenewLeases>,
+    upgradable: Arc<dyn RenewLeases>,
     write: Arc<dyn RenewLeases>,
 }
 
@@ -110,6 +127,7 @@ impl RwProtocol {
         };
         RwProtocol {
             read: renewer(Kind::Read),
+            upgradable: renewer(Kind::Upgradable),
             write: renewer(Kind::Write),
             raw,
         }
@@ -125,12 +143,15 @@ impl RwLock {
             renewer: Arc::clone(renewer),
         };
         let read_leased = leased(HoldKind::Read, &keys.readers, &protocol.read);
+        let upgradable_leased =
+            leased(HoldKind::Upgradable, &keys.upgradable, &protocol.upgradable);
         let write_leased = leased(HoldKind::Write, &keys.write, &protocol.write);
         RwLock {
             context,
             raw: Arc::clone(&protocol.raw),
             keys: Arc::new(keys),
             read_leased,
+            upgradable_leased,
             write_leased,
             fixed_lease: None,
         }
@@ -238,6 +259,9 @@ impl RwLock {
     /// until the last reader or the writer releases, or their leases end.
     /// Uncontended, this is one script call.
     ///
+    /// The thread that holds the upgradable read upgrades: this is
+    /// [`UpgradableReadGuard::upgrade`].
+    ///
     /// # Errors
     /// [`Error::UpgradeRefused`] when the calling thread holds the lock
     /// for reading only (found locally, before any network call: waiting
@@ -305,9 +329,12 @@ impl RwLock {
         let identity =
             parking::ride_out(deadline, context.config.io_timeout, || context.identity())?;
         // A newcomer queues behind this process's waiting readers; a
-        // reader re-entering never queues, nor does the writer (those
-        // readers may be waiting for its write to end).
-        let holds = self.holds(Kind::Read, &identity) || self.holds(Kind::Write, &identity);
+        // reader re-entering never queues, nor does the writer or the
+        // upgradable reader (those readers may be waiting for its write or
+        // upgrade to end).
+        let holds = [Kind::Read, Kind::Write, Kind::Upgradable]
+            .into_iter()
+            .any(|kind| self.holds(kind, &identity));
         if holds || !context.room.has_waiters(&self.keys.read_baton) {
             match self.attempt_read(&identity, false) {
                 Ok(Attempt::Acquired(guard)) => {
@@ -359,6 +386,9 @@ impl RwLock {
             parking::ride_out(deadline, context.config.io_timeout, || context.identity())?;
         self.refuse_upgrade(&identity)?;
         let holds = self.holds(Kind::Write, &identity);
+        if !holds && self.holds(Kind::Upgradable, &identity) {
+            return self.upgrade_then_wait(&identity, deadline);
+        }
         // Whether this writer may have a place to leave when it gives up.
         let mut placed = false;
         if holds || !context.room.has_waiters(&self.keys.write_baton) {
@@ -423,15 +453,21 @@ impl RwLock {
     fn held(&self, kind: Kind, identity: &Arc<str>) -> Option<(u64, usize, LeaseMode)> {
         let key = match kind {
             Kind::Read => &self.keys.readers,
+            Kind::Upgradable => &self.keys.upgradable,
             Kind::Write => &self.keys.write,
         };
         let held = self.context.leases.registry.held(key, identity)?;
         Some((held.fence, held.guards, held.mode))
     }
 
-    /// A thread that reads without writing may not ask to write.
+    /// A thread that reads without writing or holding the upgradable read
+    /// may not ask to write, nor for the upgradable read: it would wait
+    /// for its own read hold (behind a waiting writer, or an upgrade).
     fn refuse_upgrade(&self, identity: &Arc<str>) -> Result<(), Error> {
-        if self.holds(Kind::Read, identity) && !self.holds(Kind::Write, identity) {
+        if self.holds(Kind::Read, identity)
+            && !self.holds(Kind::Write, identity)
+            && !self.holds(Kind::Upgradable, identity)
+        {
             return Err(self.upgrade_refused());
         }
         Ok(())
@@ -484,6 +520,10 @@ impl RwLock {
     ) -> Result<Attempt<WriteGuard>, Error> {
         self.refuse_upgrade(identity)?;
         let held = self.held(Kind::Write, identity);
+        if held.is_none() && self.holds(Kind::Upgradable, identity) {
+            // The upgradable reader's write is an upgrade.
+            return self.attempt_upgrade(identity, queue);
+        }
         let (held_fence, guards, mode) = held.unwrap_or((0, 0, self.mode()));
         let read_token = self.held(Kind::Read, identity).map_or(0, |held| held.0);
         let request = self.context.next_request();
@@ -523,6 +563,7 @@ impl RwLock {
             Ok(RwAcquireReply::Acquired { token, .. }) => {
                 let leased = match kind {
                     Kind::Read => &self.read_leased,
+                    Kind::Upgradable => &self.upgradable_leased,
                     Kind::Write => &self.write_leased,
                 };
                 let (status, mode) = self.context.enter(leased, identity, token, mode, sent);
@@ -541,6 +582,9 @@ impl RwLock {
             }
             Ok(RwAcquireReply::Held { lease_left }) => Ok(Attempt::Held { lease_left }),
             Ok(RwAcquireReply::UpgradeRefused) => Err(self.upgrade_refused()),
+            Ok(RwAcquireReply::NotHeld) => Err(Error::LockLost {
+                name: self.keys.name.clone(),
+            }),
             Err(failed) => {
                 if failed.outcome_unknown {
                     let undo = raw::undo_later(

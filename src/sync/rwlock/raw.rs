@@ -2,7 +2,7 @@
 //! (acquired with a token, refused with a time to wait, a depth left),
 //! never a guard. [`RawRwLock`] speaks it to one deployment's [`Backend`]
 //! through the scripts of `scripts/rwlock/`; [`RwRenewer`] is how the
-//! watchdog renews read and write holds.
+//! watchdog renews read, upgradable and write holds.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,7 +20,9 @@ use crate::lease::{
 };
 use crate::scripts::lock as lock_calls;
 use crate::scripts::reply::{Done, ReleaseReply};
-use crate::scripts::rwlock::{self as calls, ReadArgs, RwAcquireReply, WriteArgs};
+use crate::scripts::rwlock::{
+    self as calls, ReadArgs, RwAcquireReply, UpgradableArgs, UpgradeArgs, WriteArgs,
+};
 use crate::scripts::Call;
 
 /// How much longer than one park a waiting writer's place lasts: time for
@@ -32,6 +34,8 @@ pub(crate) const PLACE_MARGIN: Duration = Duration::from_millis(500);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     Read,
+    /// The upgradable read: one holder at a time, beside plain readers.
+    Upgradable,
     Write,
 }
 
@@ -103,6 +107,44 @@ impl RawRwLock {
         self.acquire_confirmed(keys, &call, args.identity, args.request)
     }
 
+    /// Takes, re-enters, or reports how long to wait for the upgradable
+    /// read.
+    pub(crate) fn upgradable(
+        &self,
+        keys: &RwKeys,
+        args: UpgradableArgs<'_>,
+    ) -> Result<RwAcquireReply, Failed> {
+        let call = calls::upgradable(keys, args);
+        self.acquire_confirmed(keys, &call, args.identity, args.request)
+    }
+
+    /// The upgradable reader takes the write hold, or reports how long
+    /// until the other readers may have left (marking that it waits when
+    /// `args.mark` says so).
+    pub(crate) fn upgrade(
+        &self,
+        keys: &RwKeys,
+        args: UpgradeArgs<'_>,
+    ) -> Result<RwAcquireReply, Failed> {
+        let call = calls::upgrade(keys, args);
+        self.acquire_confirmed(keys, &call, args.identity, args.request)
+    }
+
+    /// Takes the waiting-upgrade mark of the upgradable hold `token` of
+    /// `identity` off; whether it was there.
+    pub(crate) fn cancel_upgrade(
+        &self,
+        keys: &RwKeys,
+        identity: &str,
+        token: u64,
+    ) -> Result<bool, Error> {
+        let call = calls::cancel_upgrade(keys, identity, token, self.baton_ttl);
+        let Done(removed) = self
+            .backend
+            .run(&keys.write, &keys.name, |c| call.invoke(c))?;
+        Ok(removed)
+    }
+
     /// Sends an acquisition; under `replica_acks`, a fresh hold is then
     /// confirmed with `WAIT` on the same connection, and one too few
     /// replicas have is undone there at once ([`Error::NotReplicated`],
@@ -153,14 +195,15 @@ impl RawRwLock {
         guards_left: usize,
         lease: Duration,
     ) -> Result<Sent<ReleaseReply>, Failed> {
-        let call = match kind {
-            Kind::Read => {
-                calls::release_read(keys, identity, token, guards_left, lease, self.baton_ttl)
-            }
-            Kind::Write => {
-                calls::release_write(keys, identity, token, guards_left, lease, self.baton_ttl)
-            }
-        };
+        let call = release_call(
+            keys,
+            kind,
+            identity,
+            token,
+            guards_left,
+            lease,
+            self.baton_ttl,
+        );
         // Under `replica_acks` the last release is confirmed: one that
         // only this master has is lost if a replica is promoted, which then
         // keeps the hold for its lease.
@@ -179,10 +222,7 @@ impl RawRwLock {
         token: u64,
         lease: Duration,
     ) -> Result<(), Error> {
-        let call = match kind {
-            Kind::Read => calls::release_read(keys, identity, token, 0, lease, self.baton_ttl),
-            Kind::Write => calls::release_write(keys, identity, token, 0, lease, self.baton_ttl),
-        };
+        let call = release_call(keys, kind, identity, token, 0, lease, self.baton_ttl);
         // "Not the owner" is confirmed too: the earlier release may be on
         // this master only.
         self.call_confirmed(keys, &call, |_: &ReleaseReply| true)
@@ -249,7 +289,7 @@ impl RawRwLock {
         let loaded = match kind {
             Kind::Read => Some(&self.renew_loaded),
             // The lock's renewal script: loaded by the first NOSCRIPT.
-            Kind::Write => None,
+            Kind::Upgradable | Kind::Write => None,
         };
         let replies = self
             .backend
@@ -290,6 +330,24 @@ impl RawRwLock {
     }
 }
 
+/// The release of one level of a hold of `kind`.
+fn release_call(
+    keys: &RwKeys,
+    kind: Kind,
+    identity: &str,
+    token: u64,
+    guards_left: usize,
+    lease: Duration,
+    baton_ttl: Duration,
+) -> Call {
+    let release = match kind {
+        Kind::Read => calls::release_read,
+        Kind::Upgradable => calls::release_upgradable,
+        Kind::Write => calls::release_write,
+    };
+    release(keys, identity, token, guards_left, lease, baton_ttl)
+}
+
 /// The renewal of one hold; `None` when its key is not one of ours.
 fn renew_call(kind: Kind, r: &RenewRequest<'_>) -> Option<Call> {
     match kind {
@@ -299,8 +357,11 @@ fn renew_call(kind: Kind, r: &RenewRequest<'_>) -> Option<Call> {
                 r.key, &depths, r.identity, r.fence, r.lease,
             ))
         }
-        // A write hold is a lock hash (flag, fence): the lock's renewal.
-        Kind::Write => Some(lock_calls::renew(r.key, r.identity, r.fence, r.lease)),
+        // A write or upgradable hold is a lock hash (flag, fence): the
+        // lock's renewal.
+        Kind::Upgradable | Kind::Write => {
+            Some(lock_calls::renew(r.key, r.identity, r.fence, r.lease))
+        }
     }
 }
 
@@ -338,7 +399,8 @@ pub(crate) fn release_later(
 }
 
 /// How the watchdog renews the holds of one kind: a read hold's lease is
-/// its score in the readers set, a write hold's the write key's TTL.
+/// its score in the readers set, an upgradable or write hold's the TTL of
+/// its key.
 #[derive(Debug)]
 pub(crate) struct RwRenewer {
     pub(crate) raw: Arc<RawRwLock>,
