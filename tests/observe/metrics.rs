@@ -402,7 +402,8 @@ fn an_acquisition_that_fails_is_counted_by_kind() {
         // The keys hold strings: each first attempt fails on the type.
         let mut connection = server.connection();
         let sem = "redbaton:{pool}:sem:state";
-        for key in [lock_key("wrong"), sem.to_owned()] {
+        let rw = "redbaton:{table}:rw:write";
+        for key in [lock_key("wrong"), sem.to_owned(), rw.to_owned()] {
             let _: () = redis::cmd("SET")
                 .arg(key)
                 .arg("x")
@@ -412,12 +413,17 @@ fn an_acquisition_that_fails_is_counted_by_kind() {
         assert!(client.lock("wrong").unwrap().try_lock().is_err());
         assert!(client.lock("wrong").unwrap().lock().is_err());
         assert!(client.semaphore("pool").unwrap().try_acquire().is_err());
+        let table = client.rw_lock("table").unwrap();
+        assert!(table.read().is_err());
+        assert!(table.try_write_for(Duration::from_secs(1)).is_err());
     });
     assert_eq!(
         summary(&recorded.values()),
         expected(&[
             ("redbaton_acquire_failures_total{kind=lock}", 2.0),
             ("redbaton_acquire_failures_total{kind=permits}", 1.0),
+            ("redbaton_acquire_failures_total{kind=read}", 1.0),
+            ("redbaton_acquire_failures_total{kind=write}", 1.0),
         ])
     );
 }

@@ -30,7 +30,7 @@ use crate::context::Context;
 use crate::error::Error;
 use crate::keys::RwKeys;
 use crate::lease::{LeaseMode, Leased, RenewLeases};
-use crate::observe::{Acquisition, HoldKind};
+use crate::observe::{Acquisition, Event, HoldKind};
 use crate::parking::{self, Attempt, Waited};
 use crate::scripts::rwlock::{ReadArgs, RwAcquireReply, WriteArgs};
 
@@ -312,10 +312,24 @@ impl RwLock {
         self.acquire_write(Some(deadline))
     }
 
+    /// Tells the event hook that an acquisition of `kind` that started at
+    /// `start` (`None`: no hook was set then) failed before any wait with
+    /// `err`; returns `err`. A wait that fails is told by the wait core.
+    fn failed(&self, start: Option<Instant>, kind: HoldKind, err: Error) -> Error {
+        if let Some(start) = start {
+            self.context.observer().emit(|| Event::AcquireFailed {
+                name: &self.keys.name,
+                kind,
+                waited: start.elapsed(),
+            });
+        }
+        err
+    }
+
     /// The first read attempt, then the wait loop until `deadline`.
     fn acquire_read(&self, deadline: Option<Instant>) -> Result<Option<ReadGuard>, Error> {
         let start = self.context.observer().is_set().then(Instant::now);
-        let acquired = self.first_read_then_wait(deadline)?;
+        let acquired = self.first_read_then_wait(deadline, start)?;
         Ok(acquired.map(|(guard, how)| guard.announced(start, how)))
     }
 
@@ -324,10 +338,12 @@ impl RwLock {
     fn first_read_then_wait(
         &self,
         deadline: Option<Instant>,
+        start: Option<Instant>,
     ) -> Result<Option<(ReadGuard, Acquisition)>, Error> {
         let context = &self.context;
         let identity =
-            parking::ride_out(deadline, context.config.io_timeout, || context.identity())?;
+            parking::ride_out(deadline, context.config.io_timeout, || context.identity())
+                .map_err(|err| self.failed(start, HoldKind::Read, err))?;
         // A newcomer queues behind this process's waiting readers; a
         // reader re-entering never queues, nor does the writer or the
         // upgradable reader (those readers may be waiting for its write or
@@ -347,7 +363,7 @@ impl RwLock {
                         self.name()
                     );
                 }
-                Err(err) => return Err(err),
+                Err(err) => return Err(self.failed(start, HoldKind::Read, err)),
             }
         }
         loop {
@@ -371,7 +387,7 @@ impl RwLock {
     /// writer that gives up leaves its place.
     fn acquire_write(&self, deadline: Option<Instant>) -> Result<Option<WriteGuard>, Error> {
         let start = self.context.observer().is_set().then(Instant::now);
-        let acquired = self.first_write_then_wait(deadline)?;
+        let acquired = self.first_write_then_wait(deadline, start)?;
         Ok(acquired.map(|(guard, how)| guard.announced(start, how)))
     }
 
@@ -380,11 +396,14 @@ impl RwLock {
     fn first_write_then_wait(
         &self,
         deadline: Option<Instant>,
+        start: Option<Instant>,
     ) -> Result<Option<(WriteGuard, Acquisition)>, Error> {
         let context = &self.context;
+        let failed = |err| self.failed(start, HoldKind::Write, err);
         let identity =
-            parking::ride_out(deadline, context.config.io_timeout, || context.identity())?;
-        self.refuse_upgrade(&identity)?;
+            parking::ride_out(deadline, context.config.io_timeout, || context.identity())
+                .map_err(failed)?;
+        self.refuse_upgrade(&identity).map_err(failed)?;
         let holds = self.holds(Kind::Write, &identity);
         if !holds && self.holds(Kind::Upgradable, &identity) {
             return self.upgrade_then_wait(&identity, deadline);
@@ -406,7 +425,7 @@ impl RwLock {
                         self.name()
                     );
                 }
-                Err(err) => return Err(err),
+                Err(err) => return Err(failed(err)),
             }
         }
         let waited = loop {
