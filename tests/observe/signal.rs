@@ -53,8 +53,16 @@ fn a_fixed_lease_fires_lease_ended_at_its_validity_deadline() {
     let late = Instant::now().saturating_duration_since(guard.valid_until());
     assert_eq!(reason, LostReason::LeaseEnded);
     assert!(guard.is_lost(), "fired at or after the deadline");
-    assert!(late < Duration::from_millis(150), "fired {late:?} late");
-    assert_eq!(lost.try_recv(), Err(TryRecvError::Disconnected), "once");
+    // Not a watchdog round later (the client's default lease is 30 s): at the
+    // deadline, give or take a loaded machine's scheduling.
+    assert!(late < Duration::from_millis(400), "fired {late:?} late");
+    // Once: nothing more, and the watchdog drops its sender (just after
+    // sending, on its own thread: not necessarily before `fired` returns).
+    assert_eq!(
+        lost.recv_timeout(SOON),
+        Err(RecvTimeoutError::Disconnected),
+        "once"
+    );
 }
 
 #[test]
