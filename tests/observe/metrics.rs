@@ -403,7 +403,13 @@ fn an_acquisition_that_fails_is_counted_by_kind() {
         let mut connection = server.connection();
         let sem = "redbaton:{pool}:sem:state";
         let rw = "redbaton:{table}:rw:write";
-        for key in [lock_key("wrong"), sem.to_owned(), rw.to_owned()] {
+        let upgradable = "redbaton:{ledger}:rw:upgradable";
+        for key in [
+            lock_key("wrong"),
+            sem.to_owned(),
+            rw.to_owned(),
+            upgradable.to_owned(),
+        ] {
             let _: () = redis::cmd("SET")
                 .arg(key)
                 .arg("x")
@@ -415,15 +421,25 @@ fn an_acquisition_that_fails_is_counted_by_kind() {
         assert!(client.semaphore("pool").unwrap().try_acquire().is_err());
         let table = client.rw_lock("table").unwrap();
         assert!(table.read().is_err());
+        assert!(table.try_read().is_err());
         assert!(table.try_write_for(Duration::from_secs(1)).is_err());
+        assert!(table.try_write().is_err());
+        let ledger = client.rw_lock("ledger").unwrap();
+        assert!(ledger.try_upgradable_read().is_err());
+        assert!(ledger.upgradable_read().is_err());
+        // One failure per name of the set.
+        let set = client.multi_lock(["wrong", "fine"]).unwrap();
+        assert!(set.try_lock().is_err());
+        assert!(set.lock().is_err());
     });
     assert_eq!(
         summary(&recorded.values()),
         expected(&[
-            ("redbaton_acquire_failures_total{kind=lock}", 2.0),
+            ("redbaton_acquire_failures_total{kind=lock}", 6.0),
             ("redbaton_acquire_failures_total{kind=permits}", 1.0),
-            ("redbaton_acquire_failures_total{kind=read}", 1.0),
-            ("redbaton_acquire_failures_total{kind=write}", 1.0),
+            ("redbaton_acquire_failures_total{kind=read}", 2.0),
+            ("redbaton_acquire_failures_total{kind=upgradable}", 2.0),
+            ("redbaton_acquire_failures_total{kind=write}", 2.0),
         ])
     );
 }

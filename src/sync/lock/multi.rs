@@ -166,8 +166,12 @@ impl MultiLock {
     /// As [`lock`](MultiLock::lock).
     pub fn try_lock(&self) -> Result<Option<MultiLockGuard>, Error> {
         let start = self.context.observer().is_set().then(Instant::now);
-        let identity = self.context.identity()?;
-        match self.attempt(&identity, false)? {
+        let identity = self
+            .context
+            .identity()
+            .map_err(|err| self.failed(start, err))?;
+        let attempt = self.attempt(&identity, false);
+        match attempt.map_err(|err| self.failed(start, err))? {
             Tried::Acquired(guard) => {
                 if let Some(start) = start {
                     self.announce(&guard, start, Acquisition::FirstAttempt);
@@ -229,7 +233,13 @@ impl MultiLock {
     fn acquire(&self, deadline: Option<Instant>) -> Result<Option<MultiLockGuard>, Error> {
         let start = self.context.observer().is_set().then(Instant::now);
         let mut first_attempt = true;
-        let taken = self.wait_for_all(deadline, &mut first_attempt)?;
+        let taken = match self.wait_for_all(deadline, &mut first_attempt) {
+            Ok(taken) => taken,
+            // A wait that failed was told by the wait core; a first
+            // attempt that failed is told here.
+            Err(err) if first_attempt => return Err(self.failed(start, err)),
+            Err(err) => return Err(err),
+        };
         if let (Some(guard), Some(start)) = (&taken, start) {
             let how = if first_attempt {
                 Acquisition::FirstAttempt
@@ -239,6 +249,23 @@ impl MultiLock {
             self.announce(guard, start, how);
         }
         Ok(taken)
+    }
+
+    /// Tells the event hook that an acquisition that started at `start`
+    /// (`None`: no hook was set then) failed before any wait with `err`,
+    /// once per name; returns `err`.
+    fn failed(&self, start: Option<Instant>, err: Error) -> Error {
+        if let Some(start) = start {
+            let observer = self.context.observer();
+            for lock in &self.locks {
+                observer.emit(|| Event::AcquireFailed {
+                    name: lock.name(),
+                    kind: lock.kind(),
+                    waited: start.elapsed(),
+                });
+            }
+        }
+        err
     }
 
     /// Tells the event hook of each name `taken` holds, got `how` after a

@@ -221,8 +221,9 @@ impl RwLock {
     /// As [`read`](RwLock::read).
     pub fn try_read(&self) -> Result<Option<ReadGuard>, Error> {
         let start = self.context.observer().is_set().then(Instant::now);
-        let identity = self.context.identity()?;
-        match self.attempt_read(&identity, false)? {
+        let failed = |err| self.failed(start, HoldKind::Read, err);
+        let identity = self.context.identity().map_err(failed)?;
+        match self.attempt_read(&identity, false).map_err(failed)? {
             Attempt::Acquired(guard) => Ok(Some(guard.announced(start, Acquisition::FirstAttempt))),
             Attempt::Held { .. } => Ok(None),
         }
@@ -282,8 +283,9 @@ impl RwLock {
     /// As [`write`](RwLock::write).
     pub fn try_write(&self) -> Result<Option<WriteGuard>, Error> {
         let start = self.context.observer().is_set().then(Instant::now);
-        let identity = self.context.identity()?;
-        match self.attempt_write(&identity, false)? {
+        let failed = |err| self.failed(start, HoldKind::Write, err);
+        let identity = self.context.identity().map_err(failed)?;
+        match self.attempt_write(&identity, false).map_err(failed)? {
             Attempt::Acquired(guard) => Ok(Some(guard.announced(start, Acquisition::FirstAttempt))),
             Attempt::Held { .. } => Ok(None),
         }
@@ -406,7 +408,7 @@ impl RwLock {
         self.refuse_upgrade(&identity).map_err(failed)?;
         let holds = self.holds(Kind::Write, &identity);
         if !holds && self.holds(Kind::Upgradable, &identity) {
-            return self.upgrade_then_wait(&identity, deadline);
+            return self.upgrade_then_wait(&identity, deadline, start);
         }
         // Whether this writer may have a place to leave when it gives up.
         let mut placed = false;

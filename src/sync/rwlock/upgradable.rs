@@ -23,7 +23,7 @@ use super::guard::{hold_accessors, Hold};
 use super::raw::Kind;
 use super::{ReadGuard, RwLock, WriteGuard};
 use crate::error::Error;
-use crate::observe::{Acquisition, LostReason};
+use crate::observe::{Acquisition, HoldKind, LostReason};
 use crate::parking::{self, Attempt, Waited};
 use crate::scripts::rwlock::{UpgradableArgs, UpgradeArgs};
 
@@ -88,9 +88,10 @@ impl RwLock {
     /// As [`upgradable_read`](RwLock::upgradable_read).
     pub fn try_upgradable_read(&self) -> Result<Option<UpgradableReadGuard>, Error> {
         let start = self.context.observer().is_set().then(Instant::now);
-        let identity = self.context.identity()?;
-        self.refuse_upgrade(&identity)?;
-        match self.attempt_upgradable(&identity, false)? {
+        let failed = |err| self.failed(start, HoldKind::Upgradable, err);
+        let identity = self.context.identity().map_err(failed)?;
+        self.refuse_upgrade(&identity).map_err(failed)?;
+        match self.attempt_upgradable(&identity, false).map_err(failed)? {
             Attempt::Acquired(guard) => Ok(Some(guard.announced(start, Acquisition::FirstAttempt))),
             Attempt::Held { .. } => Ok(None),
         }
@@ -132,9 +133,11 @@ impl RwLock {
     ) -> Result<Option<UpgradableReadGuard>, Error> {
         let start = self.context.observer().is_set().then(Instant::now);
         let context = &self.context;
+        let failed = |err| self.failed(start, HoldKind::Upgradable, err);
         let identity =
-            parking::ride_out(deadline, context.config.io_timeout, || context.identity())?;
-        self.refuse_upgrade(&identity)?;
+            parking::ride_out(deadline, context.config.io_timeout, || context.identity())
+                .map_err(failed)?;
+        self.refuse_upgrade(&identity).map_err(failed)?;
         // A newcomer queues behind this process's waiting threads; the
         // holder re-entering never queues, nor does the writer.
         let holds = self.holds(Kind::Upgradable, &identity) || self.holds(Kind::Write, &identity);
@@ -150,7 +153,7 @@ impl RwLock {
                         self.name()
                     );
                 }
-                Err(err) => return Err(err),
+                Err(err) => return Err(failed(err)),
             }
         }
         loop {
@@ -204,11 +207,13 @@ impl RwLock {
     /// The upgrade of `identity`'s upgradable hold, waiting until
     /// `deadline`: the first attempt, then parks on the upgrade baton
     /// (pushed by the last other reader's release). An upgrade that gives
-    /// up takes its mark off, so readers it held back go on.
+    /// up takes its mark off, so readers it held back go on. `start`: when
+    /// the call started, if a hook was set then.
     pub(super) fn upgrade_then_wait(
         &self,
         identity: &Arc<str>,
         deadline: Option<Instant>,
+        start: Option<Instant>,
     ) -> Result<Option<(WriteGuard, Acquisition)>, Error> {
         let context = &self.context;
         // An upgrade that will wait marks it with this attempt.
@@ -222,7 +227,7 @@ impl RwLock {
                     self.name()
                 );
             }
-            Err(err) => return Err(err),
+            Err(err) => return Err(self.failed(start, HoldKind::Write, err)),
         }
         let waited = loop {
             let waited = context.room.wait_until(
