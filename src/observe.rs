@@ -391,6 +391,19 @@ impl Observer {
         }
     }
 
+    /// Tells the hooks that an acquisition of `kind` on `name` that started
+    /// at `start` (`None`: no hook was set then) failed before any wait. A
+    /// wait that fails is told by the wait core.
+    pub(crate) fn acquire_failed(&self, name: &str, kind: HoldKind, start: Option<Instant>) {
+        if let Some(start) = start {
+            self.emit(|| Event::AcquireFailed {
+                name,
+                kind,
+                waited: start.elapsed(),
+            });
+        }
+    }
+
     /// Tells the hooks how the release of a hold (of `kind` on `name`,
     /// made at `acquired`) came out: `Released`, or `ReleaseFailed` when
     /// Redis failed. Nothing for a hold found lost: its `Lost` event ended

@@ -369,6 +369,22 @@ fn a_waiter_that_gives_up_its_reservation_lets_the_waiters_it_held_back_in() {
         got.send(Instant::now()).unwrap();
         drop(permit);
     });
+    // The waiter for one was refused and waits (its place is there) while
+    // the waiter for two still reserves.
+    let [_, _, _, waiters, _] = sem_keys("reserve");
+    support::eventually(Duration::from_secs(5), "the waiter for one's place", || {
+        let places: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&waiters)
+            .arg(0)
+            .arg(-1)
+            .query(&mut server.connection())
+            .unwrap();
+        places.iter().any(|place| place.starts_with("1:"))
+    });
+    assert!(
+        given_up.try_recv().is_err() && reserved(&server, "reserve").is_some(),
+        "the waiter for two gave up before the waiter for one came (raise its deadline)"
+    );
     let gave_up_at = given_up
         .recv_timeout(Duration::from_secs(10))
         .expect("the waiter for two gave up");

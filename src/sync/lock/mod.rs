@@ -449,23 +449,15 @@ impl Lock {
     /// (`None`: no hook was set then) failed before any wait with `err`;
     /// returns `err`. A wait that fails is told by the wait core.
     fn failed(&self, start: Option<Instant>, err: Error) -> Error {
-        if let Some(start) = start {
-            self.context.observer().emit(|| Event::AcquireFailed {
-                name: &self.keys.name,
-                kind: self.kind(),
-                waited: start.elapsed(),
-            });
-        }
+        self.context
+            .observer()
+            .acquire_failed(&self.keys.name, self.kind(), start);
         err
     }
 
     /// What this lock's guards hold.
     fn kind(&self) -> HoldKind {
-        if self.keys.fair.is_some() {
-            HoldKind::FairLock
-        } else {
-            HoldKind::Lock
-        }
+        self.leased.kind
     }
 
     /// The list a waiter parks on: the lock's baton, shared by all its

@@ -255,15 +255,9 @@ impl MultiLock {
     /// (`None`: no hook was set then) failed before any wait with `err`,
     /// once per name; returns `err`.
     fn failed(&self, start: Option<Instant>, err: Error) -> Error {
-        if let Some(start) = start {
-            let observer = self.context.observer();
-            for lock in &self.locks {
-                observer.emit(|| Event::AcquireFailed {
-                    name: lock.name(),
-                    kind: lock.kind(),
-                    waited: start.elapsed(),
-                });
-            }
+        let observer = self.context.observer();
+        for lock in &self.locks {
+            observer.acquire_failed(lock.name(), lock.kind(), start);
         }
         err
     }

@@ -30,7 +30,7 @@ use crate::context::Context;
 use crate::error::Error;
 use crate::keys::RwKeys;
 use crate::lease::{LeaseMode, Leased, RenewLeases};
-use crate::observe::{Acquisition, Event, HoldKind};
+use crate::observe::{Acquisition, HoldKind};
 use crate::parking::{self, Attempt, Waited};
 use crate::scripts::rwlock::{ReadArgs, RwAcquireReply, WriteArgs};
 
@@ -318,13 +318,9 @@ impl RwLock {
     /// `start` (`None`: no hook was set then) failed before any wait with
     /// `err`; returns `err`. A wait that fails is told by the wait core.
     fn failed(&self, start: Option<Instant>, kind: HoldKind, err: Error) -> Error {
-        if let Some(start) = start {
-            self.context.observer().emit(|| Event::AcquireFailed {
-                name: &self.keys.name,
-                kind,
-                waited: start.elapsed(),
-            });
-        }
+        self.context
+            .observer()
+            .acquire_failed(&self.keys.name, kind, start);
         err
     }
 

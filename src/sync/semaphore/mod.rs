@@ -16,7 +16,7 @@ use crate::context::Context;
 use crate::error::Error;
 use crate::keys::SemaphoreKeys;
 use crate::lease::{LeaseMode, Leased, RenewLeases};
-use crate::observe::{Acquisition, Event, HoldKind};
+use crate::observe::{Acquisition, HoldKind};
 use crate::parking::{self, Attempt, Waited};
 use crate::scripts::semaphore::{
     AcquireArgs, AcquireReply, Adjust, Refusal, StateReply, TotalReply,
@@ -535,13 +535,9 @@ impl Semaphore {
     /// (`None`: no hook was set then) failed before any wait with `err`;
     /// returns `err`. A wait that fails is told by the wait core.
     fn failed(&self, start: Option<Instant>, err: Error) -> Error {
-        if let Some(start) = start {
-            self.context.observer().emit(|| Event::AcquireFailed {
-                name: &self.keys.name,
-                kind: HoldKind::Permits,
-                waited: start.elapsed(),
-            });
-        }
+        self.context
+            .observer()
+            .acquire_failed(&self.keys.name, HoldKind::Permits, start);
         err
     }
 
