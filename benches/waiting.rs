@@ -5,9 +5,9 @@
 //! its waiter's acquisition (just after `lock()` returns), p50 / p99 /
 //! max; the most connections the server had while the waiters waited
 //! (both clients and the sampler's own); and what the waiters sent while
-//! waiting (script calls and `BLPOP`s per waiter per second, from `INFO
-//! commandstats` over the 4 s before the first release: twice the
-//! maximum park).
+//! waiting (script calls, `BLPOP`s and the sweeper's `EXISTS` per waiter
+//! per second, from `INFO commandstats` over the 4 s before the first
+//! release: twice the maximum park).
 //!
 //! ```text
 //! cargo bench --bench waiting                # N = 16, 256, 1024
@@ -124,6 +124,8 @@ fn run(names: usize) {
     let per_waiter_second = |calls: u64| calls as f64 / names as f64 / quiet;
     let scripts = per_waiter_second(sent("evalsha"));
     let blpops = per_waiter_second(sent("blpop"));
+    // The parking sweeper's checks of every waited lock key.
+    let sweeps = per_waiter_second(sent("exists"));
 
     let peak = Arc::new(AtomicUsize::new(clients_now(&mut admin)));
     let done = Arc::new(AtomicBool::new(false));
@@ -170,7 +172,7 @@ fn run(names: usize) {
     println!(
         "{names:>6} names: wake after release p50 {:.2} / p99 {:.2} / max {:.2} ms; \
          connections (both clients) {} at most; while waiting, per waiter per second: \
-         {scripts:.3} script calls, {blpops:.4} BLPOPs",
+         {scripts:.3} script calls, {blpops:.4} BLPOPs, {sweeps:.4} EXISTS",
         ms(at(0.5)),
         ms(at(0.99)),
         ms(wakes[wakes.len() - 1]),

@@ -39,6 +39,19 @@
 //!   keys that hold something else (their waiters get
 //!   [`Error::WrongType`]); the others park on.
 //!
+//! - **Watched parks**: a waiter may name a *watch key* whose absence
+//!   means its object is free (a plain lock's hash). A sweeper thread
+//!   checks every watched key every `sweep_every` (the client's
+//!   `max_park`) with one `EXISTS k1 … kn` per thousand keys, and wakes
+//!   the waiters whose key is gone (a second, pipelined `EXISTS` per key
+//!   tells which, only then). So a wake-up that no baton brings (a baton
+//!   popped by a process that died before using it, a key deleted or
+//!   evicted) is still noticed within `max_park`, while the waiters
+//!   themselves look only when their holder's lease ends or at a long
+//!   backstop: the cost of waiting no longer grows with the number of
+//!   waiters. A sweep that fails ends the park of every watched waiter,
+//!   who looks again (as after a failed blocked call).
+//!
 //! Used for one server, Sentinel's master and each master of a Redlock
 //! quorum; a Redis Cluster keeps one key per parked connection (a
 //! multi-key `BLPOP` must stay within one slot).
@@ -83,6 +96,12 @@ const CONTROL_TTL: Duration = Duration::from_secs(60);
 /// The name of a shard's thread, as seen in debuggers and `/proc`.
 const THREAD_NAME: &str = "redbaton-park";
 
+/// The name of the sweeper's thread.
+const SWEEPER_NAME: &str = "redbaton-sweep";
+
+/// The most watch keys one `EXISTS` carries.
+const SWEEP_CHUNK: usize = 1_000;
+
 /// The parking hub of one server.
 pub(super) struct Hub {
     inner: Arc<Inner>,
@@ -96,6 +115,10 @@ struct Inner {
     state: Mutex<State>,
     /// One per shard: its thread sleeps on it while it has no key.
     idle: Vec<Condvar>,
+    /// The sweeper sleeps on it between sweeps, and while nobody watches.
+    sweeper: Condvar,
+    /// How often watched keys are checked.
+    sweep_every: Duration,
     /// Where the shards' connections come from.
     parking: Pool,
     /// Where control tokens are pushed from.
@@ -120,6 +143,11 @@ struct State {
     /// Set once a control push was refused (an ACL): new keys then wait
     /// for the backstop.
     control_refused: bool,
+    /// The sweeper thread runs.
+    sweeping: bool,
+    /// The sweeper thread could not be started: watched parks last at
+    /// most `sweep_every`, as unwatched ones.
+    sweeper_failed: bool,
 }
 
 /// The waiters of one key.
@@ -138,6 +166,9 @@ struct Waiter {
     /// The object waited for, for messages.
     name: Arc<str>,
     wake: Arc<Condvar>,
+    /// A key whose absence means the object is free, if the waiter gave
+    /// one: the sweeper wakes the waiter when it is gone.
+    watch: Option<Arc<str>>,
 }
 
 #[derive(Default)]
@@ -165,7 +196,7 @@ enum Outcome {
 impl Hub {
     /// A hub parking on connections of `parking` (at most `shards` of
     /// them), pushing control tokens through `commands`, with control
-    /// lists under `prefix`.
+    /// lists under `prefix`, checking watched keys every `sweep_every`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         parking: Pool,
@@ -175,6 +206,7 @@ impl Hub {
         shards: u32,
         baton_ttl: Duration,
         io_timeout: Duration,
+        sweep_every: Duration,
         trace: ScriptTracer,
     ) -> Hub {
         let shards = shards.clamp(1, MAX_SHARDS) as usize;
@@ -186,6 +218,8 @@ impl Hub {
                     ..State::default()
                 }),
                 idle: (0..shards).map(|_| Condvar::new()).collect(),
+                sweeper: Condvar::new(),
+                sweep_every,
                 parking,
                 commands,
                 control: (0..shards)
@@ -201,7 +235,8 @@ impl Hub {
 
     /// Parks the calling thread until a token of `list` comes to it, or
     /// `park` has passed (at least [`IMPRECISE_FLOOR`] unless `precise`),
-    /// or the blocked call it relies on fails.
+    /// or the blocked call it relies on fails, or (with a `watch` key) a
+    /// sweep finds `watch` gone.
     /// Ends the park of every waiter, who looks again (as when the blocked
     /// call fails), for `error`: the server stopped answering elsewhere,
     /// and a baton from it may not come for a long while. The blocked
@@ -220,20 +255,41 @@ impl Hub {
         list: &str,
         park: Duration,
         precise: bool,
+        watch: Option<&str>,
     ) -> Result<Parked, Error> {
         let inner = &self.inner;
-        let park = if precise {
+        let mut park = if precise {
             park
         } else {
             park.max(IMPRECISE_FLOOR)
         };
-        let until = Instant::now() + park;
         let wake = Arc::new(Condvar::new());
         let shard = inner.shard_of(list);
         let mut state = inner.state.lock();
         if state.closed {
             return Ok(Parked::Done);
         }
+        if watch.is_some() {
+            if !state.sweeping && !state.sweeper_failed {
+                match inner.start_sweeper() {
+                    Ok(()) => state.sweeping = true,
+                    Err(err) => {
+                        log::warn!(
+                            "redbaton: cannot start the parking sweeper ({err}); waiters look \
+                             again every park"
+                        );
+                        state.sweeper_failed = true;
+                    }
+                }
+            } else if state.sweeping {
+                // It may sleep for want of watched waiters.
+                inner.sweeper.notify_one();
+            }
+            if state.sweeper_failed {
+                park = park.min(inner.sweep_every.max(IMPRECISE_FLOOR));
+            }
+        }
+        let until = Instant::now() + park;
         let id = state.next_id;
         state.next_id += 1;
         let entry = state.keys.entry(list.to_owned()).or_default();
@@ -241,6 +297,7 @@ impl Hub {
             id,
             name: name.into(),
             wake: Arc::clone(&wake),
+            watch: watch.map(Arc::from),
         });
         entry.vacant_since = None;
         entry.drop_next = false;
@@ -313,6 +370,7 @@ impl Drop for Hub {
         let mut state = self.inner.state.lock();
         let state = &mut *state;
         state.closed = true;
+        self.inner.sweeper.notify_one();
         for (shard, idle) in state.shards.iter().zip(&self.inner.idle) {
             idle.notify_one();
             // Ends the blocked call now, so that the thread ends with the
@@ -383,6 +441,44 @@ impl State {
         }
     }
 
+    /// The distinct watch keys of the waiters parked now.
+    fn watched(&self) -> Vec<Arc<str>> {
+        let mut seen = HashSet::new();
+        self.keys
+            .values()
+            .flat_map(|entry| &entry.waiters)
+            .filter_map(|waiter| waiter.watch.clone())
+            .filter(|watch| seen.insert(Arc::clone(watch)))
+            .collect()
+    }
+
+    /// Ends the park of every waiter whose watch key is in `watches`, with
+    /// what `outcome` makes of its object's name. Their baton keys stay in
+    /// the call for a while (most such waiters come back).
+    fn end_watching(
+        &mut self,
+        watches: &HashSet<Arc<str>>,
+        mut outcome: impl FnMut(&str) -> Outcome,
+    ) {
+        let now = Instant::now();
+        for entry in self.keys.values_mut() {
+            let mut kept = VecDeque::with_capacity(entry.waiters.len());
+            for waiter in entry.waiters.drain(..) {
+                match &waiter.watch {
+                    Some(watch) if watches.contains(watch) => {
+                        self.outcomes.insert(waiter.id, outcome(&waiter.name));
+                        waiter.wake.notify_one();
+                    }
+                    _ => kept.push_back(waiter),
+                }
+            }
+            if kept.is_empty() && entry.vacant_since.is_none() {
+                entry.vacant_since = Some(now);
+            }
+            entry.waiters = kept;
+        }
+    }
+
     /// The keys shard `shard` should block on now; forgets keys whose
     /// waiters left a while ago or whose token was given back.
     fn keys_of(&mut self, inner: &Inner, shard: usize) -> Vec<String> {
@@ -420,6 +516,83 @@ impl Inner {
             .name(format!("{THREAD_NAME}-{shard}"))
             .spawn(move || inner.run(shard))
             .map(drop)
+    }
+
+    /// Starts the sweeper's thread.
+    fn start_sweeper(self: &Arc<Self>) -> std::io::Result<()> {
+        let inner = Arc::clone(self);
+        thread::Builder::new()
+            .name(SWEEPER_NAME.to_owned())
+            .spawn(move || inner.sweep())
+            .map(drop)
+    }
+
+    /// The sweeper's thread: every `sweep_every` while waiters watch keys,
+    /// wakes those whose key is gone, until the hub is dropped.
+    fn sweep(&self) {
+        let mut state = self.state.lock();
+        loop {
+            // Sleeps while nobody watches (a watched park notifies).
+            while !state.closed && state.watched().is_empty() {
+                self.sweeper.wait(&mut state);
+            }
+            let next = Instant::now() + self.sweep_every;
+            while !state.closed && !self.sweeper.wait_until(&mut state, next).timed_out() {}
+            if state.closed {
+                state.sweeping = false;
+                return;
+            }
+            let watched = state.watched();
+            if watched.is_empty() {
+                continue;
+            }
+            drop(state);
+            let absent = self.absent(&watched);
+            state = self.state.lock();
+            match absent {
+                Ok(gone) if gone.is_empty() => {}
+                Ok(gone) => {
+                    let gone: HashSet<Arc<str>> = gone.into_iter().collect();
+                    state.end_watching(&gone, |_| Outcome::Woken);
+                }
+                Err(err) => {
+                    log::debug!(
+                        "redbaton: a parking sweep failed ({err}); watched waiters look again"
+                    );
+                    let all: HashSet<Arc<str>> = watched.into_iter().collect();
+                    state.end_watching(&all, |_| Outcome::ConnectionFailed(err.clone()));
+                }
+            }
+        }
+    }
+
+    /// Which of `watched` do not exist: one `EXISTS` over each chunk of
+    /// keys, and only where a chunk counts fewer than it has, one per key.
+    fn absent(&self, watched: &[Arc<str>]) -> Result<Vec<Arc<str>>, Error> {
+        let mut conn = self.commands.get(self.io_timeout)?;
+        let mut gone = Vec::new();
+        for chunk in watched.chunks(SWEEP_CHUNK) {
+            let keys: Vec<&str> = chunk.iter().map(|key| &**key).collect();
+            let there: RedisResult<usize> = conn.run(|c| redis::cmd("EXISTS").arg(&keys).query(c));
+            let there = there.map_err(|err| self.classify(err, keys[0]))?;
+            if there == keys.len() {
+                continue;
+            }
+            let mut pipe = redis::pipe();
+            for key in &keys {
+                pipe.cmd("EXISTS").arg(*key);
+            }
+            let each: RedisResult<Vec<bool>> = conn.run(|c| pipe.query(c));
+            let each = each.map_err(|err| self.classify(err, keys[0]))?;
+            gone.extend(
+                chunk
+                    .iter()
+                    .zip(each)
+                    .filter(|(_, exists)| !exists)
+                    .map(|(key, _)| Arc::clone(key)),
+            );
+        }
+        Ok(gone)
     }
 
     /// Pushes a control token for `shard`, so that its blocked call is

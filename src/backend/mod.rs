@@ -386,25 +386,44 @@ impl Backend {
         }
     }
 
+    /// Whether a parked waiter's watch key is checked for it (one server
+    /// and Sentinel, whose parking hub sweeps them), so that it may park
+    /// longer than `max_park` without a lost wake-up costing more than
+    /// `max_park`. A Cluster parks one key per connection, and a Redlock
+    /// quorum's waiter must come back to find a majority free.
+    pub(crate) fn watches(&self) -> bool {
+        match &self.flavor {
+            Flavor::Single(_) => true,
+            #[cfg(feature = "sentinel")]
+            Flavor::Sentinel(_) => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
     /// Parks in `BLPOP` on `list` for at most `park`, on a parking
     /// connection (never one a releasing holder needs). Whether a token
     /// came does not matter to the caller: either way it looks again. A
     /// `precise` park is ended on time by the client's timer, at the cost
-    /// of one command; the others end on the server's timer tick.
+    /// of one command; the others end on the server's timer tick. `watch`:
+    /// a key whose absence means the object is free, checked by the
+    /// parking sweeper within `max_park` where [`Backend::watches`] says
+    /// so (elsewhere ignored).
     pub(crate) fn park(
         &self,
         name: &str,
         list: &str,
         park: Duration,
         precise: bool,
+        watch: Option<&str>,
     ) -> Result<Parked, Error> {
         self.check_process()?;
         match &self.flavor {
-            Flavor::Single(single) => single.park(name, list, park, precise),
+            Flavor::Single(single) => single.park(name, list, park, precise, watch),
             #[cfg(feature = "cluster")]
             Flavor::Cluster(cluster) => cluster.park(name, list, park, precise),
             #[cfg(feature = "sentinel")]
-            Flavor::Sentinel(sentinel) => sentinel.park(name, list, park, precise),
+            Flavor::Sentinel(sentinel) => sentinel.park(name, list, park, precise, watch),
             #[cfg(feature = "redlock")]
             Flavor::Quorum(quorum) => quorum.park(name, list, park, precise),
         }

@@ -273,7 +273,7 @@ impl Quorum {
         precise: bool,
     ) -> Result<Parked, Error> {
         if let Some(index) = self.preferred() {
-            return match self.masters[index].park(name, list, park, precise) {
+            return match self.masters[index].park(name, list, park, precise, None) {
                 Err(err) if err.is_transient() || err.is_timeout() => {
                     Ok(Parked::ConnectionFailed(err))
                 }
@@ -299,7 +299,7 @@ impl Quorum {
             );
             Ok(Parked::ConnectionFailed(err))
         };
-        match self.masters[index].park(name, list, park, precise) {
+        match self.masters[index].park(name, list, park, precise, None) {
             Ok(Parked::ConnectionFailed(err)) => moved_on(err),
             Err(err) if err.is_transient() || err.is_timeout() => moved_on(err),
             other => other,

@@ -157,16 +157,17 @@ impl Sentinel {
         }
     }
 
-    /// Parks on the master.
+    /// Parks on the master (watching `watch` there, if given).
     pub(super) fn park(
         &self,
         name: &str,
         list: &str,
         park: Duration,
         precise: bool,
+        watch: Option<&str>,
     ) -> Result<Parked, Error> {
         let master = self.master()?;
-        let parked = master.server.park(name, list, park, precise)?;
+        let parked = master.server.park(name, list, park, precise, watch)?;
         if let Parked::ConnectionFailed(_) = &parked {
             // Killed, or `UNBLOCKED` when it was demoted.
             self.shared.forget(Some(master.generation));

@@ -108,6 +108,7 @@ impl Single {
                 config.parking_connections.min(hub::MAX_SHARDS),
                 config.baton_ttl,
                 config.io_timeout,
+                config.max_park,
                 trace,
             ),
             unblocker,
@@ -297,15 +298,17 @@ impl Single {
     /// hub's shared parking connections; see
     /// [`Backend::park`](super::Backend::park). The park's end is the
     /// waiter's own timer: a `precise` park ends on time; the others last
-    /// at least the server's timer tick, as they did in Redis.
+    /// at least the server's timer tick, as they did in Redis. A `watch`
+    /// key's absence ends the park too, within `max_park`.
     pub(super) fn park(
         &self,
         name: &str,
         list: &str,
         park: Duration,
         precise: bool,
+        watch: Option<&str>,
     ) -> Result<Parked, Error> {
-        self.hub.park(name, list, park, precise)
+        self.hub.park(name, list, park, precise, watch)
     }
 
     /// Ends every park on this server: its waiters look again (a Redlock

@@ -265,7 +265,7 @@ impl fmt::Debug for Topology {
 /// | [`pool_size`](ClientBuilder::pool_size) | 8 | 1 to 1024 | connections for lock commands, each held one round trip |
 /// | [`parking_connections`](ClientBuilder::parking_connections) | 16 | 1 to 1024 | connections that may sit in `BLPOP` at once per server: at most 4 of them carry every waited name (one server, Sentinel, quorum); on a Cluster, one per waited name |
 /// | [`default_lease`](ClientBuilder::default_lease) | 30 s | 1 ms to 1 year | lease of renewed locks; the watchdog renews at a third of it |
-/// | [`max_park`](ClientBuilder::max_park) | 2 s | 1 ms to 1 year | longest single `BLPOP`; bounds the cost of a lost wake-up |
+/// | [`max_park`](ClientBuilder::max_park) | 2 s | 1 ms to 1 year | longest single `BLPOP`, and how often a plain lock's parked waiters are checked with one `EXISTS`; bounds the cost of a lost wake-up |
 /// | [`io_timeout`](ClientBuilder::io_timeout) | 3 s | 1 ms to 1 year | connect, each reply, and each wait for a pooled connection |
 /// | [`baton_ttl`](ClientBuilder::baton_ttl) | 5 s | 1 ms to 1 year | how long an unclaimed baton stays |
 /// | [`fence_counter_ttl`](ClientBuilder::fence_counter_ttl) | 1 day | 1 ms to 1 year | how long a lock's fencing counter stays after its last acquisition |
@@ -409,6 +409,13 @@ impl ClientBuilder {
     /// ends at this time (not at a deadline or a lease end) lasts at least
     /// 100 ms, the server's timer tick, as it did when parks ended on
     /// Redis's timeout. Defaults to 2 s.
+    ///
+    /// A plain lock's (or multi-lock's) waiter on one server or Sentinel
+    /// does not look on its own every `max_park`: the client checks every
+    /// such waiter's lock key once per `max_park` with one `EXISTS`, wakes
+    /// the waiters whose lock is gone, and the waiters look at their
+    /// holder's lease end or after 10 × `max_park`. A lost wake-up is still
+    /// noticed within about `max_park`.
     pub fn max_park(mut self, max_park: Duration) -> Self {
         self.max_park = max_park;
         self

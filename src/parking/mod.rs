@@ -13,6 +13,17 @@
 //! connections, each blocked on many baton lists (`backend::hub`); on a
 //! Cluster, each parked connection waits on one list.
 //!
+//! A waiter may name a *watch key*: a key whose absence means its object
+//! is free (a plain lock's hash). Where the backend checks watch keys for
+//! its waiters (one server, Sentinel: the hub's sweeper, every
+//! `max_park`), such a waiter parks until its holder's lease ends, its
+//! deadline, or [`WATCHED_PARK_FACTOR`] × `max_park`, instead of looking
+//! every `max_park`: what the look was for (a wake-up no baton brings: a
+//! baton taken by a process that died before using it, a key deleted or
+//! evicted) is the sweep's to notice. Waiters that keep a place in Redis
+//! (a fair lock's queue, a semaphore's or a writer's waiting place) still
+//! come back every `max_park`: that return is what keeps their place.
+//!
 //! Inside one process, threads waiting on the same baton key queue up (see
 //! `local_queue`): one of them (the *parker*) waits in Redis for all, the
 //! others sleep until a releasing thread of this process hands them what
@@ -38,6 +49,11 @@ pub(crate) use park::ride_out;
 
 use local_queue::{LocalQueues, Member};
 use park::{park_duration, Failures};
+
+/// How many times `max_park` a waiter whose watch key the backend checks
+/// parks at most without looking: a backstop for a sweep that cannot run,
+/// not what bounds a lost wake-up.
+pub(crate) const WATCHED_PARK_FACTOR: u32 = 10;
 
 /// What one attempt found.
 #[derive(Debug)]
@@ -109,7 +125,9 @@ impl<C: Clone, G: Copy> WaitingRoom<C, G> {
 
     /// Waits on `baton_key` (of the object `name`, for messages) until
     /// `attempt` succeeds, a local releaser grants, or `deadline` passes
-    /// (`None`: no deadline). The waiter carries `claim`.
+    /// (`None`: no deadline). The waiter carries `claim`. `watch`: a key
+    /// whose absence means the object is free, if there is one (see the
+    /// module's docs).
     ///
     /// Redis failing meanwhile is ridden out until the deadline (without
     /// one, for the I/O timeout of failures in a row); then the last error
@@ -119,17 +137,19 @@ impl<C: Clone, G: Copy> WaitingRoom<C, G> {
         &self,
         name: &str,
         baton_key: &str,
+        watch: Option<&str>,
         claim: C,
         deadline: Option<Instant>,
         attempt: impl FnMut() -> Result<Attempt<T>, Error>,
     ) -> Result<Waited<T, G>, Error> {
+        let watch = watch.filter(|_| self.backend.watches());
         if !self.observer.is_set() {
-            return self.wait_in_queue(name, baton_key, claim, deadline, attempt);
+            return self.wait_in_queue(name, baton_key, watch, claim, deadline, attempt);
         }
         let kind = keys::kind_waited_on(&self.prefix, name, baton_key);
         let start = Instant::now();
         self.observer.emit(|| Event::Parked { name, kind });
-        let waited = self.wait_in_queue(name, baton_key, claim, deadline, attempt);
+        let waited = self.wait_in_queue(name, baton_key, watch, claim, deadline, attempt);
         let elapsed = start.elapsed();
         self.observer.emit(|| Event::Woken {
             name,
@@ -156,6 +176,7 @@ impl<C: Clone, G: Copy> WaitingRoom<C, G> {
         &self,
         name: &str,
         baton_key: &str,
+        watch: Option<&str>,
         claim: C,
         deadline: Option<Instant>,
         mut attempt: impl FnMut() -> Result<Attempt<T>, Error>,
@@ -186,7 +207,8 @@ impl<C: Clone, G: Copy> WaitingRoom<C, G> {
                 // Leaving, whichever way, hands the parker role on
                 // (`Member`'s drop).
                 Turn::Park => {
-                    return self.park_until_acquired(name, baton_key, &member, deadline, attempt)
+                    return self
+                        .park_until_acquired(name, baton_key, watch, &member, deadline, attempt)
                 }
             }
         }
@@ -197,6 +219,7 @@ impl<C: Clone, G: Copy> WaitingRoom<C, G> {
         &self,
         name: &str,
         baton_key: &str,
+        watch: Option<&str>,
         member: &Member<'_, C, G>,
         deadline: Option<Instant>,
         mut attempt: impl FnMut() -> Result<Attempt<T>, Error>,
@@ -208,6 +231,10 @@ impl<C: Clone, G: Copy> WaitingRoom<C, G> {
         if let Err(err) = failures.check_unconfirmed(deadline) {
             return Err(*err);
         }
+        let max_park = match watch {
+            Some(_) => self.max_park.saturating_mul(WATCHED_PARK_FACTOR),
+            None => self.max_park,
+        };
         loop {
             // The previous parker may have left because it acquired, so
             // look before parking.
@@ -230,13 +257,12 @@ impl<C: Clone, G: Copy> WaitingRoom<C, G> {
                 }
                 Err(err) => return Err(err),
             };
-            let Some(park) = park_duration(Instant::now(), lease_left, deadline, self.max_park)
-            else {
+            let Some(park) = park_duration(Instant::now(), lease_left, deadline, max_park) else {
                 return Ok(Waited::TimedOut);
             };
             let parked = self
                 .backend
-                .park(name, baton_key, park.duration, park.precise)?;
+                .park(name, baton_key, park.duration, park.precise, watch)?;
             if let Parked::ConnectionFailed(err) = parked {
                 // A killed or reset parked connection: look again at once,
                 // on a fresh connection.

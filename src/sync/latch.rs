@@ -229,6 +229,7 @@ impl CountDownLatch {
         let waited = self.context.room.wait_until(
             &self.keys.name,
             &self.keys.baton(&round),
+            None,
             (),
             deadline,
             || {

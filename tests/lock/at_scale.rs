@@ -244,3 +244,130 @@ fn no_wake_up_is_lost_while_waited_names_come_and_go() {
         .collect();
     assert!(late.is_empty(), "woken late (a lost wake-up): {late:?}");
 }
+
+/// The waiting cost does not grow with the number of waiters: 32 threads
+/// of one client wait for 32 names another client holds (renewed leases,
+/// so no lease ends meanwhile). Once they are parked, over 1.5 s (7.5 ×
+/// `max_park`) they send no script call of their own beyond one look each
+/// (their backstop is 10 × `max_park`, 2 s): a sweep of one `EXISTS` per
+/// `max_park` checks every name for them. Looking every `max_park` each
+/// would send about 240 script calls.
+#[test]
+fn parked_waiters_leave_the_looking_to_one_sweep_per_max_park() {
+    const WAITERS: usize = 32;
+    const MAX_PARK: Duration = Duration::from_millis(200);
+    const WINDOW: Duration = Duration::from_millis(1_500);
+    let server = RedisServer::start();
+    let holder = Client::builder(server.url()).build().unwrap();
+    let waiting = Client::builder(server.url())
+        .max_park(MAX_PARK)
+        .build()
+        .unwrap();
+    let names: Vec<String> = (0..WAITERS).map(|n| format!("swept:{n}")).collect();
+    let guards: Vec<_> = names
+        .iter()
+        .map(|name| holder.lock(name).unwrap().lock().unwrap())
+        .collect();
+    let (acquired, acquisitions) = mpsc::channel();
+    let waiters: Vec<_> = names
+        .iter()
+        .map(|name| {
+            let lock = waiting.lock(name).unwrap();
+            let acquired = acquired.clone();
+            thread::spawn(move || {
+                let guard = lock.try_lock_for(Duration::from_secs(30)).unwrap();
+                acquired.send(guard.is_some()).unwrap();
+            })
+        })
+        .collect();
+    // Parked: every name marked as waited for by its waiter's attempt.
+    let mut admin = server.connection();
+    crate::support::eventually(Duration::from_secs(10), "every waiter parked", || {
+        names.iter().all(|name| {
+            let waited: Option<String> = redis::cmd("HGET")
+                .arg(crate::support::lock_key(name))
+                .arg("waited")
+                .query(&mut admin)
+                .unwrap();
+            waited.is_some()
+        })
+    });
+    let before = server.command_calls();
+    thread::sleep(WINDOW);
+    let during = server.commands_since(&before);
+    for guard in guards {
+        guard.unlock().unwrap();
+    }
+    for _ in 0..WAITERS {
+        assert!(acquisitions
+            .recv_timeout(Duration::from_secs(30))
+            .expect("every waiter ends"));
+    }
+    for waiter in waiters {
+        waiter.joined();
+    }
+    let scripts =
+        during.get("evalsha").copied().unwrap_or(0) + during.get("eval").copied().unwrap_or(0);
+    let sweeps = during.get("exists").copied().unwrap_or(0);
+    println!(
+        "{WAITERS} waiters over {WINDOW:?}: {scripts} script calls, {sweeps} EXISTS; {during:?}"
+    );
+    // The holder's watchdog renews its 32 leases (one pipelined round of
+    // scripts per 10 s: at most one in the window).
+    assert!(
+        scripts <= 2 * WAITERS as u64,
+        "{scripts} script calls: the waiters look on their own ({during:?})"
+    );
+    let most_sweeps = (WINDOW.as_millis() / MAX_PARK.as_millis()) as u64 + 2;
+    assert!(
+        (1..=most_sweeps).contains(&sweeps),
+        "{sweeps} EXISTS, expected one sweep per max_park ({during:?})"
+    );
+}
+
+crate::across_topologies! {
+    /// A lock that vanishes without a baton (deleted by hand; the same as a
+    /// baton taken by a process that died before using it) is noticed by
+    /// its parked waiter within about one `max_park`: on one server and
+    /// Sentinel through the sweep, not at the waiter's own backstop (10 ×
+    /// `max_park`); on a Cluster and a quorum by the waiter's own look.
+    fn a_lock_gone_without_a_baton_is_noticed_within_a_max_park(deployment) {
+        const MAX_PARK: Duration = Duration::from_millis(300);
+        let holder = deployment.client();
+        let waiting = deployment.builder().max_park(MAX_PARK).build().unwrap();
+        let held = holder.lock("vanishing").unwrap().lock().unwrap();
+        let lock = waiting.lock("vanishing").unwrap();
+        let waiter = thread::spawn(move || {
+            let guard = lock.try_lock_for(Duration::from_secs(20)).unwrap();
+            (guard.is_some(), Instant::now())
+        });
+        let key = crate::support::lock_key("vanishing");
+        let servers = deployment.servers_for(&key);
+        crate::support::eventually(Duration::from_secs(10), "the waiter parked", || {
+            servers.iter().any(|server| {
+                let waited: Option<String> = redis::cmd("HGET")
+                    .arg(&key)
+                    .arg("waited")
+                    .query(&mut server.connection())
+                    .unwrap();
+                waited.is_some()
+            })
+        });
+        // Let it settle into its park, then take the lock away without a
+        // baton.
+        thread::sleep(MAX_PARK);
+        for server in &servers {
+            let _: u32 = redis::cmd("DEL").arg(&key).query(&mut server.connection()).unwrap();
+        }
+        let gone = Instant::now();
+        let (acquired, at) = waiter.joined();
+        assert!(acquired, "the waiter got the lock");
+        let noticed = at.saturating_duration_since(gone);
+        println!("noticed {noticed:?} after the lock vanished");
+        assert!(
+            noticed < MAX_PARK * 4,
+            "noticed {noticed:?} after the lock vanished (max_park {MAX_PARK:?})"
+        );
+        drop(held);
+    }
+}

@@ -405,6 +405,8 @@ impl Lock {
         let waited = context.lock_room.wait_until(
             &self.keys.name,
             &self.wait_key(&identity),
+            // A fair waiter keeps its place by coming back every park.
+            self.keys.fair.is_none().then_some(self.keys.lock.as_str()),
             claim,
             deadline,
             || self.attempt(&identity, true, &mut arrival),

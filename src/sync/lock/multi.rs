@@ -321,6 +321,7 @@ impl MultiLock {
             let waited = context.lock_room.wait_until(
                 &lock.keys.name,
                 &lock.keys.baton,
+                Some(&lock.keys.lock),
                 claim,
                 deadline,
                 || {

@@ -368,6 +368,7 @@ impl RwLock {
             let waited = context.room.wait_until(
                 &self.keys.name,
                 &self.keys.read_baton,
+                None,
                 (),
                 deadline,
                 || self.attempt_read(&identity, true),
@@ -430,6 +431,7 @@ impl RwLock {
             let waited = context.room.wait_until(
                 &self.keys.name,
                 &self.keys.write_baton,
+                None,
                 (),
                 deadline,
                 || {

@@ -160,6 +160,7 @@ impl RwLock {
             let waited = context.room.wait_until(
                 &self.keys.name,
                 &self.keys.upgradable_baton,
+                None,
                 (),
                 deadline,
                 || self.attempt_upgradable(&identity, true),
@@ -233,6 +234,7 @@ impl RwLock {
             let waited = context.room.wait_until(
                 &self.keys.name,
                 &self.keys.upgrade_baton,
+                None,
                 (),
                 deadline,
                 || {

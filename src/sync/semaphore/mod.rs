@@ -476,10 +476,14 @@ impl Semaphore {
                 Err(err) => return Err(self.failed(start, self.gave_up(&place, false, false, err))),
             }
         }
-        let waited =
-            context
-                .room
-                .wait_until(&self.keys.name, &self.keys.baton, (), deadline, attempt);
+        let waited = context.room.wait_until(
+            &self.keys.name,
+            &self.keys.baton,
+            None,
+            (),
+            deadline,
+            attempt,
+        );
         match waited {
             Ok(Waited::Acquired(permit)) => Ok(Some((permit, Acquisition::AfterWaiting))),
             // Nobody hands permits over locally: a grant is only a reason
