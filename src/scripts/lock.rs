@@ -84,10 +84,13 @@ pub(crate) struct ManyArgs<'a> {
     pub(crate) request: u64,
     /// Whether the caller has been waiting (others may wait behind it).
     pub(crate) waited: bool,
+    /// A quorum's proposed fencing token (0: none): every name taken
+    /// afresh gets a token at least this.
+    pub(crate) proposed_token: u64,
 }
 
 /// The all-or-none acquisition of `names`, plain locks whose keys share
-/// one cluster slot.
+/// one cluster slot (or, on a Redlock quorum, one master).
 pub(crate) fn acquire_many(names: &[ManyName<'_>], args: ManyArgs<'_>) -> Call {
     let mut call = Call::new(&ACQUIRE_MANY);
     for name in names {
@@ -97,7 +100,8 @@ pub(crate) fn acquire_many(names: &[ManyName<'_>], args: ManyArgs<'_>) -> Call {
         .arg(args.identity)
         .arg(millis(args.fence_ttl))
         .arg(args.request)
-        .arg(if args.waited { "1" } else { "0" });
+        .arg(if args.waited { "1" } else { "0" })
+        .arg(args.proposed_token);
     for name in names {
         call = call
             .arg(millis(name.lease))

@@ -86,7 +86,13 @@ impl MultiLock {
     /// The set of `locks` (at least one, deduplicated, in name order).
     pub(crate) fn new(context: Arc<Context>, locks: Vec<Lock>) -> MultiLock {
         let keys: Vec<&str> = locks.iter().map(|lock| lock.keys.lock.as_str()).collect();
-        let groups = context.backend.slot_groups(&keys);
+        // A Redlock quorum's masters each hold every key: the whole set is
+        // one group, taken in one round (`QuorumLock::attempt_many`).
+        let groups = if context.backend.masters().is_some() {
+            vec![(0..locks.len()).collect()]
+        } else {
+            context.backend.slot_groups(&keys)
+        };
         MultiLock {
             context,
             locks,
@@ -429,6 +435,7 @@ impl MultiLock {
             fence_ttl: context.config.fence_ttl,
             request,
             waited,
+            proposed_token: 0,
         };
         let calls: Vec<ManyName<'_>> = names.iter().map(|(name, _)| *name).collect();
         let raw = &self.locks[group[0]].raw;
