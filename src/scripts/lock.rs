@@ -158,6 +158,29 @@ pub(crate) fn release(
         .arg(millis(baton_ttl))
 }
 
+/// Each release of `batch` (plain locks on one Redlock master), given as
+/// [`release`]'s arguments (keys, identity, fence, guards left, lease),
+/// in one call.
+#[cfg(feature = "redlock")]
+pub(crate) fn release_many(
+    batch: &[(&LockKeys, &str, u64, usize, Duration)],
+    baton_ttl: Duration,
+) -> Call {
+    let mut call = Call::new(&super::RELEASE_MANY);
+    for (keys, ..) in batch {
+        call = call.key(&keys.lock).key(&keys.baton);
+    }
+    call = call.arg(millis(baton_ttl));
+    for &(_, identity, fence, guards_left, lease) in batch {
+        call = call
+            .arg(identity)
+            .arg(fence)
+            .arg(guards_left)
+            .arg(millis(lease));
+    }
+    call
+}
+
 /// Frees the ownership that request `request` made for `identity`, if it
 /// is still there. The plain lock's. `only_if_seen`: wake a waiter only if
 /// another caller found that ownership in its way (a quorum's undo of a

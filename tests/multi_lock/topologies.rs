@@ -181,7 +181,7 @@ const RUN_BY_SCRIPTS: &[&str] = &[
 /// one script call to take (`lock/acquire_many.lua`), and nothing else
 /// the client sends (no `SCRIPT LOAD`, no second round: the masters agree
 /// on the proposed tokens), as one lock's acquisition costs one script
-/// call per master.
+/// call per master; and one script call to release.
 #[cfg(feature = "redlock")]
 #[test]
 fn an_uncontended_quorum_set_is_taken_with_one_script_per_master() {
@@ -211,11 +211,64 @@ fn an_uncontended_quorum_set_is_taken_with_one_script_per_master() {
         let seen = client.lock(name).unwrap().holder().unwrap().unwrap();
         assert_eq!(Some(seen.fencing_token), guard.fencing_token(name));
     }
+    // And one to release (`lock/release_many.lua`: each name's release).
     let before: Vec<_> = masters.iter().map(|m| m.command_calls()).collect();
     guard.unlock().unwrap();
     for (index, (master, before)) in masters.iter().zip(&before).enumerate() {
         let (scripts, ran) = script_calls(master, before);
-        println!("master {index} ran, to release the set: {scripts} script calls, {ran:?}");
+        println!("master {index} ran, to release the set: {ran:?}");
+        assert_eq!(scripts, 1, "master {index}: {ran:?}");
+        for command in ran.keys() {
+            assert!(
+                RUN_BY_SCRIPTS.contains(&command.as_str()),
+                "master {index} was sent {command}: {ran:?}"
+            );
+        }
+        for name in names {
+            assert!(
+                !crate::exists(master, name),
+                "{name} left on master {index}"
+            );
+        }
+    }
+}
+
+/// A set's release on a quorum is one call per master, but each name's
+/// release stands on its own there: a name whose baton key holds
+/// something else is refused (the error reported, the name left as it
+/// was), and the other names are released.
+#[cfg(feature = "redlock")]
+#[test]
+fn a_quorum_sets_release_reports_a_refused_name_and_frees_the_others() {
+    let deployment = Deployment::start(Topology::Masters);
+    let (client, other) = (deployment.client(), deployment.client());
+    let masters = deployment.servers_for(&crate::support::lock_key("rel-a"));
+    let set = client.multi_lock(["rel-a", "rel-b"]).unwrap();
+    let guard = set.lock().unwrap();
+    // Someone found `rel-b` held (its release must push a baton), and its
+    // baton key holds a string on every master.
+    assert!(other.lock("rel-b").unwrap().try_lock().unwrap().is_none());
+    for master in &masters {
+        let _: () = redis::cmd("SET")
+            .arg(crate::support::baton_key("rel-b"))
+            .arg("not a list")
+            .query(&mut master.connection())
+            .unwrap();
+    }
+    let err = guard.unlock().unwrap_err();
+    assert!(
+        matches!(&err, redbaton::Error::Redis { .. }) && err.to_string().contains("WRONGTYPE"),
+        "{err:?}"
+    );
+    for (index, master) in masters.iter().enumerate() {
+        assert!(
+            !crate::exists(master, "rel-a"),
+            "rel-a left on master {index}"
+        );
+        assert!(
+            crate::exists(master, "rel-b"),
+            "rel-b released on master {index}"
+        );
     }
 }
 

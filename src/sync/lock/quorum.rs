@@ -18,9 +18,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
+use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind, Value};
 
-use super::raw::{Answered, Holder, Owner, RawLock};
+use super::raw::{Answered, Holder, Owner, RawLock, ReleaseOne};
 use crate::backend::{Backend, Failed, Sent};
 use crate::config::{ClockDrift, Config, NodeTimeout};
 use crate::error::Error;
@@ -297,6 +297,65 @@ impl QuorumLock {
                 detail: "has not answered yet; sent again once it does".to_owned(),
             }),
         }
+    }
+
+    /// What one lock's release round (`replies`, one per master) comes
+    /// to: released (in part, when masters did not answer) or inner on a
+    /// majority, not the owner anywhere, or failed (sent again later).
+    fn released(
+        &self,
+        keys: &LockKeys,
+        replies: &[Result<ReleaseReply, Error>],
+    ) -> Result<Sent<ReleaseReply>, Failed> {
+        let mut had = 0;
+        // Every master was sent the release once.
+        let resent = false;
+        let mut depth = None;
+        let mut errors = Vec::new();
+        for reply in replies {
+            match reply {
+                Ok(ReleaseReply::Released | ReleaseReply::ReleasedInPart) => had += 1,
+                Ok(ReleaseReply::Inner { depth: d }) => {
+                    had += 1;
+                    depth = Some(*d);
+                }
+                Ok(ReleaseReply::NotOwner) => {}
+                Err(err) => errors.push(err),
+            }
+        }
+        if had >= self.quorum() || (errors.is_empty() && had > 0) {
+            let value = match depth {
+                Some(depth) => ReleaseReply::Inner { depth },
+                // A master that did not answer may still hold its copy
+                // (its part of the acquisition may have run with the reply
+                // lost), and waiters that found the lock held there park
+                // there: only a release there wakes them before the copy
+                // expires.
+                None if !errors.is_empty() => ReleaseReply::ReleasedInPart,
+                None => ReleaseReply::Released,
+            };
+            if had < self.quorum() {
+                log::warn!(
+                    "redbaton: lock {:?} was released on {had} of {} masters only; it was no \
+                     longer held by a majority",
+                    keys.name,
+                    self.masters.len()
+                );
+            }
+            return Ok(Sent { value, resent });
+        }
+        if errors.is_empty() {
+            return Ok(Sent {
+                value: ReleaseReply::NotOwner,
+                resent,
+            });
+        }
+        // Some masters did not answer: the caller sends it again later (the
+        // keys there expire with the lease otherwise).
+        Err(Failed {
+            error: self.no_quorum(replies.len() - errors.len(), &errors),
+            outcome_unknown: true,
+        })
     }
 
     /// Makes the ownership of `identity` under `fence` at `key` (of the
@@ -747,55 +806,56 @@ impl RawLock for QuorumLock {
     ) -> Result<Sent<ReleaseReply>, Failed> {
         let call = calls::release(keys, identity, fence, guards_left, lease, self.baton_ttl);
         let replies = self.round::<ReleaseReply>(&keys.lock, &keys.name, &call, lease);
-        let mut had = 0;
-        // Every master was sent the release once.
-        let resent = false;
-        let mut depth = None;
-        let mut errors = Vec::new();
-        for reply in &replies {
-            match reply {
-                Ok(ReleaseReply::Released | ReleaseReply::ReleasedInPart) => had += 1,
-                Ok(ReleaseReply::Inner { depth: d }) => {
-                    had += 1;
-                    depth = Some(*d);
-                }
-                Ok(ReleaseReply::NotOwner) => {}
-                Err(err) => errors.push(err),
-            }
-        }
-        if had >= self.quorum() || (errors.is_empty() && had > 0) {
-            let value = match depth {
-                Some(depth) => ReleaseReply::Inner { depth },
-                // A master that did not answer may still hold its copy
-                // (its part of the acquisition may have run with the reply
-                // lost), and waiters that found the lock held there park
-                // there: only a release there wakes them before the copy
-                // expires.
-                None if !errors.is_empty() => ReleaseReply::ReleasedInPart,
-                None => ReleaseReply::Released,
-            };
-            if had < self.quorum() {
-                log::warn!(
-                    "redbaton: lock {:?} was released on {had} of {} masters only; it was no \
-                     longer held by a majority",
-                    keys.name,
-                    self.masters.len()
-                );
-            }
-            return Ok(Sent { value, resent });
-        }
-        if errors.is_empty() {
-            return Ok(Sent {
-                value: ReleaseReply::NotOwner,
-                resent,
-            });
-        }
-        // Some masters did not answer: the caller sends it again later (the
-        // keys there expire with the lease otherwise).
-        Err(Failed {
-            error: self.no_quorum(replies.len() - errors.len(), &errors),
-            outcome_unknown: true,
-        })
+        self.released(keys, &replies)
+    }
+
+    /// One round for a set's releases: every master is sent one
+    /// `lock/release_many.lua` that releases each name there as
+    /// `lock/release.lua` would, and each name's answers are read as one
+    /// lock's release reads its round. Safe to send again, as each
+    /// release is (it sets the depth it leaves; a last release sent again
+    /// is told "not the owner").
+    fn release_many(&self, batch: &[ReleaseOne<'_>]) -> Vec<Result<Sent<ReleaseReply>, Failed>> {
+        let [first, _, ..] = batch else {
+            return batch
+                .iter()
+                .map(|r| self.release(r.keys, r.identity, r.fence, r.guards_left, r.lease))
+                .collect();
+        };
+        let args: Vec<_> = batch
+            .iter()
+            .map(|r| (r.keys, r.identity, r.fence, r.guards_left, r.lease))
+            .collect();
+        let call = calls::release_many(&args, self.baton_ttl);
+        // The round waits for each master as long as the shortest lease
+        // of the set allows.
+        let lease = batch.iter().map(|r| r.lease).min().unwrap_or(first.lease);
+        let replies = self.round::<Vec<Value>>(&first.keys.lock, &first.keys.name, &call, lease);
+        batch
+            .iter()
+            .enumerate()
+            .map(|(index, release)| {
+                let answers: Vec<Result<ReleaseReply, Error>> = replies
+                    .iter()
+                    .map(|reply| match reply {
+                        Ok(values) if values.len() == batch.len() => release_answer(&values[index]),
+                        Ok(values) => Err(Error::Redis {
+                            source: RedisError::from((
+                                ErrorKind::Parse,
+                                "unexpected reply",
+                                format!(
+                                    "lock/release_many.lua answered {} of its {} names",
+                                    values.len(),
+                                    batch.len()
+                                ),
+                            )),
+                        }),
+                        Err(err) => Err(err.clone()),
+                    })
+                    .collect();
+                self.released(release.keys, &answers)
+            })
+            .collect()
     }
 
     /// Done once every master answered it (released, or not the owner
@@ -972,6 +1032,25 @@ impl RenewLeases for QuorumLock {
                 },
             )
             .collect()
+    }
+}
+
+/// One name's answer in `lock/release_many.lua`'s reply: release.lua's
+/// number, or the message of the error that left the name as it was.
+fn release_answer(value: &Value) -> Result<ReleaseReply, Error> {
+    let refused = |message: String| Error::Redis {
+        source: RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "a release was refused",
+            message,
+        )),
+    };
+    match value {
+        Value::BulkString(bytes) => Err(refused(String::from_utf8_lossy(bytes).into_owned())),
+        Value::SimpleString(text) => Err(refused(text.clone())),
+        other => ReleaseReply::from_redis_value(other.clone()).map_err(|err| Error::Redis {
+            source: RedisError::from(err),
+        }),
     }
 }
 
