@@ -838,7 +838,9 @@ impl RawLock for QuorumLock {
                 let answers: Vec<Result<ReleaseReply, Error>> = replies
                     .iter()
                     .map(|reply| match reply {
-                        Ok(values) if values.len() == batch.len() => release_answer(&values[index]),
+                        Ok(values) if values.len() == batch.len() => {
+                            release_answer(&values[index], &release.keys.name)
+                        }
                         Ok(values) => Err(Error::Redis {
                             source: RedisError::from((
                                 ErrorKind::Parse,
@@ -1036,14 +1038,22 @@ impl RenewLeases for QuorumLock {
 }
 
 /// One name's answer in `lock/release_many.lua`'s reply: release.lua's
-/// number, or the message of the error that left the name as it was.
-fn release_answer(value: &Value) -> Result<ReleaseReply, Error> {
-    let refused = |message: String| Error::Redis {
-        source: RedisError::from((
-            ErrorKind::Server(ServerErrorKind::ResponseError),
-            "a release was refused",
-            message,
-        )),
+/// number, or the message of the error that left the lock `name` as it
+/// was, told as one lock's release tells it (a `WRONGTYPE` is
+/// [`Error::WrongType`]).
+fn release_answer(value: &Value, name: &str) -> Result<ReleaseReply, Error> {
+    let refused = |message: String| match message.strip_prefix("WRONGTYPE ") {
+        Some(detail) => Error::WrongType {
+            name: name.to_owned(),
+            detail: detail.to_owned(),
+        },
+        None => Error::Redis {
+            source: RedisError::from((
+                ErrorKind::Server(ServerErrorKind::ResponseError),
+                "a release was refused",
+                message,
+            )),
+        },
     };
     match value {
         Value::BulkString(bytes) => Err(refused(String::from_utf8_lossy(bytes).into_owned())),
