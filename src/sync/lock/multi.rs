@@ -152,8 +152,7 @@ impl MultiLock {
     ///
     /// Uncontended, one script call per cluster slot the names fall in
     /// (one on one server or Sentinel; on a Redlock quorum, one round: one
-    /// script call per master), and as many to release (on a quorum, one
-    /// round per name).
+    /// script call per master), and as many to release.
     ///
     /// # Errors
     /// As [`Lock::lock`]; on error nothing of the set is held.
@@ -549,8 +548,9 @@ impl MultiLockGuard {
     /// Releases every name, last slot first, and reports the first
     /// failure. Every release is sent, whatever the others' outcome: the
     /// names of one slot together, in one round trip (on a Redlock quorum,
-    /// one round per name), unless a name goes to a waiter of this process
-    /// (a local hand-off, as a [`LockGuard`]'s release does).
+    /// one round: one script per master), unless a name goes to a waiter
+    /// of this process (a local hand-off, as a [`LockGuard`]'s release
+    /// does).
     ///
     /// # Errors
     /// As [`LockGuard::unlock`], for the first name whose release failed.

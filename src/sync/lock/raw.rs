@@ -145,8 +145,9 @@ pub(crate) trait RawLock: RenewLeases {
     ) -> Result<Sent<ReleaseReply>, Failed>;
 
     /// Sends `batch` (releases of plain locks whose keys share one cluster
-    /// slot): one result per release, in order. By default one release
-    /// after the other; one deployment sends them together.
+    /// slot, or one Redlock quorum's set): one result per release, in
+    /// order. By default one release after the other; one deployment and
+    /// a quorum send them together.
     fn release_many(&self, batch: &[ReleaseOne<'_>]) -> Vec<Result<Sent<ReleaseReply>, Failed>> {
         batch
             .iter()
