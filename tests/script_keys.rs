@@ -32,10 +32,16 @@ use crate::support::JoinWithin;
 
 /// Scripts this test cannot reach, with the reason.
 #[cfg(not(feature = "redlock"))]
-const NOT_RUN_HERE: &[(&str, &str)] = &[(
-    "lock/adopt_fence.lua",
-    "sent only by a Redlock quorum of several masters (feature redlock)",
-)];
+const NOT_RUN_HERE: &[(&str, &str)] = &[
+    (
+        "lock/adopt_fence.lua",
+        "sent only by a Redlock quorum of several masters (feature redlock)",
+    ),
+    (
+        "lock/release_many.lua",
+        "sent only by a Redlock quorum of several masters (feature redlock)",
+    ),
+];
 #[cfg(feature = "redlock")]
 const NOT_RUN_HERE: &[(&str, &str)] = &[];
 
@@ -491,6 +497,24 @@ fn quorum_scenario(masters: &[RedisServer]) {
     let lock = client.lock("keys-quorum").unwrap();
     let guard = lock.lock().unwrap();
     assert!(lock.holder().unwrap().is_some());
+    guard.unlock().unwrap();
+    // A multi-lock's set in one round each way; another client finds a
+    // name held, so that its release pushes a baton.
+    let set = client
+        .multi_lock(["keys-quorum-a", "keys-quorum-b"])
+        .unwrap();
+    let guard = set.lock().unwrap();
+    let other = Client::builder(redbaton::Topology::masters(
+        masters.iter().map(RedisServer::url),
+    ))
+    .build()
+    .unwrap();
+    assert!(other
+        .lock("keys-quorum-b")
+        .unwrap()
+        .try_lock()
+        .unwrap()
+        .is_none());
     guard.unlock().unwrap();
 }
 

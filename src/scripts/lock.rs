@@ -84,10 +84,13 @@ pub(crate) struct ManyArgs<'a> {
     pub(crate) request: u64,
     /// Whether the caller has been waiting (others may wait behind it).
     pub(crate) waited: bool,
+    /// A quorum's proposed fencing token (0: none): every name taken
+    /// afresh gets a token at least this.
+    pub(crate) proposed_token: u64,
 }
 
 /// The all-or-none acquisition of `names`, plain locks whose keys share
-/// one cluster slot.
+/// one cluster slot (or, on a Redlock quorum, one master).
 pub(crate) fn acquire_many(names: &[ManyName<'_>], args: ManyArgs<'_>) -> Call {
     let mut call = Call::new(&ACQUIRE_MANY);
     for name in names {
@@ -97,7 +100,8 @@ pub(crate) fn acquire_many(names: &[ManyName<'_>], args: ManyArgs<'_>) -> Call {
         .arg(args.identity)
         .arg(millis(args.fence_ttl))
         .arg(args.request)
-        .arg(if args.waited { "1" } else { "0" });
+        .arg(if args.waited { "1" } else { "0" })
+        .arg(args.proposed_token);
     for name in names {
         call = call
             .arg(millis(name.lease))
@@ -152,6 +156,29 @@ pub(crate) fn release(
         .arg(guards_left)
         .arg(millis(lease))
         .arg(millis(baton_ttl))
+}
+
+/// Each release of `batch` (plain locks on one Redlock master), given as
+/// [`release`]'s arguments (keys, identity, fence, guards left, lease),
+/// in one call.
+#[cfg(feature = "redlock")]
+pub(crate) fn release_many(
+    batch: &[(&LockKeys, &str, u64, usize, Duration)],
+    baton_ttl: Duration,
+) -> Call {
+    let mut call = Call::new(&super::RELEASE_MANY);
+    for (keys, ..) in batch {
+        call = call.key(&keys.lock).key(&keys.baton);
+    }
+    call = call.arg(millis(baton_ttl));
+    for &(_, identity, fence, guards_left, lease) in batch {
+        call = call
+            .arg(identity)
+            .arg(fence)
+            .arg(guards_left)
+            .arg(millis(lease));
+    }
+    call
 }
 
 /// Frees the ownership that request `request` made for `identity`, if it

@@ -49,6 +49,9 @@ scripts! {
     HANDOFF => "lock/handoff.lua" with ["lib/next_fence.lua"];
     /// Undo one level; the last level deletes the lock and pushes the baton.
     RELEASE => "lock/release.lua" with ["lib/lease.lua", "lib/baton.lua"];
+    /// A Redlock quorum's releases of a multi-lock's names on one master,
+    /// each as `RELEASE` does it.
+    RELEASE_MANY => "lock/release_many.lua" with ["lib/lease.lua", "lib/baton.lua"];
     /// Undo the ownership a request whose reply was lost may have created.
     RELEASE_REQUEST => "lock/release_request.lua" with ["lib/baton.lua"];
     /// Administrative release of whoever holds the lock.

@@ -10,11 +10,15 @@
 -- ARGV[3]     this request's number (release_request.lua undoes each name
 --             it took, by name, if the reply is lost)
 -- ARGV[4]     "1" when the caller has been waiting, else "0"
--- then per name i, from ARGV[5]:
--- ARGV[3i+2]  lease in milliseconds (of a fresh ownership, or of the one
+-- ARGV[5]     a Redlock quorum's proposed fencing token ("0": none), for
+--             every name the caller has no live guards of (see acquire.lua
+--             and next_fence): when each master of a majority issues the
+--             proposal for a name, that name needs no second round
+-- then per name i, from ARGV[6]:
+-- ARGV[3i+3]  lease in milliseconds (of a fresh ownership, or of the one
 --             re-entered)
--- ARGV[3i+3]  fencing token of the caller's live guards on name i, "0": none
--- ARGV[3i+4]  the caller's depth on name i after this acquisition
+-- ARGV[3i+4]  fencing token of the caller's live guards on name i, "0": none
+-- ARGV[3i+5]  the caller's depth on name i after this acquisition
 --
 -- Returns {1, fence1, depth1, fence2, depth2, ...}  every name acquired
 --         {0, i, pttl}  name i (1-based) is held by another identity, with
@@ -34,7 +38,7 @@ local reenter = {}
 for i = 1, names do
   local lock = KEYS[2 * i - 1]
   local held = redis.call('HMGET', lock, 'flag', 'fence')
-  local mine = ARGV[3 * i + 3]
+  local mine = ARGV[3 * i + 4]
   if held[1] == identity and held[2] == mine then
     reenter[i] = true
   elseif held[1] ~= false and held[1] ~= identity then
@@ -52,15 +56,23 @@ end
 local reply = {1}
 for i = 1, names do
   local lock = KEYS[2 * i - 1]
-  local lease = ARGV[3 * i + 2]
-  local depth = ARGV[3 * i + 4]
+  local lease = ARGV[3 * i + 3]
+  local mine = ARGV[3 * i + 4]
+  local depth = ARGV[3 * i + 5]
   if reenter[i] then
     redis.call('HSET', lock, 'count', depth)
     extend_lease(lock, lease)
-    reply[#reply + 1] = tonumber(ARGV[3 * i + 3])
+    reply[#reply + 1] = tonumber(mine)
     reply[#reply + 1] = tonumber(depth)
   else
-    local fence, err, token = next_fence(KEYS[2 * i], ARGV[2], nil)
+    -- As acquire.lua: the proposal only for a name the caller has no
+    -- live guards of (a re-entry whose copy is missing here is a
+    -- minority's, taken afresh without it).
+    local proposed = nil
+    if mine == '0' then
+      proposed = ARGV[5]
+    end
+    local fence, err, token = next_fence(KEYS[2 * i], ARGV[2], proposed)
     if err then
       return err
     end

@@ -1,7 +1,7 @@
 //! The multi-lock: several lock names taken all or none. Built on the
-//! single-name lock: a set is one script per cluster slot
-//! (`lock/acquire_many.lua`, which takes each name exactly as
-//! `lock/acquire.lua` would), and the guard holds one ordinary
+//! single-name lock: a set is one script per cluster slot, or one Redlock
+//! round of that script on a quorum (`lock/acquire_many.lua`, which takes
+//! each name exactly as `lock/acquire.lua` would), and the guard holds one ordinary
 //! [`LockGuard`] per name, so that renewals, release, loss and clean-ups are
 //! the lock's own. A waiter holds nothing while it waits: it parks on the
 //! baton of the first name found held, like any waiter of that name, and
@@ -60,8 +60,8 @@ pub struct MultiLock {
     locks: Vec<Lock>,
     /// Indices into `locks` grouped by cluster slot: groups in slot order,
     /// names in name order within a group. Sets are always taken in this
-    /// global order (one group on one server or Sentinel; one group per
-    /// name, in name order, on a quorum).
+    /// global order (one group on one server, Sentinel or a Redlock
+    /// quorum, whose every master holds every key).
     groups: Vec<Vec<usize>>,
 }
 
@@ -86,7 +86,13 @@ impl MultiLock {
     /// The set of `locks` (at least one, deduplicated, in name order).
     pub(crate) fn new(context: Arc<Context>, locks: Vec<Lock>) -> MultiLock {
         let keys: Vec<&str> = locks.iter().map(|lock| lock.keys.lock.as_str()).collect();
-        let groups = context.backend.slot_groups(&keys);
+        // A Redlock quorum's masters each hold every key: the whole set is
+        // one group, taken in one round (`QuorumLock::attempt_many`).
+        let groups = if context.backend.masters().is_some() {
+            vec![(0..locks.len()).collect()]
+        } else {
+            context.backend.slot_groups(&keys)
+        };
         MultiLock {
             context,
             locks,
@@ -145,8 +151,8 @@ impl MultiLock {
     /// Blocks until the calling thread holds every name of the set.
     ///
     /// Uncontended, one script call per cluster slot the names fall in
-    /// (one on one server or Sentinel; on a Redlock quorum, one round per
-    /// name), and as many to release.
+    /// (one on one server or Sentinel; on a Redlock quorum, one round: one
+    /// script call per master), and as many to release.
     ///
     /// # Errors
     /// As [`Lock::lock`]; on error nothing of the set is held.
@@ -394,8 +400,9 @@ impl MultiLock {
         Ok(Tried::Acquired(taken))
     }
 
-    /// One script over the names `group` (indices into `locks`, one slot):
-    /// pushes their guards onto `taken`, or says which name is held.
+    /// One script over the names `group` (indices into `locks`, one slot;
+    /// on a quorum, the whole set in one round of that script): pushes
+    /// their guards onto `taken`, or says which name is held.
     fn attempt_group(
         &self,
         identity: &Arc<str>,
@@ -430,6 +437,7 @@ impl MultiLock {
             fence_ttl: context.config.fence_ttl,
             request,
             waited,
+            proposed_token: 0,
         };
         let calls: Vec<ManyName<'_>> = names.iter().map(|(name, _)| *name).collect();
         let raw = &self.locks[group[0]].raw;
@@ -540,9 +548,10 @@ impl MultiLockGuard {
 
     /// Releases every name, last slot first, and reports the first
     /// failure. Every release is sent, whatever the others' outcome: the
-    /// names of one slot together, in one round trip, unless a name goes
-    /// to a waiter of this process (a local hand-off, as a [`LockGuard`]'s
-    /// release does).
+    /// names of one slot together, in one round trip (on a Redlock quorum,
+    /// one round: one script per master), unless a name goes to a waiter
+    /// of this process (a local hand-off, as a [`LockGuard`]'s release
+    /// does).
     ///
     /// # Errors
     /// As [`LockGuard::unlock`], for the first name whose release failed.

@@ -18,16 +18,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
+use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind, Value};
 
-use super::raw::{Answered, Holder, Owner, RawLock};
+use super::raw::{Answered, Holder, Owner, RawLock, ReleaseOne};
 use crate::backend::{Backend, Failed, Sent};
 use crate::config::{ClockDrift, Config, NodeTimeout};
 use crate::error::Error;
 use crate::keys::LockKeys;
 use crate::lease::{RenewLeases, RenewOutcome, RenewRequest};
-use crate::scripts::lock::{self as calls, AcquireArgs, HandoffArgs};
-use crate::scripts::reply::{AcquireReply, Done, HandoffReply, HolderReply, ReleaseReply};
+use crate::scripts::lock::{self as calls, AcquireArgs, HandoffArgs, ManyArgs, ManyName};
+use crate::scripts::reply::{
+    AcquireReply, Done, HandoffReply, HolderReply, ManyReply, ReleaseReply,
+};
 use crate::scripts::Call;
 
 /// The Redlock lock protocol over several masters.
@@ -228,6 +230,32 @@ impl QuorumLock {
         unfinished
     }
 
+    /// [`QuorumLock::undo_everywhere`] for every name of a set that request
+    /// `request` of `identity` may have taken: one round per name (an
+    /// undo is per name's keys, and a round carries one call per master).
+    /// Names the request only re-entered keep their own request number,
+    /// so their undo changes nothing. Returns the first failure to undo a
+    /// name on a master where it may stand.
+    fn undo_set(
+        &self,
+        names: &[ManyName<'_>],
+        identity: &str,
+        request: u64,
+        lost_round: bool,
+        may_hold: &[bool],
+    ) -> Option<Error> {
+        let mut unfinished = None;
+        for name in names {
+            let failed = self.undo_everywhere(
+                name.keys, identity, request, name.lease, lost_round, may_hold,
+            );
+            if unfinished.is_none() {
+                unfinished = failed;
+            }
+        }
+        unfinished
+    }
+
     /// Sends `call` (a release or an undo, safe to repeat) to the masters
     /// that have not answered it yet and are not suspect: done once every
     /// master answered. A master that keeps failing costs nothing while it
@@ -269,6 +297,65 @@ impl QuorumLock {
                 detail: "has not answered yet; sent again once it does".to_owned(),
             }),
         }
+    }
+
+    /// What one lock's release round (`replies`, one per master) comes
+    /// to: released (in part, when masters did not answer) or inner on a
+    /// majority, not the owner anywhere, or failed (sent again later).
+    fn released(
+        &self,
+        keys: &LockKeys,
+        replies: &[Result<ReleaseReply, Error>],
+    ) -> Result<Sent<ReleaseReply>, Failed> {
+        let mut had = 0;
+        // Every master was sent the release once.
+        let resent = false;
+        let mut depth = None;
+        let mut errors = Vec::new();
+        for reply in replies {
+            match reply {
+                Ok(ReleaseReply::Released | ReleaseReply::ReleasedInPart) => had += 1,
+                Ok(ReleaseReply::Inner { depth: d }) => {
+                    had += 1;
+                    depth = Some(*d);
+                }
+                Ok(ReleaseReply::NotOwner) => {}
+                Err(err) => errors.push(err),
+            }
+        }
+        if had >= self.quorum() || (errors.is_empty() && had > 0) {
+            let value = match depth {
+                Some(depth) => ReleaseReply::Inner { depth },
+                // A master that did not answer may still hold its copy
+                // (its part of the acquisition may have run with the reply
+                // lost), and waiters that found the lock held there park
+                // there: only a release there wakes them before the copy
+                // expires.
+                None if !errors.is_empty() => ReleaseReply::ReleasedInPart,
+                None => ReleaseReply::Released,
+            };
+            if had < self.quorum() {
+                log::warn!(
+                    "redbaton: lock {:?} was released on {had} of {} masters only; it was no \
+                     longer held by a majority",
+                    keys.name,
+                    self.masters.len()
+                );
+            }
+            return Ok(Sent { value, resent });
+        }
+        if errors.is_empty() {
+            return Ok(Sent {
+                value: ReleaseReply::NotOwner,
+                resent,
+            });
+        }
+        // Some masters did not answer: the caller sends it again later (the
+        // keys there expire with the lease otherwise).
+        Err(Failed {
+            error: self.no_quorum(replies.len() - errors.len(), &errors),
+            outcome_unknown: true,
+        })
     }
 
     /// Makes the ownership of `identity` under `fence` at `key` (of the
@@ -505,6 +592,210 @@ impl RawLock for QuorumLock {
         })
     }
 
+    /// One Redlock round for a whole set: every master is sent one
+    /// `lock/acquire_many.lua` over every name (all or none on that
+    /// master), and the set counts only when a majority of masters took
+    /// every name **and** every name's lease has validity left, as for one
+    /// lock. Fresh names carry one proposed token ([`first_proposal`]):
+    /// a name whose granting masters all issued the same token has it
+    /// without a second round ([`one_token`]); only a name whose tokens
+    /// differ gets the second round of [`QuorumLock::agree_on_token`]. A
+    /// re-entered name keeps its held token. Anything less is undone on
+    /// every master, name by name (`release_request.lua`), as a lost
+    /// single-name round is.
+    ///
+    /// The name reported held is the one the most masters found in their
+    /// way (a master reports only the first held name in the set's order),
+    /// the first in the set's order among equals; its lease left is the
+    /// one a single lock's round computes from those masters' answers, and
+    /// the waiter parks on one of those masters (each marked that name
+    /// `waited`, so its release pushes a baton there).
+    fn attempt_many(
+        &self,
+        names: &[ManyName<'_>],
+        args: ManyArgs<'_>,
+    ) -> Result<ManyReply, Failed> {
+        let Some(first) = names.first() else {
+            return Ok(ManyReply::Acquired(Vec::new()));
+        };
+        // A lease the drift allowance eats whole could never be valid.
+        if let Some(name) = names
+            .iter()
+            .find(|name| validity(name.lease, Duration::ZERO, self.drift).is_none())
+        {
+            return Err(Failed {
+                error: Error::InvalidLease { lease: name.lease },
+                outcome_unknown: false,
+            });
+        }
+        // The round waits for each master as long as the set's shortest
+        // lease allows.
+        let shortest = names
+            .iter()
+            .map(|name| name.lease)
+            .min()
+            .unwrap_or(first.lease);
+        let valid_after = |elapsed: Duration| {
+            names
+                .iter()
+                .all(|name| validity(name.lease, elapsed, self.drift).is_some())
+        };
+        let fresh = names.iter().any(|name| name.held_fence == 0);
+        let proposal = if fresh { first_proposal() } else { 0 };
+        let args = ManyArgs {
+            proposed_token: proposal,
+            ..args
+        };
+        let started = Instant::now();
+        let replies = self.round_reporting::<ManyReply>(
+            &first.keys.lock,
+            &first.keys.name,
+            &calls::acquire_many(names, args),
+            shortest,
+        );
+        let elapsed = started.elapsed();
+        let count = names.len();
+        let quorum = self.quorum();
+        // Per granting master, (fence, depth) per name.
+        let mut granted: Vec<Vec<(u64, u64)>> = Vec::new();
+        // Per name, the masters that found it first in the way, with the
+        // lease they saw left.
+        let mut held: Vec<Vec<(usize, Duration)>> = vec![Vec::new(); count];
+        let mut errors: Vec<Error> = Vec::new();
+        let mut maybe_ran = false;
+        let mut may_hold = vec![false; replies.len()];
+        for (master, reply) in replies.into_iter().enumerate() {
+            match reply {
+                Ok(ManyReply::Acquired(pairs)) if pairs.len() == count => {
+                    may_hold[master] = true;
+                    granted.push(pairs);
+                }
+                Ok(ManyReply::Held { index, lease_left }) if index < count => {
+                    held[index].push((master, lease_left.unwrap_or(Duration::MAX)));
+                }
+                Ok(_) => {
+                    // Our bug, or someone else's script under our name:
+                    // never read as a partial grant, and undone in case it
+                    // took something.
+                    maybe_ran = true;
+                    may_hold[master] = true;
+                    errors.push(Error::Redis {
+                        source: RedisError::from((
+                            ErrorKind::Parse,
+                            "unexpected reply",
+                            format!("lock/acquire_many.lua answered out of its {count} names"),
+                        )),
+                    });
+                }
+                Err(failed) => {
+                    maybe_ran |= failed.outcome_unknown;
+                    may_hold[master] = failed.outcome_unknown;
+                    errors.push(failed.error);
+                }
+            }
+        }
+        let in_way = (0..count)
+            .filter(|&index| !held[index].is_empty())
+            .max_by_key(|&index| (held[index].len(), std::cmp::Reverse(index)));
+        // Where a waiter parks next: as for one lock, a master that found
+        // the name in the way held (and marked it `waited` there), not a
+        // copy left behind.
+        self.quorum
+            .prefer_parking(in_way.and_then(|index| parking_master(&held[index], quorum)));
+        if granted.len() >= quorum && valid_after(elapsed) {
+            let mut pairs = Vec::with_capacity(count);
+            let mut agreed = false;
+            for (index, name) in names.iter().enumerate() {
+                if name.held_fence != 0 {
+                    pairs.push((name.held_fence, name.depth as u64));
+                    continue;
+                }
+                let tokens: Vec<u64> = granted.iter().map(|pairs| pairs[index].0).collect();
+                if let Some(token) = one_token(&tokens) {
+                    pairs.push((token, 1));
+                    continue;
+                }
+                agreed = true;
+                let agreement =
+                    self.agree_on_token(name.keys, args.identity, &tokens, name.lease, started);
+                match agreement {
+                    // Each agreement checks its own name's validity; the
+                    // last one checked below covers the set's.
+                    Ok(token) => pairs.push((token, 1)),
+                    Err(error) => {
+                        // A majority granted the set: waiters may have
+                        // parked behind it, and are owed a wake-up.
+                        let unfinished =
+                            self.undo_set(names, args.identity, args.request, false, &may_hold);
+                        return Err(Failed {
+                            error,
+                            outcome_unknown: unfinished.is_some(),
+                        });
+                    }
+                }
+            }
+            if !agreed || valid_after(started.elapsed()) {
+                return Ok(ManyReply::Acquired(pairs));
+            }
+            let unfinished = self.undo_set(names, args.identity, args.request, false, &may_hold);
+            let refused = Error::Unavailable {
+                addr: self.addrs.clone(),
+                detail: "the set's second rounds (agreeing on its fencing tokens) ran out of \
+                         validity"
+                    .to_owned(),
+            };
+            return Err(Failed {
+                error: self.no_quorum(granted.len(), &[&refused]),
+                outcome_unknown: unfinished.is_some(),
+            });
+        }
+        // Not acquired: free whatever this round took, on every master
+        // (also those that failed: the script may have run there). Unlike
+        // one lock's round, a set of re-entries only is undone too: a
+        // master that lacked a re-entered name took it afresh under this
+        // request, and the undo frees exactly that (a re-entered copy
+        // keeps its own request number).
+        if !granted.is_empty() || maybe_ran {
+            let lost_round = granted.len() < quorum;
+            let unfinished =
+                self.undo_set(names, args.identity, args.request, lost_round, &may_hold);
+            if let Some(error) = unfinished {
+                // As for one lock: undone in the background once that
+                // master answers.
+                return Err(Failed {
+                    error,
+                    outcome_unknown: true,
+                });
+            }
+        }
+        if let Some(index) = in_way {
+            if held[index].len() >= quorum || (errors.is_empty() && granted.is_empty()) {
+                // Held by someone else: wait for the shortest lease seen on
+                // a majority (no expiry counts as the longest).
+                let mut leases: Vec<Duration> = held[index].iter().map(|(_, l)| *l).collect();
+                leases.sort();
+                let lease_left = leases
+                    .get(quorum - 1)
+                    .copied()
+                    .filter(|l| *l != Duration::MAX);
+                return Ok(ManyReply::Held { index, lease_left });
+            }
+        }
+        if granted.len() + errors.len() < quorum || errors.is_empty() {
+            // Contenders split the masters: look again after a short random
+            // delay, so that one of them wins the next round.
+            return Ok(ManyReply::Held {
+                index: in_way.unwrap_or(0),
+                lease_left: Some(tie_break_delay()),
+            });
+        }
+        let errors: Vec<&Error> = errors.iter().collect();
+        Err(Failed {
+            error: self.no_quorum(may_hold.len() - errors.len(), &errors),
+            outcome_unknown: false,
+        })
+    }
+
     fn release(
         &self,
         keys: &LockKeys,
@@ -515,55 +806,58 @@ impl RawLock for QuorumLock {
     ) -> Result<Sent<ReleaseReply>, Failed> {
         let call = calls::release(keys, identity, fence, guards_left, lease, self.baton_ttl);
         let replies = self.round::<ReleaseReply>(&keys.lock, &keys.name, &call, lease);
-        let mut had = 0;
-        // Every master was sent the release once.
-        let resent = false;
-        let mut depth = None;
-        let mut errors = Vec::new();
-        for reply in &replies {
-            match reply {
-                Ok(ReleaseReply::Released | ReleaseReply::ReleasedInPart) => had += 1,
-                Ok(ReleaseReply::Inner { depth: d }) => {
-                    had += 1;
-                    depth = Some(*d);
-                }
-                Ok(ReleaseReply::NotOwner) => {}
-                Err(err) => errors.push(err),
-            }
-        }
-        if had >= self.quorum() || (errors.is_empty() && had > 0) {
-            let value = match depth {
-                Some(depth) => ReleaseReply::Inner { depth },
-                // A master that did not answer may still hold its copy
-                // (its part of the acquisition may have run with the reply
-                // lost), and waiters that found the lock held there park
-                // there: only a release there wakes them before the copy
-                // expires.
-                None if !errors.is_empty() => ReleaseReply::ReleasedInPart,
-                None => ReleaseReply::Released,
-            };
-            if had < self.quorum() {
-                log::warn!(
-                    "redbaton: lock {:?} was released on {had} of {} masters only; it was no \
-                     longer held by a majority",
-                    keys.name,
-                    self.masters.len()
-                );
-            }
-            return Ok(Sent { value, resent });
-        }
-        if errors.is_empty() {
-            return Ok(Sent {
-                value: ReleaseReply::NotOwner,
-                resent,
-            });
-        }
-        // Some masters did not answer: the caller sends it again later (the
-        // keys there expire with the lease otherwise).
-        Err(Failed {
-            error: self.no_quorum(replies.len() - errors.len(), &errors),
-            outcome_unknown: true,
-        })
+        self.released(keys, &replies)
+    }
+
+    /// One round for a set's releases: every master is sent one
+    /// `lock/release_many.lua` that releases each name there as
+    /// `lock/release.lua` would, and each name's answers are read as one
+    /// lock's release reads its round. Safe to send again, as each
+    /// release is (it sets the depth it leaves; a last release sent again
+    /// is told "not the owner").
+    fn release_many(&self, batch: &[ReleaseOne<'_>]) -> Vec<Result<Sent<ReleaseReply>, Failed>> {
+        let [first, _, ..] = batch else {
+            return batch
+                .iter()
+                .map(|r| self.release(r.keys, r.identity, r.fence, r.guards_left, r.lease))
+                .collect();
+        };
+        let args: Vec<_> = batch
+            .iter()
+            .map(|r| (r.keys, r.identity, r.fence, r.guards_left, r.lease))
+            .collect();
+        let call = calls::release_many(&args, self.baton_ttl);
+        // The round waits for each master as long as the shortest lease
+        // of the set allows.
+        let lease = batch.iter().map(|r| r.lease).min().unwrap_or(first.lease);
+        let replies = self.round::<Vec<Value>>(&first.keys.lock, &first.keys.name, &call, lease);
+        batch
+            .iter()
+            .enumerate()
+            .map(|(index, release)| {
+                let answers: Vec<Result<ReleaseReply, Error>> = replies
+                    .iter()
+                    .map(|reply| match reply {
+                        Ok(values) if values.len() == batch.len() => {
+                            release_answer(&values[index], &release.keys.name)
+                        }
+                        Ok(values) => Err(Error::Redis {
+                            source: RedisError::from((
+                                ErrorKind::Parse,
+                                "unexpected reply",
+                                format!(
+                                    "lock/release_many.lua answered {} of its {} names",
+                                    values.len(),
+                                    batch.len()
+                                ),
+                            )),
+                        }),
+                        Err(err) => Err(err.clone()),
+                    })
+                    .collect();
+                self.released(release.keys, &answers)
+            })
+            .collect()
     }
 
     /// Done once every master answered it (released, or not the owner
@@ -740,6 +1034,33 @@ impl RenewLeases for QuorumLock {
                 },
             )
             .collect()
+    }
+}
+
+/// One name's answer in `lock/release_many.lua`'s reply: release.lua's
+/// number, or the message of the error that left the lock `name` as it
+/// was, told as one lock's release tells it (a `WRONGTYPE` is
+/// [`Error::WrongType`]).
+fn release_answer(value: &Value, name: &str) -> Result<ReleaseReply, Error> {
+    let refused = |message: String| match message.strip_prefix("WRONGTYPE ") {
+        Some(detail) => Error::WrongType {
+            name: name.to_owned(),
+            detail: detail.to_owned(),
+        },
+        None => Error::Redis {
+            source: RedisError::from((
+                ErrorKind::Server(ServerErrorKind::ResponseError),
+                "a release was refused",
+                message,
+            )),
+        },
+    };
+    match value {
+        Value::BulkString(bytes) => Err(refused(String::from_utf8_lossy(bytes).into_owned())),
+        Value::SimpleString(text) => Err(refused(text.clone())),
+        other => ReleaseReply::from_redis_value(other.clone()).map_err(|err| Error::Redis {
+            source: RedisError::from(err),
+        }),
     }
 }
 

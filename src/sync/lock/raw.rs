@@ -96,8 +96,8 @@ pub(crate) trait RawLock: RenewLeases {
     /// Takes or re-enters every one of `names` (plain locks whose keys
     /// share one cluster slot, at least one) in one atomic exchange, or
     /// none of them: then reports the first name held by another. By
-    /// default (a quorum, whose multi-locks go one name at a time) one name
-    /// only, through [`RawLock::attempt`]; one deployment takes any number.
+    /// default one name only, through [`RawLock::attempt`]; one deployment
+    /// and a Redlock quorum (one round for the set) take any number.
     fn attempt_many(
         &self,
         names: &[ManyName<'_>],
@@ -145,8 +145,9 @@ pub(crate) trait RawLock: RenewLeases {
     ) -> Result<Sent<ReleaseReply>, Failed>;
 
     /// Sends `batch` (releases of plain locks whose keys share one cluster
-    /// slot): one result per release, in order. By default one release
-    /// after the other; one deployment sends them together.
+    /// slot, or one Redlock quorum's set): one result per release, in
+    /// order. By default one release after the other; one deployment and
+    /// a quorum send them together.
     fn release_many(&self, batch: &[ReleaseOne<'_>]) -> Vec<Result<Sent<ReleaseReply>, Failed>> {
         batch
             .iter()
