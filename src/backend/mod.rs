@@ -367,13 +367,11 @@ impl Backend {
 
     /// Groups `keys` (by index) by cluster slot, groups in slot order and
     /// each group in the order of `keys`, for scripts over several objects
-    /// (a script's keys must share one slot). One group on one server or
-    /// Sentinel; on a quorum, one group per key (each object its own
-    /// round over the masters).
+    /// (a script's keys must share one slot). One group on one server,
+    /// Sentinel and a quorum (whose every master holds every key: one
+    /// round of one script per master takes them all).
     pub(crate) fn slot_groups(&self, keys: &[&str]) -> Vec<Vec<usize>> {
         match &self.flavor {
-            #[cfg(feature = "redlock")]
-            Flavor::Quorum(_) => (0..keys.len()).map(|index| vec![index]).collect(),
             #[cfg(feature = "cluster")]
             Flavor::Cluster(_) => {
                 let mut groups = std::collections::BTreeMap::<u16, Vec<usize>>::new();

@@ -142,6 +142,36 @@ impl<C: Clone, G: Copy> WaitingRoom<C, G> {
         deadline: Option<Instant>,
         attempt: impl FnMut() -> Result<Attempt<T>, Error>,
     ) -> Result<Waited<T, G>, Error> {
+        self.wait_told(name, baton_key, watch, claim, deadline, true, attempt)
+    }
+
+    /// [`wait_until`](WaitingRoom::wait_until) for one stretch of a longer
+    /// wait: reaching `until` is not the caller's time out, so the event
+    /// hook is not told of one (the caller goes on waiting another way).
+    pub(crate) fn wait_a_stretch<T>(
+        &self,
+        name: &str,
+        baton_key: &str,
+        watch: Option<&str>,
+        claim: C,
+        until: Instant,
+        attempt: impl FnMut() -> Result<Attempt<T>, Error>,
+    ) -> Result<Waited<T, G>, Error> {
+        self.wait_told(name, baton_key, watch, claim, Some(until), false, attempt)
+    }
+
+    /// A wait, told to the event hook; a time out only when `final_end`.
+    #[allow(clippy::too_many_arguments)]
+    fn wait_told<T>(
+        &self,
+        name: &str,
+        baton_key: &str,
+        watch: Option<&str>,
+        claim: C,
+        deadline: Option<Instant>,
+        final_end: bool,
+        attempt: impl FnMut() -> Result<Attempt<T>, Error>,
+    ) -> Result<Waited<T, G>, Error> {
         let watch = watch.filter(|_| self.backend.watches());
         if !self.observer.is_set() {
             return self.wait_in_queue(name, baton_key, watch, claim, deadline, attempt);
@@ -156,7 +186,7 @@ impl<C: Clone, G: Copy> WaitingRoom<C, G> {
             waited: elapsed,
         });
         match (&waited, kind) {
-            (Ok(Waited::TimedOut), _) => self.observer.emit(|| Event::TimedOut {
+            (Ok(Waited::TimedOut), _) if final_end => self.observer.emit(|| Event::TimedOut {
                 name,
                 waited: elapsed,
             }),

@@ -263,9 +263,13 @@ pub(crate) fn leave_queue(keys: &LockKeys, fair: &FairKeys, identity: &str) -> C
 
 /// Wakes the fair lock's waiter `identity` (the head a release named).
 pub(crate) fn fair_wake(keys: &LockKeys, identity: &str, baton_ttl: Duration) -> Call {
-    Call::new(&FAIR_WAKE)
-        .key(&keys.wake_list(identity))
-        .arg(millis(baton_ttl))
+    push_baton(&keys.wake_list(identity), baton_ttl)
+}
+
+/// One token on the list `baton` (for at most `baton_ttl`): the fair
+/// lock's wake script pushes on whatever list it is given.
+pub(crate) fn push_baton(baton: &str, baton_ttl: Duration) -> Call {
+    Call::new(&FAIR_WAKE).key(baton).arg(millis(baton_ttl))
 }
 
 pub(crate) fn renew(lock_key: &str, identity: &str, fence: u64, lease: Duration) -> Call {

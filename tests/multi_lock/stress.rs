@@ -329,3 +329,75 @@ fn a_stream_of_single_name_lockers_does_not_starve_a_set() {
     eprintln!("set waits among single-name lockers: {waits:?}");
     assert!(waits[9] < Duration::from_secs(10), "{waits:?}");
 }
+
+crate::across_topologies! {
+/// Two names that are never free at the same time: one locker holds `a`
+/// for 60 ms of every 100, another holds `b` for the 60 ms that start
+/// 50 ms later, on one shared schedule, so whenever one is free the other
+/// is held (with 10 ms to spare each side). A set of both must not need
+/// them free at the same instant: after waiting `hold_back_after` (here
+/// 50 ms) it takes them one at a time, each as a plain waiter does, and
+/// gets the set within a few periods, three times in a row. With
+/// `hold_back_after(Duration::MAX)` (nothing held while waiting) it waits
+/// out its whole deadline.
+fn a_set_of_names_never_free_together_is_not_starved(deployment) {
+    const PERIOD: Duration = Duration::from_millis(100);
+    const HOLD: Duration = Duration::from_millis(60);
+    let lockers: Vec<Client> = (0..2).map(|_| deployment.client()).collect();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let start = Instant::now();
+    let mut waits = Vec::new();
+    thread::scope(|scope| {
+        let stream: Vec<_> = ["busy-a", "busy-b"]
+            .into_iter()
+            .zip(&lockers)
+            .enumerate()
+            .map(|(k, (name, client))| {
+                let stop = &stop;
+                scope.spawn(move || {
+                    let lock = client.lock(name).unwrap();
+                    let offset = PERIOD / 2 * k as u32;
+                    let mut slot = 0u32;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let from = start + offset + PERIOD * slot;
+                        thread::sleep(from.saturating_duration_since(Instant::now()));
+                        let guard = lock.lock().unwrap();
+                        thread::sleep((from + HOLD).saturating_duration_since(Instant::now()));
+                        drop(guard);
+                        // The next slot that has not begun (one taken
+                        // late, behind the set, skips those it missed).
+                        slot = (start.elapsed().saturating_sub(offset).as_millis()
+                            / PERIOD.as_millis()) as u32
+                            + 1;
+                    }
+                })
+            })
+            .collect();
+        thread::sleep(PERIOD * 2);
+        let waiting = deployment.client();
+        let set = waiting
+            .multi_lock(["busy-a", "busy-b"])
+            .unwrap()
+            .hold_back_after(Duration::from_millis(50));
+        for _ in 0..3 {
+            let began = Instant::now();
+            let guard = set.try_lock_for(Duration::from_secs(3)).unwrap();
+            waits.push((began.elapsed(), guard.is_some()));
+            drop(guard);
+            // The lockers back on their schedule.
+            thread::sleep(PERIOD * 3);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for handle in stream {
+            handle.joined();
+        }
+    });
+    eprintln!("set waits among names never free together: {waits:?}");
+    assert!(
+        waits
+            .iter()
+            .all(|(wait, got)| *got && *wait < Duration::from_millis(1_500)),
+        "{waits:?}"
+    );
+}
+}

@@ -368,7 +368,11 @@ fn a_quorum_set_with_a_name_held_on_a_majority_takes_nothing_anywhere() {
         .arg(crate::support::lock_key("maj-b"))
         .query(&mut masters[0].connection())
         .unwrap();
-    let set = other.multi_lock(["maj-a", "maj-b", "maj-c"]).unwrap();
+    let set = other
+        .multi_lock(["maj-a", "maj-b", "maj-c"])
+        .unwrap()
+        // Holding nothing while it waits (no partial set).
+        .hold_back_after(Duration::MAX);
     assert!(set.try_lock().unwrap().is_none());
     for name in ["maj-a", "maj-c"] {
         for (index, master) in masters.iter().enumerate() {

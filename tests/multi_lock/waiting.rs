@@ -26,7 +26,11 @@ fn a_waiter_parks_holding_nothing_and_a_release_wakes_it() {
     let server = RedisServer::start();
     let (holder, waiter, bystander) = (client(&server), patient(&server), client(&server));
     let held = holder.lock("park-b").unwrap().lock().unwrap();
-    let set = waiter.multi_lock(["park-a", "park-b"]).unwrap();
+    let set = waiter
+        .multi_lock(["park-a", "park-b"])
+        .unwrap()
+        // Holding nothing while it waits (no partial set).
+        .hold_back_after(Duration::MAX);
     let (tx, rx) = mpsc::channel();
     let waiting = thread::spawn(move || {
         let guard = set.try_lock_for(Duration::from_secs(20)).unwrap();
@@ -65,7 +69,11 @@ fn a_waiter_moves_to_the_name_in_its_way() {
         b.unlock().unwrap();
     });
     rx.recv().unwrap();
-    let set = waiter.multi_lock(["move-a", "move-b"]).unwrap();
+    let set = waiter
+        .multi_lock(["move-a", "move-b"])
+        .unwrap()
+        // Holding nothing while it waits (no partial set).
+        .hold_back_after(Duration::MAX);
     let (won, when) = mpsc::channel();
     let waiting = thread::spawn(move || {
         let guard = set.try_lock_for(Duration::from_secs(20)).unwrap();
@@ -88,6 +96,59 @@ fn a_waiter_moves_to_the_name_in_its_way() {
     // Woken by `b`'s release, not by the end of a 30 s park.
     let woken = when.recv().unwrap().duration_since(released);
     assert!(woken < Duration::from_secs(2), "woken after {woken:?}");
+}
+
+/// A set waiter woken by one name's release that finds another name of
+/// its set held leaves the first name free, and passes the wake-up it took
+/// on: that name's plain waiter, parked behind it in Redis, gets it at
+/// once, not at its next look (30 s here).
+#[test]
+fn a_waiter_that_moves_on_passes_the_wake_up_it_took_on() {
+    let server = RedisServer::start();
+    let (holder, waiter, other) = (client(&server), patient(&server), patient(&server));
+    let held_a = holder.lock("pass-a").unwrap().lock().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let holder_thread = thread::spawn(move || {
+        let b = holder.lock("pass-b").unwrap().lock().unwrap();
+        tx.send(()).unwrap();
+        thread::park();
+        b.unlock().unwrap();
+    });
+    rx.recv().unwrap();
+    let set = waiter
+        .multi_lock(["pass-a", "pass-b"])
+        .unwrap()
+        // Holding nothing while it waits (no partial set).
+        .hold_back_after(Duration::MAX);
+    let waiting =
+        thread::spawn(move || set.try_lock_for(Duration::from_secs(20)).unwrap().is_some());
+    eventually(Duration::from_secs(5), "the set parks on a", || {
+        blocked_clients(&server) == 1
+    });
+    // Parked after the set, so the release's baton goes to the set.
+    let plain = other.lock("pass-a").unwrap();
+    let (got, when) = mpsc::channel();
+    let plain_waiter = thread::spawn(move || {
+        let guard = plain.try_lock_for(Duration::from_secs(20)).unwrap();
+        got.send(Instant::now()).unwrap();
+        guard.is_some()
+    });
+    eventually(
+        Duration::from_secs(5),
+        "the plain waiter parks on a",
+        || blocked_clients(&server) == 2,
+    );
+    let released = Instant::now();
+    held_a.unlock().unwrap();
+    assert!(plain_waiter.joined(), "the plain waiter got a");
+    let woken = when.recv().unwrap().duration_since(released);
+    assert!(
+        woken < Duration::from_secs(2),
+        "the plain waiter got a after {woken:?}"
+    );
+    holder_thread.thread().unpark();
+    holder_thread.joined();
+    assert!(waiting.joined(), "the set got both");
 }
 
 /// A waiter whose deadline passes returns `None` holding nothing.
@@ -131,7 +192,11 @@ fn a_local_hand_off_of_one_name_becomes_the_whole_set_or_nothing() {
         blocked_clients(&server) == 1
     });
     // ...and the multi-lock queues behind it, asleep.
-    let set = shared.multi_lock(["hand-a", "hand-b"]).unwrap();
+    let set = shared
+        .multi_lock(["hand-a", "hand-b"])
+        .unwrap()
+        // Holding nothing while it waits (no partial set).
+        .hold_back_after(Duration::MAX);
     let (tx, rx) = mpsc::channel();
     let multi = thread::spawn(move || {
         tx.send(thread_id()).unwrap();
@@ -149,4 +214,74 @@ fn a_local_hand_off_of_one_name_becomes_the_whole_set_or_nothing() {
     assert!(!multi.is_finished());
     held_b.unlock().unwrap();
     assert_eq!(multi.joined(), Some(2));
+}
+
+/// A set that takes its names one at a time (it waited `hold_back_after`)
+/// keeps a partial set only for its window (1.5 `max_park` + 500 ms, 0.8 s
+/// here): a thread that holds `b` and then asks for `a` (nesting plain
+/// locks in the other order) gets `a` once the window ends, instead of
+/// waiting for the set for ever; then the set gets both.
+#[test]
+fn a_partial_set_is_given_back_at_the_end_of_its_window() {
+    let server = RedisServer::start();
+    let nester = client(&server);
+    let waiter = Client::builder(server.url())
+        .max_park(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let b = nester.lock("nest-b").unwrap().lock().unwrap();
+    let set = waiter
+        .multi_lock(["nest-a", "nest-b"])
+        .unwrap()
+        .hold_back_after(Duration::from_millis(50));
+    let waiting = thread::spawn(move || {
+        let guard = set.try_lock_for(Duration::from_secs(10)).unwrap();
+        guard.map(|guard| guard.fencing_tokens().count())
+    });
+    // The set took `a` and waits for `b`.
+    eventually(Duration::from_secs(5), "the set holds a", || {
+        exists(&server, "nest-a")
+    });
+    let asked = Instant::now();
+    let a = nester
+        .lock("nest-a")
+        .unwrap()
+        .try_lock_for(Duration::from_secs(5))
+        .unwrap();
+    let got_a = asked.elapsed();
+    assert!(a.is_some(), "the nesting thread never got a");
+    assert!(
+        got_a < Duration::from_millis(1_800),
+        "the nesting thread got a after {got_a:?} (window 0.8 s)"
+    );
+    drop(a);
+    drop(b);
+    assert_eq!(waiting.joined(), Some(2), "the set got both names");
+}
+
+/// A set whose deadline passes while it holds part of the set returns
+/// `None` and holds nothing.
+#[test]
+fn a_deadline_during_a_partial_set_leaves_nothing_held() {
+    let server = RedisServer::start();
+    let holder = client(&server);
+    let waiter = client(&server);
+    let b = holder.lock("part-b").unwrap().lock().unwrap();
+    let set = waiter
+        .multi_lock(["part-a", "part-b"])
+        .unwrap()
+        .hold_back_after(Duration::from_millis(20));
+    let waiting = thread::spawn(move || {
+        let guard = set.try_lock_for(Duration::from_millis(600)).unwrap();
+        guard.is_some()
+    });
+    eventually(Duration::from_secs(5), "the set holds a", || {
+        exists(&server, "part-a")
+    });
+    assert!(!waiting.joined(), "the set got b while it was held");
+    assert!(
+        !exists(&server, "part-a"),
+        "a left held by a set that returned None"
+    );
+    drop(b);
 }

@@ -162,6 +162,51 @@ fn a_multi_lock_announces_each_name_acquired_then_released() {
     assert_eq!(announced, tokens);
 }
 
+/// A set that waits past `hold_back_after` (then takes its names one at a
+/// time) and gets both is told acquired, per name, and never timed out:
+/// the end of its first stretch of waiting is no time out.
+#[test]
+fn a_multi_lock_that_waits_long_is_told_acquired_not_timed_out() {
+    let server = RedisServer::start();
+    let recorder = Recorder::default();
+    let client = observed(&server, &recorder);
+    let holder = Client::open(&server.url()).unwrap();
+    let held = holder.lock("plums").unwrap().lock().unwrap();
+    let both = client
+        .multi_lock(["plums", "figs"])
+        .unwrap()
+        .hold_back_after(Duration::from_millis(50));
+    let waiting = thread::spawn(move || {
+        both.try_lock_for(Duration::from_secs(10))
+            .unwrap()
+            .is_some()
+    });
+    // Past its first stretch: it holds figs, the first name in its order.
+    eventually(Duration::from_secs(5), "the set holds figs", || {
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(lock_key("figs"))
+            .query(&mut server.connection())
+            .unwrap();
+        exists
+    });
+    held.unlock().unwrap();
+    assert!(waiting.joined());
+    let whats = recorder.whats();
+    assert!(
+        !whats.iter().any(|what| what.contains("TimedOut")),
+        "{whats:?}"
+    );
+    let acquired: Vec<&String> = whats
+        .iter()
+        .filter(|what| what.starts_with("acquired"))
+        .collect();
+    assert_eq!(
+        acquired,
+        ["acquired figs AfterWaiting", "acquired plums AfterWaiting"],
+        "{whats:?}"
+    );
+}
+
 /// A fixed lease told lost at its end (by the client's clock) whose release
 /// still finds the key in Redis: the hold ended with `Lost`, so the release
 /// tells nothing more (a `Released` too would count the hold out twice).

@@ -371,6 +371,31 @@ impl Lock {
     /// The first attempt, then the wait loop until `deadline`.
     fn acquire(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>, Error> {
         let start = self.context.observer().is_set().then(Instant::now);
+        self.acquire_from(deadline, true, start)
+    }
+
+    /// [`Lock::acquire`] until `until`, without telling the event hook of
+    /// the outcome: for a multi-lock taking its names one at a time, which
+    /// tells it for the whole set. (Its parks are told by the wait core as
+    /// any wait's, and reaching `until` as a time out only when it is the
+    /// caller's `last` deadline.)
+    pub(super) fn acquire_untold(
+        &self,
+        until: Instant,
+        last: bool,
+    ) -> Result<Option<LockGuard>, Error> {
+        self.acquire_from(Some(until), last, None)
+    }
+
+    /// [`Lock::acquire`]'s work; the outcome is told to the event hook
+    /// when the call started at `start` (`None`: not told), and reaching
+    /// `deadline` is told as a time out only when it is the `last` one.
+    fn acquire_from(
+        &self,
+        deadline: Option<Instant>,
+        last: bool,
+        start: Option<Instant>,
+    ) -> Result<Option<LockGuard>, Error> {
         let context = &self.context;
         let identity =
             parking::ride_out(deadline, context.config.io_timeout, || context.identity())
@@ -402,15 +427,17 @@ impl Lock {
         };
         // A fair lock's waiter keeps its first arrival across park slices.
         let mut arrival = 0;
-        let waited = context.lock_room.wait_until(
-            &self.keys.name,
-            &self.wait_key(&identity),
-            // A fair waiter keeps its place by coming back every park.
-            self.keys.fair.is_none().then_some(self.keys.lock.as_str()),
-            claim,
-            deadline,
-            || self.attempt(&identity, true, &mut arrival),
-        );
+        let wait_key = self.wait_key(&identity);
+        // A fair waiter keeps its place by coming back every park.
+        let watch = self.keys.fair.is_none().then_some(self.keys.lock.as_str());
+        let attempt = || self.attempt(&identity, true, &mut arrival);
+        let room = &context.lock_room;
+        let waited = match deadline {
+            Some(until) if !last => {
+                room.wait_a_stretch(&self.keys.name, &wait_key, watch, claim, until, attempt)
+            }
+            _ => room.wait_until(&self.keys.name, &wait_key, watch, claim, deadline, attempt),
+        };
         if self.keys.fair.is_some() && !matches!(waited, Ok(Waited::Acquired(_))) {
             // A fair lock's waiter that leaves without the lock gives its
             // place up at once, rather than blocking the queue until the

@@ -1,11 +1,13 @@
 //! The multi-lock: several lock names taken all or none. Built on the
 //! single-name lock: a set is one script per cluster slot, or one Redlock
 //! round of that script on a quorum (`lock/acquire_many.lua`, which takes
-//! each name exactly as `lock/acquire.lua` would), and the guard holds one ordinary
-//! [`LockGuard`] per name, so that renewals, release, loss and clean-ups are
-//! the lock's own. A waiter holds nothing while it waits: it parks on the
-//! baton of the first name found held, like any waiter of that name, and
-//! retries the whole set when woken.
+//! each name exactly as `lock/acquire.lua` would), and the guard holds one
+//! ordinary [`LockGuard`] per name, so that renewals, release, loss and
+//! clean-ups are the lock's own. A waiter holds nothing while it waits: it
+//! parks on the baton of the first name found held, like any waiter of
+//! that name, and retries the whole set when woken; after
+//! `hold_back_after`, it takes the names one at a time for a bounded
+//! window (`take_in_turn`), so that it is not starved.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -31,11 +33,13 @@ use crate::scripts::reply::ManyReply;
 /// each name keeps its own fencing token and lease. Cheap to clone,
 /// `Send + Sync`.
 ///
-/// Waiting holds nothing: a caller that finds a name held parks on that
-/// name's baton as its other waiters do, and tries the whole set again
-/// when woken, so it never blocks anyone while it waits, and multi-locks
-/// on overlapping sets can neither deadlock nor hold each other off.
-/// See `docs/multi-lock.md` for deployments, fairness and re-entry.
+/// Waiting holds nothing at first: a caller that finds a name held parks
+/// on that name's baton as its other waiters do, and tries the whole set
+/// again when woken. After [`MultiLock::hold_back_after`] it takes the
+/// names one at a time in a global order, for a bounded time, so that
+/// single-name lockers cannot starve it; multi-locks on overlapping sets
+/// can neither deadlock nor hold each other off. See `docs/multi-lock.md`
+/// for deployments, fairness and re-entry.
 ///
 /// [`Client::multi_lock`]: crate::Client::multi_lock
 ///
@@ -63,7 +67,13 @@ pub struct MultiLock {
     /// global order (one group on one server, Sentinel or a Redlock
     /// quorum, whose every master holds every key).
     groups: Vec<Vec<usize>>,
+    /// How long a waiter holds nothing before it takes its names one at a
+    /// time ([`MultiLock::hold_back_after`]).
+    hold_back_after: Duration,
 }
+
+/// The default of [`MultiLock::hold_back_after`].
+const HOLD_BACK_AFTER: Duration = Duration::from_millis(100);
 
 /// What one attempt at the whole set found.
 enum Tried {
@@ -86,16 +96,11 @@ impl MultiLock {
     /// The set of `locks` (at least one, deduplicated, in name order).
     pub(crate) fn new(context: Arc<Context>, locks: Vec<Lock>) -> MultiLock {
         let keys: Vec<&str> = locks.iter().map(|lock| lock.keys.lock.as_str()).collect();
-        // A Redlock quorum's masters each hold every key: the whole set is
-        // one group, taken in one round (`QuorumLock::attempt_many`).
-        let groups = if context.backend.masters().is_some() {
-            vec![(0..locks.len()).collect()]
-        } else {
-            context.backend.slot_groups(&keys)
-        };
+        let groups = context.backend.slot_groups(&keys);
         MultiLock {
             context,
             locks,
+            hold_back_after: HOLD_BACK_AFTER,
             groups,
         }
     }
@@ -139,6 +144,49 @@ impl MultiLock {
     /// [`Error::InvalidLease`] for a lease under 1 ms or over a year.
     pub fn with_fixed_lease(&self, lease: Duration) -> Result<MultiLock, Error> {
         self.map_locks(|lock| lock.with_fixed_lease(lease))
+    }
+
+    /// A handle on the same set whose waiters, once they have waited
+    /// `after` holding nothing, take the names one at a time.
+    ///
+    /// A waiter needs every name free at the same moment, so single-name
+    /// lockers that keep *some* name of the set held at every instant
+    /// could keep it waiting for ever. To bound that, a waiter that has
+    /// waited `after` takes the names one after the other in the set's
+    /// global order (slot, then name), keeping those it has while it waits
+    /// for the next, each as a plain waiter of that name: from then on it
+    /// waits for each name no longer than that name's own waiters do. It
+    /// keeps a partial set for at most one and a half `max_park` plus
+    /// 500 ms (3.5 s by default); then it gives back what it took, waits
+    /// holding nothing for the name that stopped it, and tries again.
+    /// Taking in the global order means two such waiters never wait for
+    /// each other in a cycle, and the time limit bounds how long a thread
+    /// that holds one of the names and waits for another (nesting plain
+    /// locks in some other order) can wait for it. Whatever happens, the
+    /// caller ends with the whole set or with nothing of it. A shorter
+    /// `after` is closer to first-come first-served; [`Duration::MAX`]
+    /// never takes a partial set (nothing is held while waiting, but no
+    /// bound against single-name lockers). Defaults to 100 ms.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn main() -> Result<(), redbaton::Error> {
+    /// # let client = redbaton::Client::open("redis://127.0.0.1/")?;
+    /// let transfer = client
+    ///     .multi_lock(["account:1", "account:2"])?
+    ///     .hold_back_after(Duration::from_millis(20));
+    /// let both = transfer.lock()?; // held back for at most about 20 ms
+    /// # drop(both);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn hold_back_after(&self, after: Duration) -> MultiLock {
+        MultiLock {
+            hold_back_after: after,
+            ..self.clone()
+        }
     }
 
     fn map_locks(&self, with: impl Fn(&Lock) -> Result<Lock, Error>) -> Result<MultiLock, Error> {
@@ -318,29 +366,42 @@ impl MultiLock {
             },
         };
         *first_attempt = false;
+        // When this waiter stops holding nothing and takes its names one at
+        // a time (`None`: never).
+        let mut patient_at = Instant::now().checked_add(self.hold_back_after);
         loop {
             let lock = &self.locks[index];
             let claim = Claim {
                 identity: Arc::clone(&identity),
                 mode: lock.mode(),
             };
-            let waited = context.lock_room.wait_until(
-                &lock.keys.name,
-                &lock.keys.baton,
-                Some(&lock.keys.lock),
-                claim,
-                deadline,
-                || {
-                    Ok(match self.attempt(&identity, true)? {
-                        Tried::Acquired(guard) => Attempt::Acquired(Step::Done(guard)),
-                        Tried::Held {
-                            index: other,
-                            lease_left,
-                        } if other == index => Attempt::Held { lease_left },
-                        Tried::Held { index: other, .. } => Attempt::Acquired(Step::Moved(other)),
-                    })
-                },
-            )?;
+            let attempt = || {
+                Ok(match self.attempt(&identity, true)? {
+                    Tried::Acquired(guard) => Attempt::Acquired(Step::Done(guard)),
+                    Tried::Held {
+                        index: other,
+                        lease_left,
+                    } if other == index => Attempt::Held { lease_left },
+                    Tried::Held { index: other, .. } => {
+                        if other > index {
+                            // This name was free (the set's names are
+                            // tried in order) and its release's one baton
+                            // may have woken this waiter: pass it on to
+                            // the name's other waiters.
+                            lock.raw.pass_baton(&lock.keys);
+                        }
+                        Attempt::Acquired(Step::Moved(other))
+                    }
+                })
+            };
+            let (name, baton, watch) = (&lock.keys.name, &lock.keys.baton, Some(&*lock.keys.lock));
+            let room = &context.lock_room;
+            // Until the deadline, or a stretch until it is time to take the
+            // names one at a time (reaching that is no time out).
+            let waited = match patient_at.filter(|at| deadline.is_none_or(|d| *at < d)) {
+                Some(at) => room.wait_a_stretch(name, baton, watch, claim, at, attempt)?,
+                None => room.wait_until(name, baton, watch, claim, deadline, attempt)?,
+            };
             match waited {
                 Waited::Acquired(Step::Done(guard)) => return Ok(Some(guard)),
                 Waited::Acquired(Step::Moved(other)) => {
@@ -375,9 +436,60 @@ impl MultiLock {
                         return Ok(None);
                     }
                 }
-                Waited::TimedOut => return Ok(None),
+                Waited::TimedOut if deadline.is_some_and(|deadline| Instant::now() >= deadline) => {
+                    return Ok(None)
+                }
+                Waited::TimedOut => {
+                    // Waited long enough holding nothing: the names one at
+                    // a time, within a window; or back to waiting for the
+                    // name that stopped it.
+                    match self.take_in_turn(deadline)? {
+                        Ok(guard) => return Ok(Some(guard)),
+                        Err(_) if deadline.is_some_and(|deadline| Instant::now() >= deadline) => {
+                            return Ok(None)
+                        }
+                        Err(stopped) => index = stopped,
+                    }
+                    patient_at = Instant::now().checked_add(self.hold_back_after);
+                }
             }
         }
+    }
+
+    /// Takes the names one at a time in the global order, each as a plain
+    /// waiter of that name, keeping those taken while it waits for the
+    /// next, until `deadline` and for one place's time at most (1.5
+    /// `max_park` + 500 ms): the set, or else (everything taken given
+    /// back, last first) the index of the name that stopped it.
+    fn take_in_turn(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<Result<MultiLockGuard, usize>, Error> {
+        let window = Instant::now() + self.context.config.place_ttl();
+        let until = deadline.map_or(window, |deadline| deadline.min(window));
+        // Dropped on the way out unless complete: what it holds is
+        // released, last first.
+        let mut taken = MultiLockGuard {
+            raw: Arc::clone(&self.locks[0].raw),
+            guards: Vec::with_capacity(self.locks.len()),
+            groups: Vec::with_capacity(self.groups.len()),
+        };
+        for group in &self.groups {
+            // Counted before each name, so that what is given back is
+            // released group by group (one slot's names together).
+            taken.groups.push(0);
+            for &index in group {
+                let guard = self.locks[index].acquire_untold(until, Some(until) == deadline)?;
+                let Some(guard) = guard else {
+                    return Ok(Err(index));
+                };
+                taken.guards.push(guard);
+                if let Some(count) = taken.groups.last_mut() {
+                    *count += 1;
+                }
+            }
+        }
+        Ok(Ok(taken))
     }
 
     /// One attempt at the whole set: slot group after slot group in the

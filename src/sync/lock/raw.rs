@@ -95,43 +95,10 @@ pub(crate) trait RawLock: RenewLeases {
 
     /// Takes or re-enters every one of `names` (plain locks whose keys
     /// share one cluster slot, at least one) in one atomic exchange, or
-    /// none of them: then reports the first name held by another. By
-    /// default one name only, through [`RawLock::attempt`]; one deployment
-    /// and a Redlock quorum (one round for the set) take any number.
-    fn attempt_many(
-        &self,
-        names: &[ManyName<'_>],
-        args: ManyArgs<'_>,
-    ) -> Result<ManyReply, Failed> {
-        let [name] = names else {
-            return Err(Failed {
-                error: Error::InvalidConfig(format!(
-                    "this deployment takes the names of a multi-lock one at a time, not {}",
-                    names.len()
-                )),
-                outcome_unknown: false,
-            });
-        };
-        let one = AcquireArgs {
-            identity: args.identity,
-            lease: name.lease,
-            held_fence: name.held_fence,
-            depth: name.depth,
-            fence_ttl: args.fence_ttl,
-            request: args.request,
-            waited: args.waited,
-            place_ttl: Duration::ZERO,
-            arrival: 0,
-            proposed_token: 0,
-        };
-        Ok(match self.attempt(name.keys, one)? {
-            AcquireReply::Acquired { fence, depth } => ManyReply::Acquired(vec![(fence, depth)]),
-            AcquireReply::Held { lease_left, .. } => ManyReply::Held {
-                index: 0,
-                lease_left,
-            },
-        })
-    }
+    /// none of them: then reports the first name held by another (one
+    /// deployment: one script; a Redlock quorum: one round of it).
+    fn attempt_many(&self, names: &[ManyName<'_>], args: ManyArgs<'_>)
+        -> Result<ManyReply, Failed>;
 
     /// Releases one level of the ownership `fence` of `identity`, which
     /// keeps `guards_left` guards and whose lease is `lease`.
@@ -212,6 +179,17 @@ pub(crate) trait RawLock: RenewLeases {
 
     /// Removes it whoever holds it; whether there was one.
     fn force_unlock(&self, keys: &LockKeys) -> Result<bool, Error>;
+
+    /// Pushes one baton on the lock's list for the next waiter: a
+    /// multi-lock waiter woken on this name that moves to another name of
+    /// its set passes the wake-up on (this name is free, and its release's
+    /// one baton went to a waiter that did not take it). Failing here only
+    /// delays those waiters to the parking sweep or their next look:
+    /// logged, not reported. Nothing on a quorum, whose waiters look again
+    /// every `max_park`.
+    fn pass_baton(&self, keys: &LockKeys) {
+        let _ = keys;
+    }
 
     /// A fair lock's waiter `identity` that leaves without the lock gives
     /// its place in the queue up. Nothing for other locks.
@@ -756,6 +734,19 @@ impl RawLock for DeploymentLock {
             .iter()
             .filter(|(_, end)| *end > now_ms as f64)
             .count() as u64)
+    }
+
+    fn pass_baton(&self, keys: &LockKeys) {
+        let call = calls::push_baton(&keys.baton, self.baton_ttl);
+        let pushed: Result<i64, Error> = self
+            .backend
+            .run(&keys.baton, &keys.name, |c| call.invoke(c));
+        if let Err(err) = pushed {
+            log::debug!(
+                "redbaton: passing the baton of {:?} on failed: {err}",
+                keys.name
+            );
+        }
     }
 
     fn leave_queue(&self, keys: &LockKeys, identity: &str) -> Result<(), Error> {
