@@ -22,9 +22,11 @@
 -- its permits taken off `used` (once), by the next script that runs, so the
 -- three always agree.
 
--- int(x): a number as Redis should store it (never in exponent form).
+-- int(x): a whole number as Redis should store it (never in exponent form).
+-- '%d', not '%.0f' or tostring: formatting a float costs a script more than
+-- some Redis calls do, and every number here is whole (and far below 2^63).
 local function int(x)
-  return string.format('%.0f', x)
+  return string.format('%d', x)
 end
 
 -- The type each of the five keys holds.
@@ -97,22 +99,38 @@ local function read_state(stored)
     return nil, {-3, 2}
   end
   local passes = tonumber(stored[3] or '0')
+  local passes_text = stored[3]
   if not a_count(passes) then
-    passes = 0
+    passes, passes_text = 0, nil
   end
   return {
     total = total, used = used, passes = passes,
     reserved = stored[4], reserved_end = tonumber(stored[5] or '0') or 0, had_reserved = stored[4],
+    -- What was read, as numbers and as stored: save writes back the text
+    -- of a field that did not change instead of formatting it again.
+    was = {total = total, used = used, passes = passes},
+    text = {total = stored[1], used = stored[2], passes = passes_text},
   }
+end
+
+-- as_stored(st, field): st[field] as save writes it: as it was read (by
+-- read_state; set.lua makes its own st) when it
+-- did not change.
+local function as_stored(st, field)
+  if st.was and st[field] == st.was[field] and st.text[field] then
+    return st.text[field]
+  end
+  return int(st[field])
 end
 
 -- save(st): writes the state back.
 local function save(st)
   if st.reserved then
-    redis.call('HSET', KEYS[1], 'total', int(st.total), 'used', int(st.used), 'passes', int(st.passes),
-      'reserved', st.reserved, 'reserved_end', int(st.reserved_end))
+    redis.call('HSET', KEYS[1], 'total', as_stored(st, 'total'), 'used', as_stored(st, 'used'),
+      'passes', as_stored(st, 'passes'), 'reserved', st.reserved, 'reserved_end', int(st.reserved_end))
   else
-    redis.call('HSET', KEYS[1], 'total', int(st.total), 'used', int(st.used), 'passes', int(st.passes))
+    redis.call('HSET', KEYS[1], 'total', as_stored(st, 'total'), 'used', as_stored(st, 'used'),
+      'passes', as_stored(st, 'passes'))
     if st.had_reserved then
       redis.call('HDEL', KEYS[1], 'reserved', 'reserved_end')
     end
@@ -150,7 +168,7 @@ end
 local function purge(st, now, expired)
   local removed = 0
   while true do
-    expired = expired or redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 256)
+    expired = expired or redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', int(now), 'LIMIT', '0', '256')
     if #expired == 0 then
       break
     end
@@ -187,7 +205,7 @@ local function sem_look(id, now)
   if err then
     return nil, err
   end
-  look.expired, err = sem_read(2, 'ZRANGEBYSCORE', '-inf', now, 'LIMIT', 0, 256)
+  look.expired, err = sem_read(2, 'ZRANGEBYSCORE', '-inf', int(now), 'LIMIT', '0', '256')
   if err then
     return nil, err
   end
@@ -195,7 +213,7 @@ local function sem_look(id, now)
   if err then
     return nil, err
   end
-  look.waiters, err = sem_read(4, 'ZRANGE', 0, -1, 'WITHSCORES')
+  look.waiters, err = sem_read(4, 'ZRANGE', '0', '-1', 'WITHSCORES')
   if err then
     return nil, err
   end
@@ -243,7 +261,7 @@ end
 --
 -- Returns how many tokens were pushed.
 local function wake(st, now, ttl, failed, waiters, tokens)
-  waiters = waiters or redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
+  waiters = waiters or redis.call('ZRANGE', KEYS[4], '0', '-1', 'WITHSCORES')
   local members, ended = {}, false
   for i = 1, #waiters, 2 do
     if tonumber(waiters[i + 1]) > now then

@@ -77,7 +77,7 @@ end
 if k <= free then
   st.used = st.used + k
   redis.call('ZADD', KEYS[2], int(now + tonumber(ARGV[3])), id)
-  redis.call('HSET', KEYS[3], id, int(k))
+  redis.call('HSET', KEYS[3], id, ARGV[2])
   leave_place(look, place)
   if first == place then
     st.reserved = false
