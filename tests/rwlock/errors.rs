@@ -96,3 +96,88 @@ fn a_quorum_client_says_the_read_write_lock_needs_one_deployment() {
         assert!(matches!(err, Error::WrongTopology { .. }), "{err:?}");
     }
 }
+
+/// Every key of read-write lock `name`: its type and stored value (`DUMP`),
+/// to show a failed call changed none of them.
+fn snapshot(raw: &mut redis::Connection, name: &str) -> Vec<(String, Option<Vec<u8>>)> {
+    [
+        "write",
+        "readers",
+        "depths",
+        "writers",
+        "rbaton",
+        "wbaton",
+        "fence",
+        "upgradable",
+        "ubaton",
+        "upbaton",
+    ]
+    .iter()
+    .map(|part| {
+        let key = rw_key(name, part);
+        let kind: String = redis::cmd("TYPE").arg(&key).query(raw).unwrap();
+        let dump: Option<Vec<u8>> = redis::cmd("DUMP").arg(&key).query(raw).unwrap();
+        (kind, dump)
+    })
+    .collect()
+}
+
+/// The last release of a read or write hold checks the type of the batons
+/// it pushes only, before its first write: with a writer waiting, a write
+/// baton that is not a list fails the release, naming the key, and leaves
+/// every key as it was; with nobody waiting, the release pushes nothing and
+/// does not look at it.
+#[test]
+fn a_release_fails_on_a_damaged_baton_it_would_push_and_changes_nothing() {
+    let server = testkit::RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let mut raw = server.connection();
+    let wbaton = rw_key("batons", "wbaton");
+    for kind in ["read", "write"] {
+        redis::cmd("FLUSHALL").query::<()>(&mut raw).unwrap();
+        let lock = client.rw_lock("batons").unwrap();
+        redis::cmd("SET")
+            .arg(&wbaton)
+            .arg("x")
+            .query::<()>(&mut raw)
+            .unwrap();
+        let unlock: Box<dyn FnOnce() -> Result<(), Error>> = if kind == "read" {
+            let guard = lock.read().unwrap();
+            Box::new(move || guard.unlock())
+        } else {
+            let guard = lock.write().unwrap();
+            Box::new(move || guard.unlock())
+        };
+        // A writer waiting, whom the release would wake.
+        redis::cmd("ZADD")
+            .arg(rw_key("batons", "writers"))
+            .arg(i64::MAX / 4)
+            .arg("another-writer")
+            .query::<()>(&mut raw)
+            .unwrap();
+        let before = snapshot(&mut raw, "batons");
+        let err = unlock().unwrap_err();
+        assert_eq!(
+            snapshot(&mut raw, "batons"),
+            before,
+            "{kind}: every key left alone"
+        );
+        assert!(
+            matches!(&err, Error::WrongType { name, detail } if name == "batons" && detail.contains(&wbaton)),
+            "{kind}: {err:?}"
+        );
+        // Nobody waiting: nothing pushed, and the baton not looked at.
+        redis::cmd("DEL")
+            .arg(rw_key("batons", "writers"))
+            .query::<()>(&mut raw)
+            .unwrap();
+        let held = if kind == "read" {
+            lock.read().unwrap().unlock()
+        } else {
+            lock.write().unwrap().unlock()
+        };
+        held.unwrap();
+        let value: String = redis::cmd("GET").arg(&wbaton).query(&mut raw).unwrap();
+        assert_eq!(value, "x");
+    }
+}

@@ -195,6 +195,89 @@ fn a_damaged_key_is_a_wrong_type_error_and_is_left_alone() {
     }
 }
 
+/// Every key's type and stored value (`DUMP`), to show a failed call
+/// changed none of them.
+fn snapshot(raw: &mut redis::Connection, keys: &[String; 5]) -> Vec<(String, Option<Vec<u8>>)> {
+    keys.iter()
+        .map(|key| {
+            let kind: String = redis::cmd("TYPE").arg(key).query(raw).unwrap();
+            let dump: Option<Vec<u8>> = redis::cmd("DUMP").arg(key).query(raw).unwrap();
+            (kind, dump)
+        })
+        .collect()
+}
+
+/// acquire.lua and release.lua check no type up front: each key's first
+/// read fails instead, before anything is written. With a holder, a
+/// waiter a release or an acquisition would wake, and a token in the baton,
+/// each would write every other key (the holders, the counts, the state,
+/// the baton) if it went on; a key of another type is its clear error,
+/// naming the key, and leaves every key as it was.
+#[test]
+fn a_wrong_typed_key_fails_acquire_and_release_before_any_write() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let mut raw = server.connection();
+    let keys = sem_keys("typed");
+    let kinds = ["hash", "zset", "hash", "zset", "list"];
+    for (index, damaged) in keys.iter().enumerate() {
+        redis::cmd("FLUSHALL").query::<()>(&mut raw).unwrap();
+        let sem = client.semaphore("typed").unwrap();
+        sem.try_set_permits(3).unwrap();
+        let held = sem.try_acquire().unwrap().expect("a free permit");
+        // A live waiter for one permit, which either call would wake, and
+        // a token for it already.
+        redis::cmd("ZADD")
+            .arg(&keys[3])
+            .arg(i64::MAX / 4)
+            .arg("1:another-waiter")
+            .query::<()>(&mut raw)
+            .unwrap();
+        redis::cmd("RPUSH")
+            .arg(&keys[4])
+            .arg("ok")
+            .query::<()>(&mut raw)
+            .unwrap();
+        redis::cmd("DEL")
+            .arg(damaged)
+            .query::<()>(&mut raw)
+            .unwrap();
+        redis::cmd("SET")
+            .arg(damaged)
+            .arg("x")
+            .query::<()>(&mut raw)
+            .unwrap();
+        let before = snapshot(&mut raw, &keys);
+        let errors = [
+            sem.try_acquire().map(|p| p.is_some()).unwrap_err(),
+            held.release().unwrap_err(),
+        ];
+        for err in errors {
+            assert_eq!(
+                snapshot(&mut raw, &keys),
+                before,
+                "{damaged}: every key left alone"
+            );
+            match err {
+                Error::WrongType {
+                    ref name,
+                    ref detail,
+                } => {
+                    assert_eq!(name, "typed");
+                    assert_eq!(
+                        detail,
+                        &format!(
+                            "semaphore key {damaged} holds a string, not a {}",
+                            kinds[index]
+                        )
+                    );
+                }
+                other => panic!("{damaged}: {other}"),
+            }
+        }
+    }
+}
+
 /// A client of independent masters holds locks only: a semaphore's calls
 /// say so.
 #[cfg(feature = "redlock")]

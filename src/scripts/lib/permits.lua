@@ -22,23 +22,51 @@
 -- its permits taken off `used` (once), by the next script that runs, so the
 -- three always agree.
 
--- int(x): a number as Redis should store it (never in exponent form).
+-- int(x): a whole number as Redis should store it (never in exponent form).
+-- '%d', not '%.0f' or tostring: formatting a float costs a script more than
+-- some Redis calls do, and every number here is whole (and far below 2^63).
 local function int(x)
-  return string.format('%.0f', x)
+  return string.format('%d', x)
+end
+
+-- The type each of the five keys holds.
+local SEM_KINDS = {'hash', 'zset', 'hash', 'zset', 'list'}
+
+-- sem_wrong(i, kind): the error reply for KEYS[i], which holds a `kind`
+-- (read here when nil) instead of its own type.
+local function sem_wrong(i, kind)
+  kind = kind or redis.call('TYPE', KEYS[i])['ok']
+  return redis.error_reply('WRONGTYPE semaphore key ' .. KEYS[i] .. ' holds a ' .. kind .. ', not a ' .. SEM_KINDS[i])
 end
 
 -- sem_type_error(): an error reply when one of the five keys holds another
 -- type, else nil. Checked before a script's first write: a script error is
--- not rolled back.
+-- not rolled back. (acquire.lua and release.lua read every key before their
+-- first write instead, see sem_look: a TYPE is a call of its own.)
 local function sem_type_error()
-  local kinds = {'hash', 'zset', 'hash', 'zset', 'list'}
-  for i, want in ipairs(kinds) do
+  for i, want in ipairs(SEM_KINDS) do
     local kind = redis.call('TYPE', KEYS[i])['ok']
     if kind ~= want and kind ~= 'none' then
-      return redis.error_reply('WRONGTYPE semaphore key ' .. KEYS[i] .. ' holds a ' .. kind .. ', not a ' .. want)
+      return sem_wrong(i, kind)
     end
   end
   return nil
+end
+
+-- sem_read(i, command, ...): the reply of a read of KEYS[i]; or nil and an
+-- error reply: sem_wrong's when the key holds another type (the read itself
+-- fails with WRONGTYPE, so no TYPE is needed while all is well), else the
+-- command's error (an ACL refusal) naming the command and the key, which
+-- Redis does not do for a call inside a script.
+local function sem_read(i, command, ...)
+  local reply = redis.pcall(command, KEYS[i], ...)
+  if type(reply) == 'table' and reply.err then
+    if string.find(reply.err, '^WRONGTYPE') then
+      return nil, sem_wrong(i)
+    end
+    return nil, redis.error_reply(reply.err .. ' (' .. command .. ' on ' .. KEYS[i] .. ')')
+  end
+  return reply
 end
 
 -- server_ms(): the server's clock in milliseconds.
@@ -52,12 +80,13 @@ local function a_count(x)
   return x ~= nil and x >= 0 and x <= 1e15 and x == math.floor(x)
 end
 
--- read_state(): the state as a table {total, used, passes, reserved,
+-- read_state(stored): the state as a table {total, used, passes, reserved,
 -- reserved_end} (reserved: a place, or false); or nil and the
 -- reply to return: {-1} when no total was ever set, {-3, field} when the
--- state is damaged (field 1: total, 2: used).
-local function read_state()
-  local stored = redis.call('HMGET', KEYS[1], 'total', 'used', 'passes', 'reserved', 'reserved_end')
+-- state is damaged (field 1: total, 2: used). `stored`: the state's fields
+-- as sem_look read them; read here when nil.
+local function read_state(stored)
+  stored = stored or redis.call('HMGET', KEYS[1], 'total', 'used', 'passes', 'reserved', 'reserved_end')
   if not stored[1] and not stored[2] then
     return nil, {-1}
   end
@@ -70,22 +99,38 @@ local function read_state()
     return nil, {-3, 2}
   end
   local passes = tonumber(stored[3] or '0')
+  local passes_text = stored[3]
   if not a_count(passes) then
-    passes = 0
+    passes, passes_text = 0, nil
   end
   return {
     total = total, used = used, passes = passes,
     reserved = stored[4], reserved_end = tonumber(stored[5] or '0') or 0, had_reserved = stored[4],
+    -- What was read, as numbers and as stored: save writes back the text
+    -- of a field that did not change instead of formatting it again.
+    was = {total = total, used = used, passes = passes},
+    text = {total = stored[1], used = stored[2], passes = passes_text},
   }
+end
+
+-- as_stored(st, field): st[field] as save writes it: as it was read (by
+-- read_state; set.lua makes its own st) when it
+-- did not change.
+local function as_stored(st, field)
+  if st.was and st[field] == st.was[field] and st.text[field] then
+    return st.text[field]
+  end
+  return int(st[field])
 end
 
 -- save(st): writes the state back.
 local function save(st)
   if st.reserved then
-    redis.call('HSET', KEYS[1], 'total', int(st.total), 'used', int(st.used), 'passes', int(st.passes),
-      'reserved', st.reserved, 'reserved_end', int(st.reserved_end))
+    redis.call('HSET', KEYS[1], 'total', as_stored(st, 'total'), 'used', as_stored(st, 'used'),
+      'passes', as_stored(st, 'passes'), 'reserved', st.reserved, 'reserved_end', int(st.reserved_end))
   else
-    redis.call('HSET', KEYS[1], 'total', int(st.total), 'used', int(st.used), 'passes', int(st.passes))
+    redis.call('HSET', KEYS[1], 'total', as_stored(st, 'total'), 'used', as_stored(st, 'used'),
+      'passes', as_stored(st, 'passes'))
     if st.had_reserved then
       redis.call('HDEL', KEYS[1], 'reserved', 'reserved_end')
     end
@@ -116,13 +161,14 @@ local function reservation(st, now)
   return nil
 end
 
--- purge(st, now): removes the holders whose lease ended by `now` and takes
--- their permits off st.used, once each (a holder is counted only while it is
--- in the holders set). Returns how many holders were removed.
-local function purge(st, now)
+-- purge(st, now, expired): removes the holders whose lease ended by `now`
+-- and takes their permits off st.used, once each (a holder is counted only
+-- while it is in the holders set). `expired`: the first of them, as sem_look
+-- read them (read here when nil). Returns how many holders were removed.
+local function purge(st, now, expired)
   local removed = 0
   while true do
-    local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 256)
+    expired = expired or redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', int(now), 'LIMIT', '0', '256')
     if #expired == 0 then
       break
     end
@@ -133,11 +179,65 @@ local function purge(st, now)
     redis.call('HDEL', KEYS[3], unpack(expired))
     redis.call('ZREM', KEYS[2], unpack(expired))
     removed = removed + #expired
+    if #expired < 256 then
+      -- That was all of them: no need to look again.
+      break
+    end
+    expired = nil
   end
   if st.used < 0 then
     st.used = 0
   end
   return removed
+end
+
+-- sem_look(id, now): the reads acquire.lua and release.lua make before
+-- their first write, one of each key, in key order: the state's fields
+-- (stored), the first holders whose lease ended (expired, for purge), the
+-- permits `id` holds (held: a string, or false), the waiters' places with
+-- their ends (waiters, for wake), the baton's tokens (tokens). Or nil and
+-- the error reply for the first key that holds another type: every key is
+-- read, so that error comes before anything changed, with no TYPE call
+-- while all is well.
+local function sem_look(id, now)
+  local look, err = {}, nil
+  look.stored, err = sem_read(1, 'HMGET', 'total', 'used', 'passes', 'reserved', 'reserved_end')
+  if err then
+    return nil, err
+  end
+  look.expired, err = sem_read(2, 'ZRANGEBYSCORE', '-inf', int(now), 'LIMIT', '0', '256')
+  if err then
+    return nil, err
+  end
+  look.held, err = sem_read(3, 'HGET', id)
+  if err then
+    return nil, err
+  end
+  look.waiters, err = sem_read(4, 'ZRANGE', '0', '-1', 'WITHSCORES')
+  if err then
+    return nil, err
+  end
+  look.tokens, err = sem_read(5, 'LLEN')
+  if err then
+    return nil, err
+  end
+  return look
+end
+
+-- leave_place(look, place): takes `place` off the waiters, when it is one
+-- (sem_look read them: no call when it is not), and off look.waiters.
+local function leave_place(look, place)
+  if place == '' then
+    return
+  end
+  for i = 1, #look.waiters, 2 do
+    if look.waiters[i] == place then
+      redis.call('ZREM', KEYS[4], place)
+      table.remove(look.waiters, i)
+      table.remove(look.waiters, i)
+      return
+    end
+  end
 end
 
 -- wake(st, now, ttl, failed): makes the baton list hold one token per waiter
@@ -155,10 +255,24 @@ end
 -- circles between waiters that cannot use it while the place of a waiter
 -- that has gone still counts.
 --
+-- `waiters` and `tokens`: the waiters' places with their ends (as ZRANGE
+-- WITHSCORES gives them) and the baton's length, when the caller has them
+-- (sem_look) and changed neither since; read here when nil.
+--
 -- Returns how many tokens were pushed.
-local function wake(st, now, ttl, failed)
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-  local members = redis.call('ZRANGE', KEYS[4], 0, -1)
+local function wake(st, now, ttl, failed, waiters, tokens)
+  waiters = waiters or redis.call('ZRANGE', KEYS[4], '0', '-1', 'WITHSCORES')
+  local members, ended = {}, false
+  for i = 1, #waiters, 2 do
+    if tonumber(waiters[i + 1]) > now then
+      members[#members + 1] = waiters[i]
+    else
+      ended = true
+    end
+  end
+  if ended then
+    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  end
   local left = math.max(0, st.total - st.used)
   local wanted = 0
   local first, first_k = reservation(st, now)
@@ -179,7 +293,11 @@ local function wake(st, now, ttl, failed)
       left = left - k
     end
   end
-  local push = wanted - redis.call('LLEN', KEYS[5])
+  if wanted == 0 then
+    -- Nothing to push, whatever the baton holds.
+    return 0
+  end
+  local push = wanted - (tokens or redis.call('LLEN', KEYS[5]))
   if failed then
     push = math.min(push, #members - st.passes)
   end

@@ -55,6 +55,14 @@ local function read_hold(depths, identity)
   return tonumber(depth), token
 end
 
+-- any_live(zset, now): whether `zset` holds a member whose score (a lease or
+-- place end) is still to come: what it holds once purge has run, read
+-- without writing, so that a script may decide what it will write (and
+-- check only the keys it will write) before its first write.
+local function any_live(zset, now)
+  return #redis.call('ZRANGEBYSCORE', zset, '(' .. string.format('%d', now), '+inf', 'LIMIT', '0', '1') > 0
+end
+
 -- ms_score(now, ms): a lease or place end as a score string.
 local function ms_score(now, ms)
   return string.format('%.0f', now + tonumber(ms))

@@ -43,7 +43,27 @@ if depth > 0 then
   return depth
 end
 
-for _, baton in ipairs({KEYS[5], KEYS[7]}) do
+-- The batons this release pushes, decided before its first write: only
+-- those are checked (a TYPE each), so that a damaged one fails the call with
+-- nothing changed, and a release that wakes nobody checks none. purge has
+-- run: every reader and waiting writer left is live.
+local batons = {}
+local writers = not up[1] and redis.call('ZCARD', KEYS[4]) > 0
+local upgrade = up[2] and tonumber(up[2]) > now
+if writers or upgrade then
+  -- The readers left once this one has gone.
+  local left = redis.call('ZCARD', KEYS[2])
+  if redis.call('ZSCORE', KEYS[2], id) then
+    left = left - 1
+  end
+  if writers and left == 0 and redis.call('EXISTS', KEYS[1]) == 0 then
+    batons[#batons + 1] = KEYS[5]
+  end
+  if upgrade and (left == 0 or (left == 1 and up[1] ~= id and redis.call('ZSCORE', KEYS[2], up[1]))) then
+    batons[#batons + 1] = KEYS[7]
+  end
+end
+for _, baton in ipairs(batons) do
   local err = baton_error(baton)
   if err then
     return err
@@ -52,13 +72,7 @@ end
 redis.call('ZREM', KEYS[2], id)
 redis.call('HDEL', KEYS[3], id)
 expire_with(KEYS[2], KEYS[3], now)
-local left = redis.call('ZCARD', KEYS[2])
-if left == 0 and redis.call('ZCARD', KEYS[4]) > 0 and not up[1]
-    and redis.call('EXISTS', KEYS[1]) == 0 then
-  push_baton(KEYS[5], ARGV[5])
-end
-if up[2] and tonumber(up[2]) > now
-    and (left == 0 or (left == 1 and redis.call('ZSCORE', KEYS[2], up[1]))) then
-  push_baton(KEYS[7], ARGV[5])
+for _, baton in ipairs(batons) do
+  push_baton(baton, ARGV[5])
 end
 return 0

@@ -28,7 +28,7 @@
 --                release wakes the writer then)
 --
 -- The depth is set from ARGV, so the same release sent twice takes off one
--- level. now_ms, purge (lib/rw.lua), extend_lease, baton_error and
+-- level. now_ms, purge, any_live (lib/rw.lua), extend_lease, baton_error and
 -- push_baton (lib/) are prepended.
 local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'rwait', 'uwait')
 if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
@@ -42,23 +42,30 @@ if depth > 0 then
   return depth
 end
 
-for _, baton in ipairs({KEYS[5], KEYS[6], KEYS[8]}) do
+local now = now_ms()
+-- The batons this release pushes, decided before its first write: only
+-- those are checked (a TYPE each), so that a damaged one fails the call with
+-- nothing changed, and a release that wakes nobody checks none.
+local batons = {}
+if held[3] then
+  batons[#batons + 1] = KEYS[5]
+end
+if held[4] then
+  batons[#batons + 1] = KEYS[8]
+end
+if any_live(KEYS[4], now) and not any_live(KEYS[2], now)
+    and redis.call('EXISTS', KEYS[7]) == 0 then
+  batons[#batons + 1] = KEYS[6]
+end
+for _, baton in ipairs(batons) do
   local err = baton_error(baton)
   if err then
     return err
   end
 end
-local now = now_ms()
 purge(KEYS[2], KEYS[3], KEYS[4], now)
 redis.call('DEL', KEYS[1])
-if held[3] then
-  push_baton(KEYS[5], ARGV[5])
-end
-if held[4] then
-  push_baton(KEYS[8], ARGV[5])
-end
-if redis.call('ZCARD', KEYS[4]) > 0 and redis.call('ZCARD', KEYS[2]) == 0
-    and redis.call('EXISTS', KEYS[7]) == 0 then
-  push_baton(KEYS[6], ARGV[5])
+for _, baton in ipairs(batons) do
+  push_baton(baton, ARGV[5])
 end
 return 0

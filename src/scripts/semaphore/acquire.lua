@@ -36,33 +36,34 @@
 -- reservation, one at a time, made here by such a waiter that is short):
 -- a try_acquire, a newcomer and every other waiter take only permits beyond
 -- the reserving waiter's k.
-local err = sem_type_error()
-if err then
-  return err
-end
-local st, reply = read_state()
-if not st then
-  return reply
-end
 local id = ARGV[1]
 local k = tonumber(ARGV[2])
 local place = ARGV[4]
 local now = server_ms()
-local purged = purge(st, now)
+-- Every key is read before the first write (sem_look), so that a key of
+-- another type fails the call with nothing changed.
+local look, err = sem_look(id, now)
+if not look then
+  return err
+end
+local st, reply = read_state(look.stored)
+if not st then
+  return reply
+end
+local purged = purge(st, now, look.expired)
 
-if redis.call('ZSCORE', KEYS[2], id) then
+-- holders and counts always agree (every script writes both): an id that
+-- holds nothing has no count, and the holders are looked at only for one
+-- that has.
+if look.held and redis.call('ZSCORE', KEYS[2], id) then
   redis.call('ZADD', KEYS[2], 'GT', int(now + tonumber(ARGV[3])), id)
-  if place ~= '' then
-    redis.call('ZREM', KEYS[4], place)
-  end
+  leave_place(look, place)
   save(st)
-  return {1, tonumber(redis.call('HGET', KEYS[3], id))}
+  return {1, tonumber(look.held)}
 end
 
 if k > st.total then
-  if place ~= '' then
-    redis.call('ZREM', KEYS[4], place)
-  end
+  leave_place(look, place)
   save(st)
   return {-2, st.total}
 end
@@ -76,15 +77,13 @@ end
 if k <= free then
   st.used = st.used + k
   redis.call('ZADD', KEYS[2], int(now + tonumber(ARGV[3])), id)
-  redis.call('HSET', KEYS[3], id, int(k))
-  if place ~= '' then
-    redis.call('ZREM', KEYS[4], place)
-  end
+  redis.call('HSET', KEYS[3], id, ARGV[2])
+  leave_place(look, place)
   if first == place then
     st.reserved = false
   end
   st.passes = 0
-  wake(st, now, ARGV[6], false)
+  wake(st, now, ARGV[6], false, look.waiters, look.tokens)
   save(st)
   return {1, k}
 end
@@ -104,7 +103,13 @@ end
 if purged > 0 then
   st.passes = 0
 end
-wake(st, now, ARGV[6], true)
+-- The waiters read at the start are out of date when this call placed its
+-- caller: wake reads them again.
+local waiters = look.waiters
+if place ~= '' then
+  waiters = nil
+end
+wake(st, now, ARGV[6], true, waiters, look.tokens)
 save(st)
 local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 local left = -1

@@ -13,12 +13,15 @@
 --         {-3, field}  the state is damaged (1: total, 2: used)
 --
 -- Safe to send twice: the second finds nothing ({0}).
-local err = sem_type_error()
-if err then
+local id = ARGV[1]
+local now = server_ms()
+-- Every key is read before the first write (sem_look), so that a key of
+-- another type fails the call with nothing changed.
+local look, err = sem_look(id, now)
+if not look then
   return err
 end
-local id = ARGV[1]
-local st, reply = read_state()
+local st, reply = read_state(look.stored)
 if not st then
   if reply[1] == -1 then
     redis.call('ZREM', KEYS[2], id)
@@ -26,17 +29,18 @@ if not st then
   end
   return reply
 end
-local now = server_ms()
-purge(st, now)
-local k = tonumber(redis.call('HGET', KEYS[3], id))
-if not redis.call('ZSCORE', KEYS[2], id) then
+purge(st, now, look.expired)
+-- Gone from the holders (its lease ended, here or before): it holds
+-- nothing. Else its count, read before purge, is still its own (purge
+-- removed only holders it also took off the holders set).
+if redis.call('ZREM', KEYS[2], id) == 0 then
   save(st)
   return {0}
 end
-redis.call('ZREM', KEYS[2], id)
+local k = tonumber(look.held)
 redis.call('HDEL', KEYS[3], id)
 st.used = math.max(0, st.used - (k or 0))
 st.passes = 0
-wake(st, now, ARGV[2], false)
+wake(st, now, ARGV[2], false, look.waiters, look.tokens)
 save(st)
 return {1, k or 0}
