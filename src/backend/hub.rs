@@ -17,8 +17,8 @@
 //!   variable with a deadline), never by a Redis timeout, so it is precise
 //!   without a command (a park that ends at the maximum park time lasts
 //!   at least [`IMPRECISE_FLOOR`], as Redis's timer tick made it). The
-//!   blocked call's own timeout is only a backstop ([`BACKSTOP`]) for a
-//!   server that went silent.
+//!   blocked call's own timeout is only a backstop ([`BACKSTOP`], 20 s)
+//!   for a server that went silent.
 //! - **Cost**: each return of a call (a token, a control token) sends the
 //!   shard's whole key list again, so a wake-up costs O(names waited on /
 //!   shards) in bytes and server work; waiters joining meanwhile share
@@ -76,7 +76,15 @@ pub(super) const MAX_SHARDS: u32 = 4;
 
 /// The blocked call's own timeout: it only ends a call that nothing else
 /// ended (a silent server, a re-issue request that could not be sent).
-const BACKSTOP: Duration = Duration::from_secs(2);
+/// Waiters do not rely on it (their own timers end their parks, and the
+/// sweep finds a watched lock gone), so it is long: each return sends the
+/// whole key list again, and one per 20 s per shard is what waiting costs
+/// in `BLPOP`s.
+const BACKSTOP: Duration = Duration::from_secs(20);
+
+/// The backstop once a control push was refused (an ACL): names new to a
+/// parked connection then join the call only when it returns.
+const REFUSED_BACKSTOP: Duration = Duration::from_secs(2);
 
 /// How long a key whose waiters left stays in the blocked call.
 const VACANT_GRACE: Duration = Duration::from_millis(250);
@@ -335,7 +343,8 @@ impl Hub {
                         if !std::mem::replace(&mut state.control_refused, true) {
                             log::warn!(
                                 "redbaton: Redis refused a parking control push ({}); waiters on \
-                                 names new to a parked connection are seen within {BACKSTOP:?} \
+                                 names new to a parked connection are seen within \
+                                 {REFUSED_BACKSTOP:?} \
                                  (allow RPUSH and PEXPIRE on the prefix's keys)",
                                 describe_io(&err)
                             );
@@ -697,8 +706,13 @@ impl Inner {
         shard: usize,
         keys: &[String],
     ) -> RedisResult<Option<(String, Vec<u8>)>> {
-        conn.set_read_timeout(BACKSTOP + self.io_timeout)?;
-        let timeout = format!("{}.{:03}", BACKSTOP.as_secs(), BACKSTOP.subsec_millis());
+        let backstop = if self.state.lock().control_refused {
+            REFUSED_BACKSTOP
+        } else {
+            BACKSTOP
+        };
+        conn.set_read_timeout(backstop + self.io_timeout)?;
+        let timeout = format!("{}.{:03}", backstop.as_secs(), backstop.subsec_millis());
         conn.run(|c| {
             redis::cmd("BLPOP")
                 .arg(keys)
