@@ -564,6 +564,12 @@ impl Inner {
                     let gone: HashSet<Arc<str>> = gone.into_iter().collect();
                     state.end_watching(&gone, |_| Outcome::Woken);
                 }
+                // Every command connection busy (waiters' attempts): the
+                // server answers, so nothing is lost by sweeping next time;
+                // waking every watched waiter would only add to the queue.
+                Err(Error::PoolTimeout { .. }) => {
+                    log::debug!("redbaton: no command connection for a parking sweep; next time");
+                }
                 Err(err) => {
                     log::debug!(
                         "redbaton: a parking sweep failed ({err}); watched waiters look again"
