@@ -63,7 +63,9 @@ if token then
 end
 
 if others == 0 then
-  local fence, err = next_fence(KEYS[6], ARGV[4])
+  -- fence_text: the token's digits as next_fence stored them (formatting
+  -- the number again would cost more than a Redis call).
+  local fence, err, fence_text = next_fence(KEYS[6], ARGV[4])
   if err then
     return err
   end
@@ -72,7 +74,6 @@ if others == 0 then
     redis.call('ZREM', KEYS[3], id)
     redis.call('HDEL', KEYS[4], id)
   end
-  local fence_text = string.format('%.0f', fence)
   -- Readers refused by the mark wait for this write hold's release.
   redis.call('HSET', KEYS[2], 'flag', id, 'count', 1, 'fence', fence_text, 'req', ARGV[5])
   if up[4] then
