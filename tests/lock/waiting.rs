@@ -42,6 +42,8 @@ fn twenty_waiters_during_a_three_second_hold_send_a_bounded_number_of_commands()
         .collect();
     thread::sleep(HOLD);
     let during = server.commands_since(&before);
+    // The process waits on one parked connection.
+    let parked = blocked_clients(&mut server.connection());
     held.unlock().unwrap();
     for _ in 0..WAITERS {
         finished
@@ -63,10 +65,13 @@ fn twenty_waiters_during_a_three_second_hold_send_a_bounded_number_of_commands()
     let bound = 2 * WAITERS + 2 * WAITERS * parks_per_waiter;
     println!("commands sent during the hold: {total} (bound {bound}); all: {during:?}");
     assert!(total <= bound, "{total} commands > {bound}: {during:?}");
-    // One thread parks for the whole process: about one BLPOP per max park.
+    // One thread parks for the whole process, in one blocked call (issued
+    // again only when a name joins or at its 20 s backstop: Redis 7.0
+    // counts it when it blocks, Valkey 8 and Redis 7.2 when it returns).
+    assert_eq!(parked, 1, "blocked connections during the hold");
     let blpops = during.get("blpop").copied().unwrap_or(0);
     assert!(
-        (1..=parks_per_waiter + 2).contains(&blpops),
+        blpops <= parks_per_waiter + 2,
         "{blpops} BLPOPs: {during:?}"
     );
 }
