@@ -15,7 +15,9 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::identity::Identities;
 use crate::keys;
-use crate::lease::{Claim, Cleanup, Grant, LeaseMode, LeaseRuntime, LeaseStatus, Leased, Watchdog};
+use crate::lease::{
+    Claim, Cleanup, Entered, Grant, LeaseMode, LeaseRuntime, LeaseStatus, Leased, Watchdog,
+};
 use crate::observe::{HoldKind, LostReason, Observer};
 use crate::parking::WaitingRoom;
 
@@ -94,14 +96,31 @@ impl Context {
         mode: LeaseMode,
         sent: Instant,
     ) -> (Arc<LeaseStatus>, LeaseMode) {
-        let (status, mode, new_renewal) = self
+        let entered = self.enter_as(leased, identity, identity, fence, mode, sent);
+        (entered.status, entered.mode)
+    }
+
+    /// [`enter`](Context::enter) for a lock `thread` holds as `identity` in
+    /// Redis (that of the thread of this client that took it there, which
+    /// may have passed it on in memory since); also returns the thread's
+    /// token.
+    pub(crate) fn enter_as(
+        &self,
+        leased: &Leased,
+        thread: &Arc<str>,
+        identity: &Arc<str>,
+        fence: u64,
+        mode: LeaseMode,
+        sent: Instant,
+    ) -> Entered {
+        let entered = self
             .leases
             .registry
-            .enter(leased, identity, fence, mode, sent);
-        if let Some(due) = new_renewal {
+            .enter(leased, thread, identity, fence, mode, sent);
+        if let Some(due) = entered.new_renewal {
             Watchdog::wake(&self.leases, Some(due));
         }
-        (status, mode)
+        entered
     }
 
     /// The event hook (unset: no event is made).

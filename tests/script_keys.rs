@@ -257,9 +257,12 @@ fn scenario(server: &RedisServer) -> (Client, FaultProxy) {
     inner.unlock().unwrap();
     outer.extend(Duration::from_secs(2)).unwrap();
     assert!(lock.holder().unwrap().is_some());
+    // Waiters with a fixed lease: the renewed ownership is handed to them
+    // by the hand-off script (one with the same lease would pass in
+    // memory, running no script).
     let waiters: Vec<_> = (0..2)
         .map(|_| {
-            let lock = lock.clone();
+            let lock = lock.with_fixed_lease(Duration::from_secs(5)).unwrap();
             thread::spawn(move || {
                 let guard = lock.try_lock_for(Duration::from_secs(10)).unwrap().unwrap();
                 thread::sleep(ms(50));

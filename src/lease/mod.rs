@@ -23,7 +23,7 @@ use crate::backend::{is_transient_reply, Backend};
 use crate::client_name::NameRecord;
 use crate::observe::{HoldKind, LostReason, Observer};
 
-pub(crate) use registry::{DueRenewal, Ownerships};
+pub(crate) use registry::{DueRenewal, Entered, Held, Ownerships};
 pub use watchdog::WatchdogStats;
 pub(crate) use watchdog::{Cleanup, Watchdog};
 
@@ -175,6 +175,18 @@ impl LeaseStatus {
         signal.senders.clear();
     }
 
+    /// The last guard released, and the ownership passed in memory to
+    /// another thread of this client: the releaser's receivers are
+    /// disconnected, untold, and the next holder's are made afresh.
+    pub(crate) fn hand_over_signal(&self) {
+        if !self.watched.load(Ordering::Acquire) {
+            return;
+        }
+        let mut signal = self.signal.lock();
+        signal.closed = false;
+        signal.senders.clear();
+    }
+
     /// Whether the loss signal was told a reason (told once, whether or
     /// not anybody listened): the hold's `Lost` event was sent.
     pub(crate) fn was_told_lost(&self) -> bool {
@@ -202,16 +214,52 @@ impl LeaseStatus {
 pub(crate) struct Claim {
     pub(crate) identity: Arc<str>,
     pub(crate) mode: LeaseMode,
+    /// Whether the waiter takes the releaser's ownership as it is, passed
+    /// in memory ([`Grant::Passed`]), when its lease mode is the same: a
+    /// plain lock's waiter does; a multi-lock's, which goes on to take
+    /// other names in Redis with its own identity, gets a fresh ownership.
+    pub(crate) takes_passed: bool,
 }
 
 /// An ownership handed over by a releasing thread of this client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Grant {
-    /// The fencing token of the new ownership.
+#[derive(Debug, Clone)]
+pub(crate) enum Grant {
+    /// The hand-off script gave the waiter a fresh ownership in Redis.
+    Fresh {
+        /// The fencing token of the new ownership.
+        fence: u64,
+        /// When the hand-off was sent: where the new lease starts at the
+        /// latest.
+        sent: Instant,
+    },
+    /// The releaser's ownership itself, passed in memory: nothing was sent
+    /// to Redis.
+    Passed(Passed),
+}
+
+/// An ownership passed in memory from one thread of this client to
+/// another: what the new holder's guard needs (the registry already files
+/// the ownership under the new holder).
+#[derive(Debug, Clone)]
+pub(crate) struct Passed {
+    /// The identity the ownership is held as in Redis (the thread that
+    /// took it there).
+    pub(crate) identity: Arc<str>,
+    /// Its fencing token in Redis.
     pub(crate) fence: u64,
-    /// When the hand-off was sent: where the new lease starts at the
-    /// latest.
-    pub(crate) sent: Instant,
+    /// The new holder's token: one more than the releaser's, within the
+    /// tokens Redis set aside above `fence` (see `lib/next_fence.lua`).
+    pub(crate) token: u64,
+    pub(crate) mode: LeaseMode,
+    pub(crate) status: Arc<LeaseStatus>,
+}
+
+impl PartialEq for Passed {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.identity, self.fence, self.token, self.mode)
+            == (&other.identity, other.fence, other.token, other.mode)
+            && Arc::ptr_eq(&self.status, &other.status)
+    }
 }
 
 /// What an ownership's lease lives on, and how the watchdog renews it:

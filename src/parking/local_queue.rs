@@ -38,7 +38,7 @@ pub(crate) enum Turn<G> {
     TimedOut,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Status<G> {
     /// Asleep in `next_turn`: the only status a hand-off may pick.
     Waiting,
@@ -139,7 +139,7 @@ pub(crate) struct LocalQueues<C, G> {
     handoff_limit: u32,
 }
 
-impl<C: Clone, G: Copy> LocalQueues<C, G> {
+impl<C: Clone, G: Clone> LocalQueues<C, G> {
     /// Queues whose locks are handed on locally at most `handoff_limit`
     /// times in a row (0: never).
     pub(crate) fn new(handoff_limit: u32) -> Self {
@@ -225,7 +225,7 @@ pub(crate) struct Member<'a, C, G> {
     id: u64,
 }
 
-impl<C, G: Copy> Member<'_, C, G> {
+impl<C, G: Clone> Member<'_, C, G> {
     /// The queue's run of unconfirmed writes, if one is under way.
     pub(crate) fn unconfirmed_run(&self) -> Option<UnconfirmedRun> {
         self.queue.state.lock().unconfirmed.clone()
@@ -260,7 +260,7 @@ impl<C, G: Copy> Member<'_, C, G> {
             };
             let wake = Arc::clone(&slot.wake);
             match slot.status {
-                Status::Granted(grant) => return Turn::Granted(grant),
+                Status::Granted(ref grant) => return Turn::Granted(grant.clone()),
                 Status::Parker => return Turn::Park,
                 Status::Retry => {
                     slot.status = Status::Attempting;

@@ -92,7 +92,7 @@ pub(crate) struct WaitingRoom<C, G> {
     prefix: String,
 }
 
-impl<C: Clone, G: Copy> WaitingRoom<C, G> {
+impl<C: Clone, G: Clone> WaitingRoom<C, G> {
     pub(crate) fn new(backend: Arc<Backend>, config: &Config) -> Self {
         WaitingRoom {
             queues: LocalQueues::new(config.max_local_handoffs),

@@ -34,6 +34,12 @@ pub(crate) struct AcquireArgs<'a> {
     /// A quorum's proposed fencing token (0: none): the token is at least
     /// this.
     pub(crate) proposed_token: u64,
+    /// Tokens set aside above a fresh ownership's, for the in-memory
+    /// hand-offs of the caller's process (0: none).
+    pub(crate) reserve: u32,
+    /// Take the lock only if it is free: another thread of this client
+    /// holds what the caller took under its identity (passed in memory).
+    pub(crate) free_only: bool,
 }
 
 /// The acquisition script of `keys`'s lock (a fair lock's takes or keeps
@@ -60,6 +66,8 @@ pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
         call.arg(millis(args.place_ttl)).arg(args.arrival)
     } else {
         call.arg(args.proposed_token)
+            .arg(args.reserve)
+            .arg(if args.free_only { "1" } else { "0" })
     }
 }
 
@@ -73,6 +81,12 @@ pub(crate) struct ManyName<'a> {
     pub(crate) held_fence: u64,
     /// The depth after this acquisition.
     pub(crate) depth: usize,
+    /// The owner the caller's live guards hold the name as (empty with
+    /// none): the identity of the thread of this process that took it in
+    /// Redis.
+    pub(crate) stamp: &'a str,
+    /// Take the name only if it is free (see [`AcquireArgs::free_only`]).
+    pub(crate) free_only: bool,
 }
 
 /// What [`acquire_many`] asks for as a whole.
@@ -87,6 +101,8 @@ pub(crate) struct ManyArgs<'a> {
     /// A quorum's proposed fencing token (0: none): every name taken
     /// afresh gets a token at least this.
     pub(crate) proposed_token: u64,
+    /// Tokens set aside above each fresh ownership's (0: none).
+    pub(crate) reserve: u32,
 }
 
 /// The all-or-none acquisition of `names`, plain locks whose keys share
@@ -101,12 +117,15 @@ pub(crate) fn acquire_many(names: &[ManyName<'_>], args: ManyArgs<'_>) -> Call {
         .arg(millis(args.fence_ttl))
         .arg(args.request)
         .arg(if args.waited { "1" } else { "0" })
-        .arg(args.proposed_token);
+        .arg(args.proposed_token)
+        .arg(args.reserve);
     for name in names {
         call = call
             .arg(millis(name.lease))
             .arg(name.held_fence)
-            .arg(name.depth);
+            .arg(name.depth)
+            .arg(name.stamp)
+            .arg(if name.free_only { "1" } else { "0" });
     }
     call
 }
@@ -122,6 +141,8 @@ pub(crate) struct HandoffArgs<'a> {
     pub(crate) request: u64,
     /// A quorum's proposed fencing token (0: none).
     pub(crate) proposed_token: u64,
+    /// Tokens set aside above the new ownership's (0: none).
+    pub(crate) reserve: u32,
 }
 
 pub(crate) fn handoff(keys: &LockKeys, args: HandoffArgs<'_>) -> Call {
@@ -135,6 +156,7 @@ pub(crate) fn handoff(keys: &LockKeys, args: HandoffArgs<'_>) -> Call {
         .arg(millis(args.fence_ttl))
         .arg(args.request)
         .arg(args.proposed_token)
+        .arg(args.reserve)
 }
 
 /// Releases one level of the ownership `fence` of `identity`, which keeps

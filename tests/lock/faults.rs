@@ -21,9 +21,12 @@ fn a_restart_that_loses_every_key_neither_hangs_waiters_nor_breaks_tokens_or_ide
         .io_timeout(Duration::from_millis(500))
         .build()
         .unwrap();
+    // No local hand-offs: each waiter takes the lock in Redis under its own
+    // identity, which shows whether identities stay unique.
     let waiter_client = Client::builder(server.url())
         .max_park(Duration::from_secs(30))
         .io_timeout(Duration::from_millis(500))
+        .max_local_handoffs(0)
         .build()
         .unwrap();
     let lock = holder_client.lock("restarted").unwrap();

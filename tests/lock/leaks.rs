@@ -80,44 +80,61 @@ fn tokens_keep_growing_after_the_fence_counter_expired() {
 #[test]
 fn a_token_is_the_counter_plus_one_when_the_counter_is_ahead_of_the_clock() {
     let server = RedisServer::start();
-    let client = Client::open(server.url().as_str()).unwrap();
-    let lock = client.lock("ahead").unwrap();
-    let key = "redbaton:{ahead}:fence";
-    let mut raw = server.connection();
-    let clock = || -> u64 {
-        let (secs, micros): (u64, u64) =
-            redis::cmd("TIME").query(&mut server.connection()).unwrap();
-        secs * 1_000_000 + micros
-    };
-    let mut token_after = |counter: &str| -> u64 {
+    // The counter is left at the token plus the tokens set aside for
+    // in-memory hand-offs: `max_local_handoffs` of them (8 by default).
+    for reserve in [8, 0, 1_000_000] {
+        let client = Client::builder(server.url())
+            .max_local_handoffs(reserve)
+            .build()
+            .unwrap();
+        let lock = client.lock("ahead").unwrap();
+        let key = "redbaton:{ahead}:fence";
+        let mut raw = server.connection();
+        let clock = || -> u64 {
+            let (secs, micros): (u64, u64) =
+                redis::cmd("TIME").query(&mut server.connection()).unwrap();
+            secs * 1_000_000 + micros
+        };
+        let mut token_after = |counter: &str| -> u64 {
+            let _: () = redis::cmd("SET")
+                .arg(key)
+                .arg(counter)
+                .query(&mut raw)
+                .unwrap();
+            let guard = lock.lock().unwrap();
+            let token = guard.fencing_token();
+            guard.unlock().unwrap();
+            let stored: String = redis::cmd("GET").arg(key).query(&mut raw).unwrap();
+            assert_eq!(
+                stored,
+                (token + u64::from(reserve)).to_string(),
+                "the counter holds the token given and the tokens set aside"
+            );
+            token
+        };
+        // Same number of digits as the clock, ahead of it by a day.
+        let ahead = clock() + 86_400_000_000;
+        assert_eq!(token_after(&ahead.to_string()), ahead + 1);
+        // Longer than the clock.
+        assert_eq!(token_after("12345678901234567"), 12_345_678_901_234_568);
+        // Behind it, and short: the clock.
+        let before = clock();
+        let behind = token_after(&(before - 1_000_000).to_string());
+        assert!(behind >= before, "{behind} below the clock {before}");
+        let before = clock();
+        let short = token_after("42");
+        assert!(short >= before, "{short} below the clock {before}");
+        // Within the tokens set aside for the last ownership: above them.
+        let last = token_after("0");
         let _: () = redis::cmd("SET")
             .arg(key)
-            .arg(counter)
+            .arg(last + u64::from(reserve))
             .query(&mut raw)
             .unwrap();
         let guard = lock.lock().unwrap();
-        let token = guard.fencing_token();
+        assert!(guard.fencing_token() > last + u64::from(reserve));
         guard.unlock().unwrap();
-        let stored: String = redis::cmd("GET").arg(key).query(&mut raw).unwrap();
-        assert_eq!(
-            stored,
-            token.to_string(),
-            "the counter holds the token given"
-        );
-        token
-    };
-    // Same number of digits as the clock, ahead of it by a day.
-    let ahead = clock() + 86_400_000_000;
-    assert_eq!(token_after(&ahead.to_string()), ahead + 1);
-    // Longer than the clock.
-    assert_eq!(token_after("12345678901234567"), 12_345_678_901_234_568);
-    // Behind it, and short: the clock.
-    let before = clock();
-    let behind = token_after(&(before - 1_000_000).to_string());
-    assert!(behind >= before, "{behind} below the clock {before}");
-    let before = clock();
-    let short = token_after("42");
-    assert!(short >= before, "{short} below the clock {before}");
+    }
 }
 
 across_topologies! {

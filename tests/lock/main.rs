@@ -17,6 +17,7 @@ mod liveness;
 mod locking;
 #[cfg(feature = "cluster")]
 mod migration;
+mod passing;
 mod precise_wakeups;
 mod processes;
 #[cfg(feature = "redlock")]

@@ -4,12 +4,14 @@
 use crate::support;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::support::spawn_child;
 use crate::support::JoinWithin;
-use redbaton::Client;
+use redbaton::{Acquisition, Client, Event};
 use testkit::RedisServer;
 
 /// This file's child-process roles (run by the binary's `child_entry`);
@@ -27,9 +29,23 @@ const THREADS_PER_CHILD: usize = 8;
 const INCREMENTS_PER_THREAD: usize = 125;
 
 /// 8 threads each do a non-atomic read-modify-write of `counter` under the
-/// lock, checking an occupancy marker and the fencing token each time.
+/// lock, checking an occupancy marker and the fencing token each time;
+/// prints how many acquisitions were local hand-offs.
 fn increment_worker(url: &str) {
-    let client = Client::open(url).unwrap();
+    let handoffs = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&handoffs);
+    let client = Client::builder(url)
+        .on_event(move |event| {
+            if let Event::Acquired {
+                how: Acquisition::LocalHandoff,
+                ..
+            } = event
+            {
+                counted.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+        .build()
+        .unwrap();
     let lock = client.lock("counter").unwrap();
     let mut raw = redis::Client::open(url).unwrap().get_connection().unwrap();
     println!("READY");
@@ -99,7 +115,8 @@ fn increment_worker(url: &str) {
         overlaps += o;
         regressions += r;
     }
-    println!("RESULT {overlaps} {regressions}");
+    let handoffs = handoffs.load(Ordering::Relaxed);
+    println!("RESULT {overlaps} {regressions} {handoffs}");
 }
 
 /// Takes the lock with a 1 s lease, says so, and waits to be killed.
@@ -116,10 +133,37 @@ fn hold_worker(url: &str) {
 
 #[test]
 fn two_processes_of_eight_threads_never_overlap_and_lose_no_update() {
+    two_processes_of_eight_threads(&RedisServer::start());
+}
+
+/// As above with the fencing counter a day ahead of the server's clock, so
+/// that every token Redis issues is the counter plus one: a thread that
+/// takes the lock in Redis after another process's run of in-memory
+/// hand-offs (each numbered one above the last) gets a token above them
+/// only because the run's ownership set them aside in the counter.
+#[test]
+fn tokens_grow_across_in_memory_and_redis_hand_offs_with_the_counter_ahead_of_the_clock() {
     let server = RedisServer::start();
+    let mut raw = server.connection();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut raw).unwrap();
+    let ahead = secs * 1_000_000 + micros + 86_400_000_000;
+    redis::cmd("SET")
+        .arg("redbaton:{counter}:fence")
+        .arg(ahead)
+        .query::<()>(&mut raw)
+        .unwrap();
+    two_processes_of_eight_threads(&server);
+    let last: u64 = redis::cmd("GET").arg("last_fence").query(&mut raw).unwrap();
+    assert!(last > ahead, "the counter was ahead: {last} after {ahead}");
+}
+
+/// Two processes of eight threads each increment a counter under one lock:
+/// no overlap, no lost update, tokens growing in the order of the holds,
+/// and local hand-offs among them.
+fn two_processes_of_eight_threads(server: &RedisServer) {
     let mut children = [
-        spawn_child("increment", &server),
-        spawn_child("increment", &server),
+        spawn_child("increment", server),
+        spawn_child("increment", server),
     ];
     for child in &mut children {
         child.wait_for_line("READY", Duration::from_secs(30));
@@ -139,6 +183,7 @@ fn two_processes_of_eight_threads_never_overlap_and_lose_no_update() {
         let numbers: Vec<u64> = results[0].split(' ').map(|n| n.parse().unwrap()).collect();
         *totals.entry("overlaps").or_insert(0) += numbers[0];
         *totals.entry("fence regressions").or_insert(0) += numbers[1];
+        *totals.entry("local hand-offs").or_insert(0) += numbers[2];
     }
     let counter: u64 = redis::cmd("GET").arg("counter").query(&mut raw).unwrap();
     assert_eq!(
@@ -150,6 +195,11 @@ fn two_processes_of_eight_threads_never_overlap_and_lose_no_update() {
     assert_eq!(
         totals["fence regressions"], 0,
         "a fencing token did not increase"
+    );
+    println!("local hand-offs: {}", totals["local hand-offs"]);
+    assert!(
+        totals["local hand-offs"] > 0,
+        "the processes' threads never handed the lock on: {totals:?}"
     );
 }
 

@@ -218,7 +218,13 @@ fn a_hand_off_whose_reply_was_lost_still_serves_both_waiters_at_once() {
     // hand-off that ran, not a NOSCRIPT.
     let mut raw = server.connection();
     let _: String = script("handoff").prepare_invoke().load(&mut raw).unwrap();
-    let lock = client.lock("lost-handoff").unwrap();
+    // A fixed lease: the hand-off goes through Redis (a renewed one passes
+    // in memory).
+    let lock = client
+        .lock("lost-handoff")
+        .unwrap()
+        .with_fixed_lease(Duration::from_secs(30))
+        .unwrap();
     let held = lock.lock().unwrap();
     let first_fence = held.fencing_token();
     let (ready, queued) = mpsc::channel();

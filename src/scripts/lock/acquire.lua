@@ -16,6 +16,14 @@
 -- ARGV[7]  "1" when the caller has been waiting for the lock (others may
 --          wait behind it), else "0"
 -- ARGV[8]  a quorum's proposed fencing token ("0": none), see next_fence
+-- ARGV[9]  tokens to set aside above a fresh ownership's for the caller's
+--          process to number in-memory hand-offs with ("0": none), see
+--          next_fence
+-- ARGV[10] "1" when the lock must be free to be taken: the caller has no
+--          live guards, and another thread of its process holds what it
+--          took under this identity (it passed the ownership on in
+--          memory), so a lock under the caller's identity is that thread's,
+--          not a leftover of the caller's
 --
 -- Returns {1, fence, depth}  acquired: fresh (depth 1) or re-entered
 --         {0, pttl}          held by another identity; pttl is the lock key's
@@ -48,8 +56,8 @@ if held[1] == ARGV[1] and held[2] == ARGV[3] then
   return {1, tonumber(held[2]), tonumber(ARGV[4])}
 end
 
-if held[1] == false or held[1] == ARGV[1] then
-  local fence, err, token = next_fence(KEYS[2], ARGV[5], ARGV[8])
+if held[1] == false or (held[1] == ARGV[1] and ARGV[10] ~= '1') then
+  local fence, err, token = next_fence(KEYS[2], ARGV[5], ARGV[8], ARGV[9])
   if err then
     return err
   end

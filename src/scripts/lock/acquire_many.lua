@@ -14,11 +14,18 @@
 --             every name the caller has no live guards of (see acquire.lua
 --             and next_fence): when each master of a majority issues the
 --             proposal for a name, that name needs no second round
--- then per name i, from ARGV[6]:
--- ARGV[3i+3]  lease in milliseconds (of a fresh ownership, or of the one
+-- ARGV[6]     tokens to set aside above each fresh ownership's (see
+--             acquire.lua and next_fence)
+-- then per name i, from ARGV[7]:
+-- ARGV[5i+2]  lease in milliseconds (of a fresh ownership, or of the one
 --             re-entered)
--- ARGV[3i+4]  fencing token of the caller's live guards on name i, "0": none
--- ARGV[3i+5]  the caller's depth on name i after this acquisition
+-- ARGV[5i+3]  fencing token of the caller's live guards on name i, "0": none
+-- ARGV[5i+4]  the caller's depth on name i after this acquisition
+-- ARGV[5i+5]  the owner the caller's live guards on name i hold it as (the
+--             identity of the thread of its process that took it in
+--             Redis, which may have passed it on in memory), "" with none
+-- ARGV[5i+6]  "1" when name i must be free to be taken (see acquire.lua's
+--             ARGV[10]), else "0"
 --
 -- Returns {1, fence1, depth1, fence2, depth2, ...}  every name acquired
 --         {0, i, pttl}  name i (1-based) is held by another identity, with
@@ -38,10 +45,10 @@ local reenter = {}
 for i = 1, names do
   local lock = KEYS[2 * i - 1]
   local held = redis.call('HMGET', lock, 'flag', 'fence')
-  local mine = ARGV[3 * i + 4]
-  if held[1] == identity and held[2] == mine then
+  local mine = ARGV[5 * i + 3]
+  if mine ~= '0' and held[1] == ARGV[5 * i + 5] and held[2] == mine then
     reenter[i] = true
-  elseif held[1] ~= false and held[1] ~= identity then
+  elseif held[1] ~= false and (held[1] ~= identity or ARGV[5 * i + 6] == '1') then
     redis.call('HSET', lock, 'waited', 1, 'seen', 1)
     return {0, i, redis.call('PTTL', lock)}
   else
@@ -56,9 +63,9 @@ end
 local reply = {1}
 for i = 1, names do
   local lock = KEYS[2 * i - 1]
-  local lease = ARGV[3 * i + 3]
-  local mine = ARGV[3 * i + 4]
-  local depth = ARGV[3 * i + 5]
+  local lease = ARGV[5 * i + 2]
+  local mine = ARGV[5 * i + 3]
+  local depth = ARGV[5 * i + 4]
   if reenter[i] then
     redis.call('HSET', lock, 'count', depth)
     extend_lease(lock, lease)
@@ -72,7 +79,7 @@ for i = 1, names do
     if mine == '0' then
       proposed = ARGV[5]
     end
-    local fence, err, token = next_fence(KEYS[2 * i], ARGV[2], proposed)
+    local fence, err, token = next_fence(KEYS[2 * i], ARGV[2], proposed, ARGV[6])
     if err then
       return err
     end

@@ -11,6 +11,7 @@
 -- ARGV[5]  TTL of the fence counter in milliseconds
 -- ARGV[6]  this request's number (see acquire.lua)
 -- ARGV[7]  a quorum's proposed fencing token ("0": none), see next_fence
+-- ARGV[8]  tokens to set aside above the new ownership's (see acquire.lua)
 --
 -- Returns the new ownership's fencing token, or -1 when the releasing
 -- holder does not own the lock (nothing was changed).
@@ -20,7 +21,7 @@ if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
   return -1
 end
 
-local fence, err, token = next_fence(KEYS[2], ARGV[5], ARGV[7])
+local fence, err, token = next_fence(KEYS[2], ARGV[5], ARGV[7], ARGV[8])
 if err then
   return err
 end

@@ -22,8 +22,16 @@ use crate::scripts::reply::{HandoffReply, ReleaseReply};
 /// The ownership a guard belongs to.
 #[derive(Debug)]
 pub(super) struct Ownership {
+    /// The thread that holds it (the registry files it under it).
+    pub(super) thread: Arc<str>,
+    /// The identity it is held as in Redis: the thread of this client that
+    /// took it there (`thread`, unless it was passed on in memory since).
     pub(super) identity: Arc<str>,
+    /// Its fencing token in Redis.
     pub(super) fence: u64,
+    /// This hold's fencing token: `fence`, plus one per in-memory hand-off
+    /// since Redis issued it.
+    pub(super) token: u64,
     /// The ownership's lease mode (that of its first acquisition).
     pub(super) mode: LeaseMode,
     /// Shared by the guards of this ownership (re-entry) and the watchdog.
@@ -94,7 +102,7 @@ impl LockGuard {
     /// one it has seen, so that a holder whose lease ran out cannot overwrite
     /// its successor's work.
     pub fn fencing_token(&self) -> u64 {
-        self.ownership.fence
+        self.ownership.token
     }
 
     /// The name of the lock this guard holds.
@@ -261,14 +269,7 @@ impl LockGuard {
             return Ok(());
         };
         let sent = Instant::now();
-        let ownership = &self.ownership;
-        let released = self.raw.release(
-            &self.keys,
-            &ownership.identity,
-            ownership.fence,
-            left,
-            ownership.mode.lease(),
-        );
+        let released = self.raw.release(self.release_one(left));
         self.settle_release(released, left, sent)
     }
 
@@ -281,34 +282,105 @@ impl LockGuard {
         self.released = true;
         let context = &self.context;
         let ownership = &self.ownership;
+        let registry = &context.leases.registry;
         // Withdraw from the watchdog first, so that it stops renewing (a
         // renewal already in flight finds the lock gone or someone else's,
-        // and changes nothing).
-        let left =
-            context
-                .leases
-                .registry
-                .leave(&self.keys.lock, &ownership.identity, &ownership.status);
-        if !matches!(left, Some(left) if left > 0) {
-            // The hold ends here: its loss signal is disconnected, never
-            // told (what the release finds is this caller's to hear).
-            ownership.status.close_signal();
-        }
+        // and changes nothing). An ownership that may pass in memory stays
+        // recorded until its release is settled: a thread that passed it
+        // on then asks Redis for the lock free only, never taking this
+        // ownership under its identity for a leftover of its own.
+        let left = registry.leave(
+            &self.keys.lock,
+            &ownership.thread,
+            &ownership.status,
+            self.raw.passes_in_memory(),
+        );
         // Out of time by this clock is not enough to skip the release: the
         // lease may still run in Redis (the clock margin, a renewal on its
         // way), and the release script checks the owner anyway.
         let Some(left) = left.filter(|_| !ownership.status.is_marked_lost()) else {
+            // The hold ends here: its loss signal is disconnected, never
+            // told (what the release finds is this caller's to hear).
+            ownership.status.close_signal();
             return Err(self.lost_error());
         };
-        if left == 0 {
-            // The last guard: hand the lock to a waiter of this process if
-            // there is one (and the run of local hand-offs is not too long).
-            if let Some(reservation) = context.lock_room.reserve(&self.keys.baton) {
-                return self.hand_off(reservation).map(|()| None);
-            }
-            context.lock_room.released_globally(&self.keys.baton);
+        if left > 0 {
+            return Ok(Some(left));
         }
-        Ok(Some(left))
+        // The last guard: hand the lock to a waiter of this process if
+        // there is one (and the run of local hand-offs is not too long).
+        if let Some(reservation) = context.lock_room.reserve(&self.keys.baton) {
+            if self.may_pass_to(&reservation.claim) {
+                return self.pass(reservation).map(|()| None);
+            }
+            ownership.status.close_signal();
+            return self.hand_off(reservation).map(|()| None);
+        }
+        ownership.status.close_signal();
+        context.lock_room.released_globally(&self.keys.baton);
+        Ok(Some(0))
+    }
+
+    /// Whether this ownership may pass in memory, as it is, to the waiter
+    /// of `claim`: a plain lock's waiter asking for the same renewed lease
+    /// (a fixed lease counts from its own acquisition; another renewed
+    /// lease is another crash window), while tokens set aside for it in
+    /// Redis remain.
+    fn may_pass_to(&self, claim: &Claim) -> bool {
+        let ownership = &self.ownership;
+        let reserve = u64::from(self.reserve());
+        claim.takes_passed
+            && self.keys.fair.is_none()
+            && self.raw.passes_in_memory()
+            && claim.mode == ownership.mode
+            && matches!(ownership.mode, LeaseMode::Renewed(_))
+            && ownership.token < ownership.fence.saturating_add(reserve)
+    }
+
+    /// Passes this ownership to the reserved waiter in memory: Redis is not
+    /// told; the waiter holds it under the next token.
+    fn pass(&self, reservation: Reservation<Claim, Grant>) -> Result<(), Error> {
+        let ownership = &self.ownership;
+        let passed = self.context.leases.registry.pass(
+            &self.keys.lock,
+            &ownership.thread,
+            &ownership.status,
+            &reservation.claim.identity,
+        );
+        match passed {
+            Some(passed) => {
+                // This hold ends: its receivers are disconnected, the next
+                // holder's made afresh.
+                ownership.status.hand_over_signal();
+                reservation.grant(Grant::Passed(passed));
+                Ok(())
+            }
+            // Found lost meanwhile: the waiter looks at the lock itself.
+            None => {
+                reservation.fail();
+                ownership.status.close_signal();
+                Err(self.lost_error())
+            }
+        }
+    }
+
+    /// The tokens a fresh ownership sets aside in Redis for in-memory
+    /// hand-offs (see `lib/next_fence.lua`).
+    fn reserve(&self) -> u32 {
+        reserve(&self.context, &*self.raw)
+    }
+
+    /// The last release of an ownership that may pass in memory is
+    /// settled: it is no longer recorded.
+    fn settled(&self) {
+        if self.raw.passes_in_memory() {
+            let ownership = &self.ownership;
+            self.context.leases.registry.forget(
+                &self.keys.lock,
+                &ownership.thread,
+                &ownership.status,
+            );
+        }
     }
 
     /// The release [`leave`](LockGuard::leave) asked for, leaving `left`
@@ -330,6 +402,9 @@ impl LockGuard {
         left: usize,
         sent: Instant,
     ) -> Result<(), Error> {
+        if left == 0 {
+            self.settled();
+        }
         match released {
             Ok(Sent {
                 value: ReleaseReply::Inner { .. },
@@ -407,9 +482,12 @@ impl LockGuard {
             fence_ttl: self.context.config.fence_ttl,
             request,
             proposed_token: 0,
+            reserve: self.reserve(),
         };
         let sent = Instant::now();
-        match self.raw.hand_off(&self.keys, args) {
+        let handed = self.raw.hand_off(&self.keys, args);
+        self.settled();
+        match handed {
             Ok(Sent {
                 value:
                     HandoffReply {
@@ -426,7 +504,7 @@ impl LockGuard {
                 }
                 // The new lease as the slowest clock may count it.
                 let sent = earlier(sent, self.raw.clock_margin(args.lease));
-                reservation.grant(Grant { fence, sent });
+                reservation.grant(Grant::Fresh { fence, sent });
                 Ok(())
             }
             // Sent twice, and the second found the lock no longer ours: the
@@ -476,14 +554,24 @@ impl LockGuard {
                 reason: LostReason::NotHeld,
             });
         }
-        self.context.leases.registry.forget(
-            &self.keys.lock,
-            &ownership.identity,
-            &ownership.status,
-        );
+        self.context
+            .leases
+            .registry
+            .forget(&self.keys.lock, &ownership.thread, &ownership.status);
         Error::LockLost {
             name: self.keys.name.clone(),
         }
+    }
+}
+
+/// The tokens a fresh ownership of `raw`'s sets aside in Redis for
+/// in-memory hand-offs: one per local hand-off a run may make before the
+/// lock goes through Redis again (none where nothing passes in memory).
+pub(super) fn reserve(context: &Context, raw: &dyn RawLock) -> u32 {
+    if raw.passes_in_memory() {
+        context.config.max_local_handoffs
+    } else {
+        0
     }
 }
 
@@ -506,7 +594,7 @@ impl fmt::Debug for LockGuard {
         // The identity is left out: it is what lets a thread release.
         f.debug_struct("LockGuard")
             .field("name", &self.keys.name)
-            .field("fencing_token", &self.ownership.fence)
+            .field("fencing_token", &self.ownership.token)
             .field("lost", &self.is_lost())
             .finish_non_exhaustive()
     }

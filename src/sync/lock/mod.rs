@@ -19,7 +19,7 @@ use crate::config::validate_lease;
 use crate::context::Context;
 use crate::error::Error;
 use crate::keys::LockKeys;
-use crate::lease::{earlier, Claim, LeaseMode, Leased, RenewLeases};
+use crate::lease::{earlier, Claim, Grant, LeaseMode, Leased, RenewLeases};
 use crate::observe::{Acquisition, Event, HoldKind, LostSignal};
 use crate::parking::{self, Attempt, Waited};
 use crate::scripts::lock::AcquireArgs;
@@ -424,6 +424,7 @@ impl Lock {
         let claim = Claim {
             identity: Arc::clone(&identity),
             mode: self.mode(),
+            takes_passed: true,
         };
         // A fair lock's waiter keeps its first arrival across park slices.
         let mut arrival = 0;
@@ -452,7 +453,7 @@ impl Lock {
         Ok(match waited? {
             Waited::Acquired(guard) => Some(self.acquired(guard, start, Acquisition::AfterWaiting)),
             Waited::Granted(grant) => {
-                let guard = self.guard(&identity, grant.fence, self.mode(), grant.sent);
+                let guard = self.granted(&identity, grant);
                 Some(self.acquired(guard, start, Acquisition::LocalHandoff))
             }
             Waited::TimedOut => None,
@@ -506,18 +507,49 @@ impl Lock {
             .unwrap_or(LeaseMode::Renewed(self.context.config.default_lease))
     }
 
-    /// The guard of a new or re-entered ownership `fence` of `identity`,
-    /// whose request was sent at `sent` asking for `mode`.
-    fn guard(&self, identity: &Arc<str>, fence: u64, mode: LeaseMode, sent: Instant) -> LockGuard {
-        let (status, mode) = self
+    /// A guard of `thread`'s ownership `fence`, held as `identity` in
+    /// Redis, acquired (or re-entered) by a request sent at `sent` asking
+    /// for `mode`.
+    fn guard(
+        &self,
+        thread: &Arc<str>,
+        identity: &Arc<str>,
+        fence: u64,
+        mode: LeaseMode,
+        sent: Instant,
+    ) -> LockGuard {
+        let entered = self
             .context
-            .enter(&self.leased, identity, fence, mode, sent);
+            .enter_as(&self.leased, thread, identity, fence, mode, sent);
         let ownership = Ownership {
+            thread: Arc::clone(thread),
             identity: Arc::clone(identity),
             fence,
-            mode,
-            status,
+            token: entered.token,
+            mode: entered.mode,
+            status: entered.status,
         };
+        self.guard_of(ownership)
+    }
+
+    /// The guard of what a releasing thread of this client handed
+    /// `thread`: a fresh ownership its hand-off script made, or its own
+    /// ownership passed in memory (already filed under `thread`).
+    fn granted(&self, thread: &Arc<str>, grant: Grant) -> LockGuard {
+        match grant {
+            Grant::Fresh { fence, sent } => self.guard(thread, thread, fence, self.mode(), sent),
+            Grant::Passed(passed) => self.guard_of(Ownership {
+                thread: Arc::clone(thread),
+                identity: passed.identity,
+                fence: passed.fence,
+                token: passed.token,
+                mode: passed.mode,
+                status: passed.status,
+            }),
+        }
+    }
+
+    fn guard_of(&self, ownership: Ownership) -> LockGuard {
         LockGuard::new(
             Arc::clone(&self.context),
             Arc::clone(&self.raw),
@@ -526,11 +558,6 @@ impl Lock {
         )
     }
 
-    /// One run of the acquire script; `waited` when the caller comes from
-    /// the wait loop (its release must then wake whoever waits behind it).
-    /// `arrival`: a fair lock's waiter's arrival in the queue, as the
-    /// server first gave it (0: none yet), kept across attempts so that a
-    /// waiter whose place lapsed takes it again at its first arrival.
     fn attempt(
         &self,
         identity: &Arc<str>,
@@ -540,14 +567,17 @@ impl Lock {
         // Re-entry is granted only to the ownership this thread's live guards
         // belong to; the stored depth is set to theirs + 1, and the lease is
         // the ownership's, whatever this handle's is.
-        let held = self.context.leases.registry.held(&self.keys.lock, identity);
-        let (held_fence, guards, mode) = match held {
-            Some(held) => (held.fence, held.guards, held.mode),
-            None => (0, 0, self.mode()),
+        let registry = &self.context.leases.registry;
+        let held = registry.held(&self.keys.lock, identity);
+        // The identity the live guards hold it as: this thread's, unless
+        // another thread took it in Redis and passed it on in memory.
+        let (owner, held_fence, guards, mode) = match held {
+            Some(held) => (held.identity, held.fence, held.guards, held.mode),
+            None => (Arc::clone(identity), 0, 0, self.mode()),
         };
         let request = self.context.next_request();
         let args = AcquireArgs {
-            identity,
+            identity: &owner,
             lease: mode.lease(),
             held_fence,
             depth: guards + 1,
@@ -557,13 +587,17 @@ impl Lock {
             place_ttl: self.context.config.place_ttl(),
             arrival: *arrival,
             proposed_token: 0,
+            reserve: guard::reserve(&self.context, &*self.raw),
+            free_only: guards == 0 && registry.lent(&self.keys.lock, identity),
         };
         let sent = Instant::now();
         match self.raw.attempt(&self.keys, args) {
             Ok(AcquireReply::Acquired { fence, .. }) => {
                 // The lease as the slowest clock may count it.
                 let sent = earlier(sent, self.raw.clock_margin(mode.lease()));
-                Ok(Attempt::Acquired(self.guard(identity, fence, mode, sent)))
+                Ok(Attempt::Acquired(
+                    self.guard(identity, &owner, fence, mode, sent),
+                ))
             }
             Ok(AcquireReply::Held {
                 lease_left,
@@ -579,14 +613,8 @@ impl Lock {
                     // The script may have run and taken the lock for a
                     // guard that will never exist: undo that request once
                     // Redis answers again.
-                    let undo = raw::undo_later(
-                        &self.raw,
-                        &self.keys,
-                        identity,
-                        request,
-                        mode.lease(),
-                        sent,
-                    );
+                    let undo =
+                        raw::undo_later(&self.raw, &self.keys, &owner, request, mode.lease(), sent);
                     self.context.finish_later(undo);
                 }
                 Err(failed.error)

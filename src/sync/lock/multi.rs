@@ -18,7 +18,7 @@ use super::raw::{self, RawLock, ReleaseOne};
 use super::{Lock, LockGuard};
 use crate::context::Context;
 use crate::error::Error;
-use crate::lease::{earlier, Claim, LeaseMode};
+use crate::lease::{earlier, Claim, Held, LeaseMode};
 use crate::observe::{Acquisition, Event};
 use crate::parking::{self, Attempt, Waited};
 use crate::scripts::lock::{ManyArgs, ManyName};
@@ -371,9 +371,12 @@ impl MultiLock {
         let mut patient_at = Instant::now().checked_add(self.hold_back_after);
         loop {
             let lock = &self.locks[index];
+            // A fresh ownership of the one name on a hand-off, under this
+            // thread's identity, as the set takes its other names.
             let claim = Claim {
                 identity: Arc::clone(&identity),
                 mode: lock.mode(),
+                takes_passed: false,
             };
             let attempt = || {
                 Ok(match self.attempt(&identity, true)? {
@@ -419,7 +422,7 @@ impl MultiLock {
                     // set now (re-entering this name), then let the
                     // handed-over guard go, leaving the set's guard, or
                     // nothing, behind.
-                    let granted = lock.guard(&identity, grant.fence, lock.mode(), grant.sent);
+                    let granted = lock.granted(&identity, grant);
                     let tried = self.attempt(&identity, true);
                     drop(granted);
                     match tried {
@@ -525,24 +528,38 @@ impl MultiLock {
         let context = &self.context;
         let registry = &context.leases.registry;
         // As for one name: re-entry only into the ownership this thread's
-        // live guards belong to, under that ownership's lease.
-        let names: Vec<(ManyName<'_>, LeaseMode)> = group
+        // live guards belong to, under that ownership's lease and the
+        // identity it is held as in Redis.
+        let held: Vec<(Option<Held>, bool)> = group
             .iter()
             .map(|&index| {
+                let key = &self.locks[index].keys.lock;
+                let held = registry.held(key, identity);
+                let lent = held.is_none() && registry.lent(key, identity);
+                (held, lent)
+            })
+            .collect();
+        let names: Vec<(ManyName<'_>, LeaseMode, &Arc<str>)> = group
+            .iter()
+            .zip(&held)
+            .map(|(&index, (held, lent))| {
                 let lock = &self.locks[index];
-                let (held_fence, guards, mode) = match registry.held(&lock.keys.lock, identity) {
-                    Some(held) => (held.fence, held.guards, held.mode),
-                    None => (0, 0, lock.mode()),
+                let (owner, held_fence, guards, mode) = match held {
+                    Some(held) => (&held.identity, held.fence, held.guards, held.mode),
+                    None => (identity, 0, 0, lock.mode()),
                 };
                 let name = ManyName {
                     keys: &lock.keys,
                     lease: mode.lease(),
                     held_fence,
                     depth: guards + 1,
+                    stamp: if held.is_some() { owner } else { "" },
+                    free_only: *lent,
                 };
-                (name, mode)
+                (name, mode, owner)
             })
             .collect();
+        let raw = &self.locks[group[0]].raw;
         let request = context.next_request();
         let args = ManyArgs {
             identity,
@@ -550,15 +567,16 @@ impl MultiLock {
             request,
             waited,
             proposed_token: 0,
+            reserve: super::guard::reserve(context, &**raw),
         };
-        let calls: Vec<ManyName<'_>> = names.iter().map(|(name, _)| *name).collect();
-        let raw = &self.locks[group[0]].raw;
+        let calls: Vec<ManyName<'_>> = names.iter().map(|(name, ..)| *name).collect();
         let sent = Instant::now();
         match raw.attempt_many(&calls, args) {
             Ok(ManyReply::Acquired(pairs)) => {
-                for ((&index, (_, mode)), (fence, _)) in group.iter().zip(&names).zip(pairs) {
+                for ((&index, (_, mode, owner)), (fence, _)) in group.iter().zip(&names).zip(pairs)
+                {
                     let sent = earlier(sent, raw.clock_margin(mode.lease()));
-                    taken.push(self.locks[index].guard(identity, fence, *mode, sent));
+                    taken.push(self.locks[index].guard(identity, owner, fence, *mode, sent));
                 }
                 Ok(None)
             }
@@ -572,7 +590,7 @@ impl MultiLock {
                     // guard that will never exist: undo each once Redis
                     // answers (a name only this request took; re-entered
                     // names keep their request and are left alone).
-                    for (&index, (_, mode)) in group.iter().zip(&names) {
+                    for (&index, (_, mode, _)) in group.iter().zip(&names) {
                         let lock = &self.locks[index];
                         let undo = raw::undo_later(
                             &lock.raw,

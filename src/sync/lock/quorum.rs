@@ -452,8 +452,10 @@ impl RawLock for QuorumLock {
         }
         let fresh = args.held_fence == 0;
         let proposal = if fresh { first_proposal() } else { 0 };
+        // Nothing passes in memory on a quorum: no tokens set aside.
         let args = AcquireArgs {
             proposed_token: proposal,
+            reserve: 0,
             ..args
         };
         let started = Instant::now();
@@ -644,6 +646,7 @@ impl RawLock for QuorumLock {
         let proposal = if fresh { first_proposal() } else { 0 };
         let args = ManyArgs {
             proposed_token: proposal,
+            reserve: 0,
             ..args
         };
         let started = Instant::now();
@@ -796,14 +799,14 @@ impl RawLock for QuorumLock {
         })
     }
 
-    fn release(
-        &self,
-        keys: &LockKeys,
-        identity: &str,
-        fence: u64,
-        guards_left: usize,
-        lease: Duration,
-    ) -> Result<Sent<ReleaseReply>, Failed> {
+    fn release(&self, release: ReleaseOne<'_>) -> Result<Sent<ReleaseReply>, Failed> {
+        let ReleaseOne {
+            keys,
+            identity,
+            fence,
+            guards_left,
+            lease,
+        } = release;
         let call = calls::release(keys, identity, fence, guards_left, lease, self.baton_ttl);
         let replies = self.round::<ReleaseReply>(&keys.lock, &keys.name, &call, lease);
         self.released(keys, &replies)
@@ -817,10 +820,7 @@ impl RawLock for QuorumLock {
     /// is told "not the owner").
     fn release_many(&self, batch: &[ReleaseOne<'_>]) -> Vec<Result<Sent<ReleaseReply>, Failed>> {
         let [first, _, ..] = batch else {
-            return batch
-                .iter()
-                .map(|r| self.release(r.keys, r.identity, r.fence, r.guards_left, r.lease))
-                .collect();
+            return batch.iter().map(|&r| self.release(r)).collect();
         };
         let args: Vec<_> = batch
             .iter()
@@ -889,6 +889,7 @@ impl RawLock for QuorumLock {
         let proposal = first_proposal();
         let args = HandoffArgs {
             proposed_token: proposal,
+            reserve: 0,
             ..args
         };
         let started = Instant::now();

@@ -100,26 +100,15 @@ pub(crate) trait RawLock: RenewLeases {
     fn attempt_many(&self, names: &[ManyName<'_>], args: ManyArgs<'_>)
         -> Result<ManyReply, Failed>;
 
-    /// Releases one level of the ownership `fence` of `identity`, which
-    /// keeps `guards_left` guards and whose lease is `lease`.
-    fn release(
-        &self,
-        keys: &LockKeys,
-        identity: &str,
-        fence: u64,
-        guards_left: usize,
-        lease: Duration,
-    ) -> Result<Sent<ReleaseReply>, Failed>;
+    /// Releases one level of an ownership (see [`ReleaseOne`]).
+    fn release(&self, release: ReleaseOne<'_>) -> Result<Sent<ReleaseReply>, Failed>;
 
     /// Sends `batch` (releases of plain locks whose keys share one cluster
     /// slot, or one Redlock quorum's set): one result per release, in
     /// order. By default one release after the other; one deployment and
     /// a quorum send them together.
     fn release_many(&self, batch: &[ReleaseOne<'_>]) -> Vec<Result<Sent<ReleaseReply>, Failed>> {
-        batch
-            .iter()
-            .map(|r| self.release(r.keys, r.identity, r.fence, r.guards_left, r.lease))
-            .collect()
+        batch.iter().map(|&r| self.release(r)).collect()
     }
 
     /// Sends the last release of the ownership `fence` of `identity` again
@@ -138,9 +127,15 @@ pub(crate) trait RawLock: RenewLeases {
         answered: &mut Answered,
     ) -> Result<(), Error> {
         let _ = answered;
-        self.release(keys, identity, fence, 0, lease)
-            .map(drop)
-            .map_err(|failed| failed.error)
+        self.release(ReleaseOne {
+            keys,
+            identity,
+            fence,
+            guards_left: 0,
+            lease,
+        })
+        .map(drop)
+        .map_err(|failed| failed.error)
     }
 
     /// Passes the ownership straight to a local waiter.
@@ -204,10 +199,20 @@ pub(crate) trait RawLock: RenewLeases {
         let _ = keys;
         Ok(0)
     }
+
+    /// Whether a plain lock's ownership may pass from one thread of this
+    /// client to another in memory, Redis untold ([`Grant::Passed`]): so on
+    /// one deployment, whose fencing counter sets tokens aside for it; not
+    /// on a Redlock quorum, whose masters must agree on every token.
+    ///
+    /// [`Grant::Passed`]: crate::lease::Grant::Passed
+    fn passes_in_memory(&self) -> bool {
+        false
+    }
 }
 
-/// One release of a batch ([`RawLock::release_many`]): as the arguments
-/// of [`RawLock::release`].
+/// One release of one level of an ownership: `fence` of `identity`, which
+/// keeps `guards_left` guards and whose lease is `lease`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ReleaseOne<'a> {
     pub(crate) keys: &'a LockKeys,
@@ -497,14 +502,14 @@ impl RawLock for DeploymentLock {
         }
     }
 
-    fn release(
-        &self,
-        keys: &LockKeys,
-        identity: &str,
-        fence: u64,
-        guards_left: usize,
-        lease: Duration,
-    ) -> Result<Sent<ReleaseReply>, Failed> {
+    fn release(&self, release: ReleaseOne<'_>) -> Result<Sent<ReleaseReply>, Failed> {
+        let ReleaseOne {
+            keys,
+            identity,
+            fence,
+            guards_left,
+            lease,
+        } = release;
         // The last release is confirmed like the acquisition was: one that
         // only this master has is lost if a replica is promoted, which then
         // keeps the ownership for its lease. An inner release only makes
@@ -537,10 +542,7 @@ impl RawLock for DeploymentLock {
             || self.acks.is_some()
             || batch.iter().any(|release| release.keys.fair.is_some());
         if one_by_one {
-            return batch
-                .iter()
-                .map(|r| self.release(r.keys, r.identity, r.fence, r.guards_left, r.lease))
-                .collect();
+            return batch.iter().map(|&r| self.release(r)).collect();
         }
         let calls: Vec<Call> = batch
             .iter()
@@ -734,6 +736,10 @@ impl RawLock for DeploymentLock {
             .iter()
             .filter(|(_, end)| *end > now_ms as f64)
             .count() as u64)
+    }
+
+    fn passes_in_memory(&self) -> bool {
+        true
     }
 
     fn pass_baton(&self, keys: &LockKeys) {

@@ -96,10 +96,11 @@ impl Hold {
         self.released = true;
         let context = &self.context;
         // Withdraw from the watchdog first, so that it stops renewing.
-        let left = context
-            .leases
-            .registry
-            .leave(self.lease_key(), &self.identity, &self.status);
+        let left =
+            context
+                .leases
+                .registry
+                .leave(self.lease_key(), &self.identity, &self.status, false);
         if !matches!(left, Some(left) if left > 0) {
             // The hold ends here: its loss signal is disconnected, untold.
             self.status.close_signal();

@@ -163,11 +163,11 @@ impl SemaphorePermit {
         // Withdraw from the watchdog first, so that it stops renewing (a
         // renewal already in flight finds the permits gone, and changes
         // nothing).
-        let left = self
-            .context
-            .leases
-            .registry
-            .leave(&self.keys.holders, &held.id, &held.status);
+        let left =
+            self.context
+                .leases
+                .registry
+                .leave(&self.keys.holders, &held.id, &held.status, false);
         // The holding ends here: its loss signal is disconnected, untold.
         held.status.close_signal();
         // Out of time by this clock is not enough to skip the release: the
