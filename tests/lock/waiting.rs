@@ -79,7 +79,15 @@ fn twenty_waiters_during_a_three_second_hold_send_a_bounded_number_of_commands()
 #[test]
 fn a_thousand_local_waiters_park_one_connection() {
     let server = RedisServer::start();
-    let client = Client::builder(server.url()).pool_size(4).build().unwrap();
+    // A thousand threads start at once and queue for 4 connections (their
+    // identity, their first look): on a loaded 2-core machine that queue
+    // can outlast the default 3 s I/O timeout, which bounds a wait for a
+    // pooled connection (`PoolTimeout` seen in CI).
+    let client = Client::builder(server.url())
+        .pool_size(4)
+        .io_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
     let lock = client.lock("crowded").unwrap();
     let held = lock.lock().unwrap();
     let started = Arc::new(AtomicUsize::new(0));
