@@ -5,6 +5,7 @@
 //! ```text
 //! cargo bench --manifest-path benches/peers/Cargo.toml --bench lock
 //! cargo bench --manifest-path benches/peers/Cargo.toml --bench lock -- --uncontended-only
+//! cargo bench --manifest-path benches/peers/Cargo.toml --bench lock -- --contended-only
 //! ```
 //!
 //! Uses `REDIS_URL` when set; otherwise a throwaway `redis-server` from PATH.
@@ -196,9 +197,9 @@ fn lines(child: &mut Child) -> impl Iterator<Item = String> + '_ {
         .map_while(Result::ok)
 }
 
-fn contended_across_processes(peer: Peer, url: &str) -> Contended {
+fn contended_across_processes(peer: Peer, url: &str, processes: u64) -> Contended {
     let secs = CONTENDED_RUN.as_millis().to_string();
-    let mut children: Vec<Child> = (1..=2)
+    let mut children: Vec<Child> = (1..=processes)
         .map(|tag| child(&["contend", peer.name(), url, &secs, &tag.to_string()]))
         .collect();
     let mut events = Vec::new();
@@ -561,38 +562,10 @@ fn main() {
     if env::args().any(|arg| arg == "--uncontended-only") {
         return;
     }
-
-    for (label, across) in [
-        ("1 process x 16 threads", false),
-        ("2 processes x 8 threads", true),
-    ] {
-        println!("\ncontended, {label}, one lock, empty critical section, {CONTENDED_RUN:?}:");
-        let mut rates = Vec::new();
-        for peer in [Peer::Redbaton, Peer::Redlock] {
-            let c = if across {
-                contended_across_processes(peer, &url)
-            } else {
-                analyse(contend(peer, &url, 16, CONTENDED_RUN, 0), CONTENDED_RUN)
-            };
-            println!(
-                "  {:<8} {:>8.0} acq/s  hand-off p50 {:>8.3} ms = {:>6.2} x RTT  p99 {:>8.3} ms  same thread again {:>5.1} %  longest wait {:>8.1} ms  overlaps {}",
-                peer.name(), c.per_second, ms(c.handoff_p50), x(c.handoff_p50), ms(c.handoff_p99), c.same_again * 100.0, ms(c.longest_wait), c.overlaps
-            );
-            if let Some(p50) = c.across_p50 {
-                println!(
-                    "  {:<8} hand-offs between the processes only: p50 {:.3} ms = {:.2} x RTT",
-                    peer.name(),
-                    ms(p50),
-                    x(p50)
-                );
-            }
-            rates.push((c.per_second, c.handoff_p50));
-        }
-        println!(
-            "  redbaton / redlock: {:.1} x the throughput, {:.1} x faster hand-off (p50)",
-            rates[0].0 / rates[1].0.max(1e-9),
-            rates[1].1.as_secs_f64() / rates[0].1.as_secs_f64().max(1e-9)
-        );
+    contended(&url, rtt);
+    // `-- --contended-only`: the uncontended cycle and the contended runs.
+    if env::args().any(|arg| arg == "--contended-only") {
+        return;
     }
 
     println!("\ncrash recovery (holder with a {CRASH_LEASE:?} fixed lease SIGKILLed; waiter starts at 0/40/80 % of the lease; lease end -> waiter's acquisition, 3 runs each):");
@@ -634,6 +607,47 @@ fn main() {
         println!(
             "  {:<8} {:>8.3} commands per waiter per second ({:.3} per waiter per max park)  CPU {:>6} ms",
             peer.name(), per_waiter_second, per_waiter_second * MAX_PARK.as_secs_f64(), cpu.as_millis()
+        );
+    }
+}
+
+/// Runs of one process of 16 threads, and of 2 and 4 processes of 8, on
+/// one lock, each for redbaton and the `redlock` crate.
+fn contended(url: &str, rtt: Duration) {
+    let x = |d: Duration| d.as_secs_f64() / rtt.as_secs_f64();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    for (label, processes) in [
+        ("1 process x 16 threads", 1),
+        ("2 processes x 8 threads", 2),
+        ("4 processes x 8 threads", 4),
+    ] {
+        println!("\ncontended, {label}, one lock, empty critical section, {CONTENDED_RUN:?}:");
+        let mut rates = Vec::new();
+        for peer in [Peer::Redbaton, Peer::Redlock] {
+            let c = if processes > 1 {
+                contended_across_processes(peer, url, processes)
+            } else {
+                analyse(contend(peer, url, 16, CONTENDED_RUN, 0), CONTENDED_RUN)
+            };
+
+            println!(
+                "  {:<8} {:>8.0} acq/s  hand-off p50 {:>8.3} ms = {:>6.2} x RTT  p99 {:>8.3} ms  same thread again {:>5.1} %  longest wait {:>8.1} ms  overlaps {}",
+                peer.name(), c.per_second, ms(c.handoff_p50), x(c.handoff_p50), ms(c.handoff_p99), c.same_again * 100.0, ms(c.longest_wait), c.overlaps
+            );
+            if let Some(p50) = c.across_p50 {
+                println!(
+                    "  {:<8} hand-offs between the processes only: p50 {:.3} ms = {:.2} x RTT",
+                    peer.name(),
+                    ms(p50),
+                    x(p50)
+                );
+            }
+            rates.push((c.per_second, c.handoff_p50));
+        }
+        println!(
+            "  redbaton / redlock: {:.1} x the throughput, {:.1} x faster hand-off (p50)",
+            rates[0].0 / rates[1].0.max(1e-9),
+            rates[1].1.as_secs_f64() / rates[0].1.as_secs_f64().max(1e-9)
         );
     }
 }
