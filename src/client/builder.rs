@@ -269,7 +269,7 @@ impl fmt::Debug for Topology {
 /// | [`io_timeout`](ClientBuilder::io_timeout) | 3 s | 1 ms to 1 year | connect, each reply, and each wait for a pooled connection |
 /// | [`baton_ttl`](ClientBuilder::baton_ttl) | 5 s | 1 ms to 1 year | how long an unclaimed baton stays |
 /// | [`fence_counter_ttl`](ClientBuilder::fence_counter_ttl) | 1 day | 1 ms to 1 year | how long a lock's fencing counter stays after its last acquisition |
-/// | [`max_local_handoffs`](ClientBuilder::max_local_handoffs) | 8 | 0 to 1,000,000 | hand-offs to threads of the same client in a row before a release in Redis; 0 = off |
+/// | [`max_local_handoffs`](ClientBuilder::max_local_handoffs) | 8 | 0 to 1,000,000 | hand-offs to threads of the same client in a row before a release in Redis (in memory for a plain lock's waiter with the same lease); 0 = off |
 /// | [`node_timeout`](ClientBuilder::node_timeout) | 1 % of the lock's lease, 50 ms to `io_timeout` | 1 ms to 1 year | Redlock: how long one master may take in a round before it counts as not there |
 /// | [`clock_drift(ratio, fixed)`](ClientBuilder::clock_drift) | 0.01, 2 ms | ratio 0 to 0.5; fixed up to 1 year | Redlock: the allowance `ratio × lease + fixed` for clocks that disagree; a lock is valid for its lease less this and the round's time |
 /// | [`replica_acks(n, timeout)`](ClientBuilder::replica_acks) | off | n 1 to 1024; timeout 1 ms to under `io_timeout` | replicas that must confirm each acquisition, hand-off, renewal and last release (`WAIT`) |
@@ -522,6 +522,12 @@ impl ClientBuilder {
     /// the waiter) before it must release it in Redis, where waiters of
     /// other processes get their turn. 0 turns local hand-off off; at most
     /// 1,000,000. Defaults to 8.
+    ///
+    /// A plain lock's hand-off to a waiter asking for the same renewed
+    /// lease sends nothing to Redis: the ownership passes in memory under
+    /// the next fencing token. So each ownership taken in Redis sets this
+    /// many tokens aside in the lock's fencing counter, and tokens from
+    /// Redis grow by at least this much more than one per acquisition.
     pub fn max_local_handoffs(mut self, count: u32) -> Self {
         self.max_local_handoffs = count;
         self

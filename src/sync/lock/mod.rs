@@ -173,6 +173,13 @@ impl Lock {
     /// (an atomic read), and a `GET` of the holder's client name; the
     /// answer may be stale by the time it arrives.
     ///
+    /// This is what Redis knows: the ownership's owner is the thread that
+    /// took it there, and its fencing token the one Redis issued. A
+    /// process whose threads hand the lock to each other in memory keeps
+    /// that ownership meanwhile, so the thread holding it now may be
+    /// another of that client's, under a higher token (see
+    /// [`ClientBuilder::max_local_handoffs`](crate::ClientBuilder::max_local_handoffs)).
+    ///
     /// # Errors
     /// Redis failures; [`Error::WrongType`] when the key holds something
     /// else.
