@@ -44,6 +44,9 @@ pub(crate) struct Config {
     pub(crate) fence_ttl: Duration,
     /// Local hand-offs in a row before a release in Redis.
     pub(crate) max_local_handoffs: u32,
+    /// How long a run of local hand-offs may go on before a release in
+    /// Redis.
+    pub(crate) max_local_run: Duration,
     /// Replicas that must confirm each ownership write, if any.
     pub(crate) replica_acks: Option<ReplicaAcks>,
     /// A quorum's bound on one master's answer in a round.
@@ -174,6 +177,7 @@ impl Config {
             ("io_timeout", self.io_timeout),
             ("baton_ttl", self.baton_ttl),
             ("fence_counter_ttl", self.fence_ttl),
+            ("max_local_run", self.max_local_run),
             (
                 "node_timeout",
                 self.node_timeout.for_lease(self.default_lease),

@@ -260,8 +260,8 @@ fn locks_work_over_tls_with_a_trusted_self_signed_certificate() {
         .arg("redbaton:{over-tls}:fence")
         .query(&mut raw)
         .unwrap();
-    // The counter sets aside `max_local_handoffs` (8) tokens above it.
-    assert_eq!(fence, second + 8);
+    // The counter sets aside `max_local_handoffs` (64) tokens above it.
+    assert_eq!(fence, second + 64);
 
     // Without trusting the certificate, the handshake fails with a clear error.
     let untrusting = Client::builder(&url)

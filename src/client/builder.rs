@@ -269,7 +269,8 @@ impl fmt::Debug for Topology {
 /// | [`io_timeout`](ClientBuilder::io_timeout) | 3 s | 1 ms to 1 year | connect, each reply, and each wait for a pooled connection |
 /// | [`baton_ttl`](ClientBuilder::baton_ttl) | 5 s | 1 ms to 1 year | how long an unclaimed baton stays |
 /// | [`fence_counter_ttl`](ClientBuilder::fence_counter_ttl) | 1 day | 1 ms to 1 year | how long a lock's fencing counter stays after its last acquisition |
-/// | [`max_local_handoffs`](ClientBuilder::max_local_handoffs) | 8 | 0 to 1,000,000 | hand-offs to threads of the same client in a row before a release in Redis (in memory for a plain lock's waiter with the same lease); 0 = off |
+/// | [`max_local_handoffs`](ClientBuilder::max_local_handoffs) | 64 | 0 to 1,000,000 | hand-offs to threads of the same client in a row before a release in Redis (in memory for a plain lock's waiter with the same lease); 0 = off |
+/// | [`max_local_run`](ClientBuilder::max_local_run) | 2 ms | 1 ms to 1 year | how long such a run of hand-offs may go on, from its first |
 /// | [`node_timeout`](ClientBuilder::node_timeout) | 1 % of the lock's lease, 50 ms to `io_timeout` | 1 ms to 1 year | Redlock: how long one master may take in a round before it counts as not there |
 /// | [`clock_drift(ratio, fixed)`](ClientBuilder::clock_drift) | 0.01, 2 ms | ratio 0 to 0.5; fixed up to 1 year | Redlock: the allowance `ratio × lease + fixed` for clocks that disagree; a lock is valid for its lease less this and the round's time |
 /// | [`replica_acks(n, timeout)`](ClientBuilder::replica_acks) | off | n 1 to 1024; timeout 1 ms to under `io_timeout` | replicas that must confirm each acquisition, hand-off, renewal and last release (`WAIT`) |
@@ -300,6 +301,7 @@ pub struct ClientBuilder {
     baton_ttl: Duration,
     fence_counter_ttl: Duration,
     max_local_handoffs: u32,
+    max_local_run: Duration,
     replica_acks: Option<ReplicaAcks>,
     node_timeout: Option<Duration>,
     /// `clock_drift(ratio, fixed)` as given; checked by `build`.
@@ -339,7 +341,8 @@ impl ClientBuilder {
             io_timeout: Duration::from_secs(3),
             baton_ttl: Duration::from_secs(5),
             fence_counter_ttl: Duration::from_secs(24 * 3600),
-            max_local_handoffs: 8,
+            max_local_handoffs: 64,
+            max_local_run: Duration::from_millis(2),
             replica_acks: None,
             node_timeout: None,
             clock_drift: None,
@@ -520,8 +523,9 @@ impl ClientBuilder {
     /// How many times in a row a releasing thread may hand the lock straight
     /// to a waiting thread of the same client (no baton, no round trip for
     /// the waiter) before it must release it in Redis, where waiters of
-    /// other processes get their turn. 0 turns local hand-off off; at most
-    /// 1,000,000. Defaults to 8.
+    /// other processes get their turn; a run also ends after
+    /// [`max_local_run`](ClientBuilder::max_local_run). 0 turns local
+    /// hand-off off; at most 1,000,000. Defaults to 64.
     ///
     /// A plain lock's hand-off to a waiter asking for the same renewed
     /// lease sends nothing to Redis: the ownership passes in memory under
@@ -530,6 +534,20 @@ impl ClientBuilder {
     /// Redis grow by at least this much more than one per acquisition.
     pub fn max_local_handoffs(mut self, count: u32) -> Self {
         self.max_local_handoffs = count;
+        self
+    }
+
+    /// How long a run of hand-offs to threads of the same client (see
+    /// [`max_local_handoffs`](ClientBuilder::max_local_handoffs)) may go
+    /// on, counted from its first hand-off: the first release after it
+    /// goes through Redis, where waiters of other processes get their
+    /// turn. So a waiter of another process waits for a process's run at
+    /// most this, one critical section and `max_local_handoffs` hand-offs,
+    /// whichever ends it first. Between 1 ms and a year. Defaults to 2 ms:
+    /// short critical sections are handed on by the dozen, long ones pass
+    /// through Redis every time or two.
+    pub fn max_local_run(mut self, run: Duration) -> Self {
+        self.max_local_run = run;
         self
     }
 
@@ -730,6 +748,7 @@ impl ClientBuilder {
             baton_ttl: self.baton_ttl,
             fence_ttl: self.fence_counter_ttl,
             max_local_handoffs: self.max_local_handoffs,
+            max_local_run: self.max_local_run,
             replica_acks: self.replica_acks,
             node_timeout,
             clock_drift,
@@ -803,6 +822,7 @@ impl fmt::Debug for ClientBuilder {
             .field("baton_ttl", &self.baton_ttl)
             .field("fence_counter_ttl", &self.fence_counter_ttl)
             .field("max_local_handoffs", &self.max_local_handoffs)
+            .field("max_local_run", &self.max_local_run)
             .field("replica_acks", &self.replica_acks)
             .field("node_timeout", &self.node_timeout)
             .field("clock_drift", &self.clock_drift)

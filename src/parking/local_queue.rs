@@ -18,7 +18,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -69,6 +69,8 @@ struct QueueState<C, G> {
     next_id: u64,
     /// Local hand-offs since the lock was last released globally.
     handoffs_in_a_row: u32,
+    /// When the first of them was made.
+    run_started: Option<Instant>,
     /// The run of writes the replicas did not confirm that this queue's
     /// parkers met: a new parker goes on with it.
     unconfirmed: Option<UnconfirmedRun>,
@@ -80,6 +82,7 @@ impl<C, G> Default for QueueState<C, G> {
             slots: VecDeque::new(),
             next_id: 0,
             handoffs_in_a_row: 0,
+            run_started: None,
             unconfirmed: None,
         }
     }
@@ -137,15 +140,18 @@ impl<C, G> Default for Queue<C, G> {
 pub(crate) struct LocalQueues<C, G> {
     queues: Mutex<HashMap<String, Arc<Queue<C, G>>>>,
     handoff_limit: u32,
+    run_limit: Duration,
 }
 
 impl<C: Clone, G: Clone> LocalQueues<C, G> {
     /// Queues whose locks are handed on locally at most `handoff_limit`
-    /// times in a row (0: never).
-    pub(crate) fn new(handoff_limit: u32) -> Self {
+    /// times in a row (0: never), and for at most `run_limit` from the
+    /// first.
+    pub(crate) fn new(handoff_limit: u32, run_limit: Duration) -> Self {
         LocalQueues {
             queues: Mutex::new(HashMap::new()),
             handoff_limit,
+            run_limit,
         }
     }
 
@@ -186,7 +192,10 @@ impl<C: Clone, G: Clone> LocalQueues<C, G> {
     pub(crate) fn reserve(&self, lock_key: &str) -> Option<Reservation<C, G>> {
         let queue = Arc::clone(self.queues.lock().get(lock_key)?);
         let mut state = queue.state.lock();
-        if state.handoffs_in_a_row >= self.handoff_limit {
+        let run_over = state
+            .run_started
+            .is_some_and(|started| started.elapsed() >= self.run_limit);
+        if state.handoffs_in_a_row >= self.handoff_limit || run_over {
             return None;
         }
         let slot = state
@@ -210,7 +219,9 @@ impl<C: Clone, G: Clone> LocalQueues<C, G> {
     pub(crate) fn released_globally(&self, lock_key: &str) {
         let queue = self.queues.lock().get(lock_key).cloned();
         if let Some(queue) = queue {
-            queue.state.lock().handoffs_in_a_row = 0;
+            let mut state = queue.state.lock();
+            state.handoffs_in_a_row = 0;
+            state.run_started = None;
         }
     }
 }
@@ -335,6 +346,9 @@ impl<C, G> Reservation<C, G> {
         self.settled = true;
         let mut state = self.queue.state.lock();
         if matches!(status, Status::Granted(_)) {
+            if state.handoffs_in_a_row == 0 {
+                state.run_started = Some(Instant::now());
+            }
             state.handoffs_in_a_row += 1;
         }
         if let Some(slot) = state.slot_mut(self.id) {
@@ -354,8 +368,6 @@ impl<C, G> Drop for Reservation<C, G> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     /// The queues of the tests: waiters named by a string, grants of a
@@ -364,7 +376,7 @@ mod tests {
 
     #[test]
     fn the_first_waiter_parks_and_the_next_takes_over_when_it_leaves() {
-        let queues = Queues::new(8);
+        let queues = Queues::new(8, Duration::from_secs(60));
         let first = queues.join("k", "a");
         let second = queues.join("k", "b");
         assert_eq!(first.next_turn(None), Turn::Park);
@@ -380,7 +392,7 @@ mod tests {
 
     #[test]
     fn a_hand_off_goes_to_the_oldest_waiter_not_parked_and_runs_are_bounded() {
-        let queues = Queues::new(1);
+        let queues = Queues::new(1, Duration::from_secs(60));
         let members: Vec<_> = ["p", "w1", "w2"]
             .into_iter()
             .map(|id| queues.join("k", id))
@@ -404,7 +416,7 @@ mod tests {
 
     #[test]
     fn a_waiter_that_timed_out_cannot_be_picked_before_it_is_dropped() {
-        let queues = Queues::new(8);
+        let queues = Queues::new(8, Duration::from_secs(60));
         let parker = queues.join("k", "p");
         assert_eq!(parker.next_turn(None), Turn::Park);
         let waiter = queues.join("k", "w");
@@ -417,7 +429,7 @@ mod tests {
 
     #[test]
     fn a_waiter_making_its_retry_attempt_cannot_be_picked() {
-        let queues = Queues::new(8);
+        let queues = Queues::new(8, Duration::from_secs(60));
         let parker = queues.join("k", "p");
         assert_eq!(parker.next_turn(None), Turn::Park);
         let waiter = queues.join("k", "w");
@@ -430,7 +442,7 @@ mod tests {
 
     #[test]
     fn a_reserved_waiter_does_not_time_out_before_the_reservation_is_settled() {
-        let queues = Queues::new(8);
+        let queues = Queues::new(8, Duration::from_secs(60));
         let parker = queues.join("k", "p");
         assert_eq!(parker.next_turn(None), Turn::Park);
         let waiter = queues.join("k", "w");
@@ -446,5 +458,24 @@ mod tests {
             assert_eq!(waiter.next_turn(Some(deadline)), Turn::Granted(grant));
             settle.join().unwrap();
         });
+    }
+
+    #[test]
+    fn a_run_of_hand_offs_ends_once_it_has_lasted_the_run_limit() {
+        let queues = Queues::new(1_000, Duration::from_millis(30));
+        let members: Vec<_> = ["p", "w1", "w2", "w3"]
+            .into_iter()
+            .map(|id| queues.join("k", id))
+            .collect();
+        assert_eq!(members[0].next_turn(None), Turn::Park);
+        queues.reserve("k").expect("w1").grant(1);
+        queues
+            .reserve("k")
+            .expect("w2: the run just began")
+            .grant(2);
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(queues.reserve("k").is_none(), "the run has lasted 30 ms");
+        queues.released_globally("k");
+        assert_eq!(queues.reserve("k").expect("a new run").claim, "w3");
     }
 }

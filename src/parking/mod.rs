@@ -95,7 +95,7 @@ pub(crate) struct WaitingRoom<C, G> {
 impl<C: Clone, G: Clone> WaitingRoom<C, G> {
     pub(crate) fn new(backend: Arc<Backend>, config: &Config) -> Self {
         WaitingRoom {
-            queues: LocalQueues::new(config.max_local_handoffs),
+            queues: LocalQueues::new(config.max_local_handoffs, config.max_local_run),
             backend,
             max_park: config.max_park,
             io_timeout: config.io_timeout,

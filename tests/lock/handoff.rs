@@ -38,10 +38,13 @@ across_topologies! {
         // the baton, so it makes no attempt of its own meanwhile, and a
         // master of a quorum is waited for (2 s) rather than counted out of
         // a round, so no round is undone and sent again.
+        // A run as long as it takes: the four hand-offs in a row, however
+        // slow the machine.
         let client = deployment
             .builder()
             .max_park(Duration::from_secs(60))
             .node_timeout(Duration::from_secs(2))
+            .max_local_run(Duration::from_secs(60))
             .build()
             .unwrap();
         let lock = client.lock("queue").unwrap();
@@ -125,6 +128,36 @@ across_topologies! {
 fn a_waiter_in_another_process_gets_the_lock_while_local_threads_keep_contending() {
     let deployment = Deployment::start(Topology::Single);
     let (server, client) = (deployment.server(), deployment.client());
+    let millis = remote_wait_among_local_contenders(server, &client, Duration::from_millis(1));
+    assert!(millis < 1_000, "waited {millis} ms");
+}
+
+/// With hand-offs in a row allowed by the thousand, the run's time bound
+/// is what lets the other process in: 8 local threads holding 5 ms each
+/// would otherwise keep the lock for seconds.
+#[test]
+fn a_run_of_local_hand_offs_ends_at_max_local_run() {
+    let deployment = Deployment::start(Topology::Single);
+    let server = deployment.server();
+    let client = deployment
+        .builder()
+        .max_local_handoffs(1_000_000)
+        .max_local_run(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let millis = remote_wait_among_local_contenders(server, &client, Duration::from_millis(5));
+    // A run (20 ms), a critical section (5 ms) and the Redis cycle, with
+    // slack for a loaded machine.
+    assert!(millis < 400, "waited {millis} ms");
+}
+
+/// How long (ms) a waiter in another process waits for the lock while 8
+/// threads of `client` take it in turn, each holding it `hold`.
+fn remote_wait_among_local_contenders(
+    server: &RedisServer,
+    client: &Client,
+    hold: Duration,
+) -> u64 {
     let lock = client.lock("busy").unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let rounds = Arc::new(AtomicU64::new(0));
@@ -135,14 +168,14 @@ fn a_waiter_in_another_process_gets_the_lock_while_local_threads_keep_contending
                 while !stop.load(Ordering::Relaxed) {
                     let guard = lock.lock().unwrap();
                     rounds.fetch_add(1, Ordering::Relaxed);
-                    thread::sleep(Duration::from_millis(1));
+                    thread::sleep(hold);
                     drop(guard);
                 }
             })
         })
         .collect();
     eventually(Duration::from_secs(5), "local contention", || {
-        rounds.load(Ordering::Relaxed) > 100
+        rounds.load(Ordering::Relaxed) > 50
     });
     let mut remote = spawn_child("remote-waiter", server);
     remote.wait_for_line("READY", Duration::from_secs(30));
@@ -154,8 +187,8 @@ fn a_waiter_in_another_process_gets_the_lock_while_local_threads_keep_contending
     let (got, millis) = waited.split_once(' ').unwrap();
     assert_eq!(got, "true", "the remote waiter got the lock");
     let millis: u64 = millis.parse().unwrap();
-    println!("remote waiter waited {millis} ms among 8 contending local threads");
-    assert!(millis < 1_000, "waited {millis} ms");
+    println!("remote waiter waited {millis} ms among 8 local threads holding {hold:?} each");
+    millis
 }
 
 across_topologies! {

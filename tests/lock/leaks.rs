@@ -81,8 +81,8 @@ fn tokens_keep_growing_after_the_fence_counter_expired() {
 fn a_token_is_the_counter_plus_one_when_the_counter_is_ahead_of_the_clock() {
     let server = RedisServer::start();
     // The counter is left at the token plus the tokens set aside for
-    // in-memory hand-offs: `max_local_handoffs` of them (8 by default).
-    for reserve in [8, 0, 1_000_000] {
+    // in-memory hand-offs: `max_local_handoffs` of them (64 by default).
+    for reserve in [64, 0, 1_000_000] {
         let client = Client::builder(server.url())
             .max_local_handoffs(reserve)
             .build()
