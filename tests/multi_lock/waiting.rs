@@ -285,3 +285,76 @@ fn a_deadline_during_a_partial_set_leaves_nothing_held() {
     );
     drop(b);
 }
+
+/// A name a set took while it waits for the next one can be lost
+/// meanwhile (its renewals failed until its lease ended, as across a
+/// Sentinel failover: the fault matrix's `multi_sentinel_master_killed`
+/// found a set returned with such a name while a plain locker held it).
+/// Here its key is deleted and another client takes it: when the next
+/// name comes free, the set must not come back with the lost one; it
+/// gives back what it took, waits for that name, and gets a fresh hold.
+#[test]
+fn a_name_lost_while_the_set_waits_for_the_next_one_is_taken_afresh() {
+    let server = RedisServer::start();
+    let (holder, other) = (client(&server), client(&server));
+    let (told, events) = mpsc::channel();
+    let waiter = Client::builder(server.url())
+        .io_timeout(Duration::from_secs(2))
+        // Renewed every third of a second: the deleted key is found soon.
+        .default_lease(Duration::from_secs(1))
+        // A partial set's window of 8 s: it does not end on its own here.
+        .max_park(Duration::from_secs(5))
+        .on_event(move |event| {
+            let seen = match event {
+                redbaton::Event::Lost { name, .. } => format!("lost {name}"),
+                redbaton::Event::Parked { name, .. } => format!("parked {name}"),
+                _ => return,
+            };
+            let _ = told.send(seen);
+        })
+        .build()
+        .unwrap();
+    let b = holder.lock("relost-b").unwrap().lock().unwrap();
+    let set = waiter
+        .multi_lock(["relost-a", "relost-b"])
+        .unwrap()
+        .hold_back_after(Duration::from_millis(20));
+    let waiting = thread::spawn(move || {
+        let guard = set.try_lock_for(Duration::from_secs(30)).unwrap();
+        guard.map(|guard| (guard.is_lost(), guard.fencing_token("relost-a")))
+    });
+    // The set took `a` and waits for `b`.
+    eventually(Duration::from_secs(5), "the set holds a", || {
+        exists(&server, "relost-a")
+    });
+    // Its hold of `a` ends behind its back, and another takes `a`.
+    redis::cmd("DEL")
+        .arg(crate::support::lock_key("relost-a"))
+        .query::<()>(&mut server.connection())
+        .unwrap();
+    let a = other.lock("relost-a").unwrap().try_lock().unwrap();
+    let a = a.expect("a is free once its key is gone");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while events.recv_timeout(Duration::from_millis(20)).ok() != Some("lost relost-a".into()) {
+        assert!(Instant::now() < deadline, "the watchdog never found a gone");
+    }
+    b.unlock().unwrap();
+    // The set gets `b` and must then wait for `a` again, not come back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while events.recv_timeout(Duration::from_millis(20)).ok() != Some("parked relost-a".into()) {
+        assert!(
+            !waiting.is_finished(),
+            "the set came back with a name lost and held by another: (lost, token of a) = {:?}",
+            waiting.joined()
+        );
+        assert!(Instant::now() < deadline, "the set never waited for a");
+    }
+    let taken_over = a.fencing_token();
+    a.unlock().unwrap();
+    let (lost, token) = waiting.joined().expect("the set got both names");
+    assert!(!lost, "the set came back with a lost name");
+    assert!(
+        token > Some(taken_over),
+        "a's token {token:?} is not newer than the other holder's {taken_over}"
+    );
+}

@@ -460,7 +460,8 @@ impl MultiLock {
     /// waiter of that name, keeping those taken while it waits for the
     /// next, until `deadline` and for one place's time at most (1.5
     /// `max_park` + 500 ms): the set, or else (everything taken given
-    /// back, last first) the index of the name that stopped it.
+    /// back, last first) the index of the name that stopped it (or of a
+    /// name taken and found lost by the end).
     fn take_in_turn(
         &self,
         deadline: Option<Instant>,
@@ -488,6 +489,19 @@ impl MultiLock {
                     *count += 1;
                 }
             }
+        }
+        // A name taken early may have been lost while this waited for a
+        // later one (its renewals failed until its lease ended, as across a
+        // failover), and someone else may hold it now: a set with a lost
+        // name is no set. Give everything back and wait for that name.
+        let order = self.groups.iter().flatten();
+        if let Some((&lost, _)) = order.zip(&taken.guards).find(|(_, g)| g.is_lost()) {
+            // The lost name's release is refused, as expected here: no
+            // warning (the drop's) for it.
+            if let Err(err) = taken.release() {
+                log::debug!("redbaton: a partial set with a lost name given back: {err}");
+            }
+            return Ok(Err(lost));
         }
         Ok(Ok(taken))
     }
