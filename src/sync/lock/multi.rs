@@ -490,12 +490,22 @@ impl MultiLock {
                 }
             }
         }
-        // A name taken early may have been lost while this waited for a
-        // later one (its renewals failed until its lease ended, as across a
-        // failover), and someone else may hold it now: a set with a lost
-        // name is no set. Give everything back and wait for that name.
-        let order = self.groups.iter().flatten();
-        if let Some((&lost, _)) = order.zip(&taken.guards).find(|(_, g)| g.is_lost()) {
+        // A name taken before the last may have been lost while this waited
+        // for a later one, and someone else may hold it now: its renewals
+        // failed until its lease ended, or Redis no longer has it (a
+        // Sentinel failover to a replica that never had it, which no
+        // renewal has met yet). A set with a lost name is no set: each is
+        // checked, locally and then in Redis (one owner-checked read each,
+        // on this path only), and the set given back at the first lost one,
+        // to wait for that name.
+        let earlier = taken.guards.len().saturating_sub(1);
+        let order = self.groups.iter().flatten().zip(&taken.guards);
+        let order = || order.clone().take(earlier);
+        let lost = order()
+            .find(|(_, guard)| guard.is_lost())
+            .or_else(|| order().find(|(_, guard)| guard.remaining_lease().is_err()))
+            .map(|(&index, _)| index);
+        if let Some(lost) = lost {
             // The lost name's release is refused, as expected here: no
             // warning (the drop's) for it.
             if let Err(err) = taken.release() {
