@@ -95,8 +95,8 @@ impl Event {
     pub fn skipped(self, sync: Sync, deploy: Deploy) -> Option<&'static str> {
         let holds = !matches!(sync, Sync::Rate | Sync::Latch);
         match self {
-            _ if deploy == Deploy::Masters && sync != Sync::Lock => {
-                Some("a Redlock quorum offers only the plain lock (WrongTopology)")
+            _ if deploy == Deploy::Masters && !matches!(sync, Sync::Lock | Sync::Multi) => {
+                Some("a Redlock quorum offers only the plain lock and the multi-lock (WrongTopology)")
             }
             Event::HolderKilled | Event::HolderStopped if !holds => {
                 Some("nothing is held: no holder to kill or stop")

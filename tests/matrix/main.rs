@@ -90,6 +90,14 @@ matrix! {
     latch_single_rearm: Latch, Single, Event::Rearm;
     rate_single_lost_reply: Rate, Single, Event::LostReply;
     rate_single_busy: Rate, Single, Event::Busy;
+    multi_single_holder_killed: Multi, Single, Event::HolderKilled;
+    multi_single_waiter_killed: Multi, Single, Event::WaiterKilled;
+    multi_single_holder_stopped: Multi, Single, Event::HolderStopped;
+    multi_single_lost_reply: Multi, Single, Event::LostReply;
+    multi_single_busy: Multi, Single, Event::Busy;
+    multi_single_max_park_1ms: Multi, Single, Event::MaxPark(1);
+    multi_single_max_park_20ms: Multi, Single, Event::MaxPark(20);
+    multi_single_max_park_100ms: Multi, Single, Event::MaxPark(100);
 
     // A cluster of three masters.
     lock_cluster_holder_killed: Lock, Cluster, Event::HolderKilled;
@@ -115,6 +123,12 @@ matrix! {
     rate_cluster_migration: Rate, Cluster, Event::Migration;
     rate_cluster_migration_stalled: Rate, Cluster, Event::MigrationStalled;
     rate_cluster_busy: Rate, Cluster, Event::Busy;
+    // The set's two names have their own hash tags (most likely two
+    // slots); the migration and the busy script are `m`'s slot's.
+    multi_cluster_holder_killed: Multi, Cluster, Event::HolderKilled;
+    multi_cluster_migration: Multi, Cluster, Event::Migration;
+    multi_cluster_migration_stalled: Multi, Cluster, Event::MigrationStalled;
+    multi_cluster_busy: Multi, Cluster, Event::Busy;
 
     // A master, two replicas and three sentinels, replica_acks(1, 300 ms).
     lock_sentinel_failover: Lock, Sentinel, Event::Failover;
@@ -130,8 +144,11 @@ matrix! {
     latch_sentinel_rearm: Latch, Sentinel, Event::Rearm;
     rate_sentinel_failover: Rate, Sentinel, Event::Failover;
     rate_sentinel_master_killed: Rate, Sentinel, Event::MasterKilled;
+    multi_sentinel_failover: Multi, Sentinel, Event::Failover;
+    multi_sentinel_master_killed: Multi, Sentinel, Event::MasterKilled;
 
-    // A Redlock quorum of three masters (the plain lock only).
+    // A Redlock quorum of three masters (the plain lock and the
+    // multi-lock only).
     lock_masters_holder_killed: Lock, Masters, Event::HolderKilled;
     lock_masters_waiter_killed: Lock, Masters, Event::WaiterKilled;
     lock_masters_holder_stopped: Lock, Masters, Event::HolderStopped;
@@ -140,6 +157,14 @@ matrix! {
     lock_masters_master_killed: Lock, Masters, Event::QuorumMasterKilled;
     lock_masters_busy: Lock, Masters, Event::Busy;
     lock_masters_max_park_20ms: Lock, Masters, Event::MaxPark(20);
+    multi_masters_holder_killed: Multi, Masters, Event::HolderKilled;
+    multi_masters_waiter_killed: Multi, Masters, Event::WaiterKilled;
+    multi_masters_holder_stopped: Multi, Masters, Event::HolderStopped;
+    multi_masters_lost_reply: Multi, Masters, Event::LostReply;
+    multi_masters_master_stopped: Multi, Masters, Event::QuorumMasterStopped;
+    multi_masters_master_killed: Multi, Masters, Event::QuorumMasterKilled;
+    multi_masters_busy: Multi, Masters, Event::Busy;
+    multi_masters_max_park_20ms: Multi, Masters, Event::MaxPark(20);
 }
 
 /// Every event, with the `max_park` values the matrix tries.
@@ -173,6 +198,7 @@ fn every_cell_is_run_or_skipped() {
         Sync::Semaphore,
         Sync::Latch,
         Sync::Rate,
+        Sync::Multi,
     ];
     let deploys = [
         Deploy::Single,

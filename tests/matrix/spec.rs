@@ -17,6 +17,9 @@ pub enum Sync {
     Semaphore,
     Latch,
     Rate,
+    /// A multi-lock over two names, contended by single-name lockers of
+    /// each name too.
+    Multi,
 }
 
 /// The deployments of the matrix (the support's topologies, by name).
@@ -37,6 +40,7 @@ impl Sync {
             Sync::Semaphore => "sem",
             Sync::Latch => "latch",
             Sync::Rate => "rate",
+            Sync::Multi => "multi",
         }
     }
 
@@ -48,6 +52,7 @@ impl Sync {
             Sync::Semaphore,
             Sync::Latch,
             Sync::Rate,
+            Sync::Multi,
         ]
         .into_iter()
         .find(|s| s.code() == code)
@@ -144,6 +149,16 @@ impl Spec {
             hold: millis("hold"),
             permits: field("permits").parse().unwrap(),
             cap: field("cap").parse().unwrap(),
+        }
+    }
+
+    /// The lock names the synchronizer takes: [`Spec::name`], and for a
+    /// multi-lock a second one (its own hash tag, so on a cluster most
+    /// likely another slot).
+    pub fn names(&self) -> Vec<String> {
+        match self.sync {
+            Sync::Multi => vec![self.name.clone(), format!("{}:2", self.name)],
+            _ => vec![self.name.clone()],
         }
     }
 

@@ -463,7 +463,8 @@ impl MultiLock {
     /// waiter of that name, keeping those taken while it waits for the
     /// next, until `deadline` and for one place's time at most (1.5
     /// `max_park` + 500 ms): the set, or else (everything taken given
-    /// back, last first) the index of the name that stopped it.
+    /// back, last first) the index of the name that stopped it (or of a
+    /// name taken and found lost by the end).
     fn take_in_turn(
         &self,
         deadline: Option<Instant>,
@@ -491,6 +492,29 @@ impl MultiLock {
                     *count += 1;
                 }
             }
+        }
+        // A name taken before the last may have been lost while this waited
+        // for a later one, and someone else may hold it now: its renewals
+        // failed until its lease ended, or Redis no longer has it (a
+        // Sentinel failover to a replica that never had it, which no
+        // renewal has met yet). A set with a lost name is no set: each is
+        // checked, locally and then in Redis (one owner-checked read each,
+        // on this path only), and the set given back at the first lost one,
+        // to wait for that name.
+        let earlier = taken.guards.len().saturating_sub(1);
+        let order = self.groups.iter().flatten().zip(&taken.guards);
+        let order = || order.clone().take(earlier);
+        let lost = order()
+            .find(|(_, guard)| guard.is_lost())
+            .or_else(|| order().find(|(_, guard)| guard.remaining_lease().is_err()))
+            .map(|(&index, _)| index);
+        if let Some(lost) = lost {
+            // The lost name's release is refused, as expected here: no
+            // warning (the drop's) for it.
+            if let Err(err) = taken.release() {
+                log::debug!("redbaton: a partial set with a lost name given back: {err}");
+            }
+            return Ok(Err(lost));
         }
         Ok(Ok(taken))
     }
