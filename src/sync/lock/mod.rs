@@ -381,17 +381,17 @@ impl Lock {
         self.acquire_from(deadline, true, start)
     }
 
-    /// [`Lock::acquire`] until `until`, without telling the event hook of
-    /// the outcome: for a multi-lock taking its names one at a time, which
-    /// tells it for the whole set. (Its parks are told by the wait core as
-    /// any wait's, and reaching `until` as a time out only when it is the
-    /// caller's `last` deadline.)
+    /// [`Lock::acquire`] until `until` (`None`: until acquired), without
+    /// telling the event hook of the outcome: for a multi-lock taking its
+    /// names one at a time, which tells it for the whole set. (Its parks
+    /// are told by the wait core as any wait's, and reaching `until` as a
+    /// time out only when it is the caller's `last` deadline.)
     pub(super) fn acquire_untold(
         &self,
-        until: Instant,
+        until: Option<Instant>,
         last: bool,
     ) -> Result<Option<LockGuard>, Error> {
-        self.acquire_from(Some(until), last, None)
+        self.acquire_from(until, last, None)
     }
 
     /// [`Lock::acquire`]'s work; the outcome is told to the event hook

@@ -461,16 +461,23 @@ impl MultiLock {
 
     /// Takes the names one at a time in the global order, each as a plain
     /// waiter of that name, keeping those taken while it waits for the
-    /// next, until `deadline` and for one place's time at most (1.5
-    /// `max_park` + 500 ms): the set, or else (everything taken given
-    /// back, last first) the index of the name that stopped it (or of a
-    /// name taken and found lost by the end).
+    /// next: the first until `deadline` (holding nothing meanwhile), the
+    /// others until `deadline` and for one place's time at most (1.5
+    /// `max_park` + 500 ms) from the first's: the set, or else (everything
+    /// taken given back, last first) the index of the name that stopped it
+    /// (or of a name taken and found lost by the end).
+    ///
+    /// Waiting for the first name has no window of its own: a waiter that
+    /// holds nothing keeps no one waiting, and coming back at a window's
+    /// end would only send the attempts of every such waiter again (many
+    /// set waiters of one process queue behind the one that took the first
+    /// name, and take it in turn when it gives its partial set back).
     fn take_in_turn(
         &self,
         deadline: Option<Instant>,
     ) -> Result<Result<MultiLockGuard, usize>, Error> {
-        let window = Instant::now() + self.context.config.place_ttl();
-        let until = deadline.map_or(window, |deadline| deadline.min(window));
+        // Set once the first name is held.
+        let mut window: Option<Instant> = None;
         // Dropped on the way out unless complete: what it holds is
         // released, last first.
         let mut taken = MultiLockGuard {
@@ -483,10 +490,18 @@ impl MultiLock {
             // released group by group (one slot's names together).
             taken.groups.push(0);
             for &index in group {
-                let guard = self.locks[index].acquire_untold(until, Some(until) == deadline)?;
+                let guard = match window {
+                    None => self.locks[index].acquire_untold(deadline, true)?,
+                    Some(window) => {
+                        let until = deadline.map_or(window, |deadline| deadline.min(window));
+                        let last = Some(until) == deadline;
+                        self.locks[index].acquire_untold(Some(until), last)?
+                    }
+                };
                 let Some(guard) = guard else {
                     return Ok(Err(index));
                 };
+                window.get_or_insert_with(|| Instant::now() + self.context.config.place_ttl());
                 taken.guards.push(guard);
                 if let Some(count) = taken.groups.last_mut() {
                     *count += 1;
