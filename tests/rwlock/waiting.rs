@@ -43,6 +43,7 @@ fn fourteen_waiters_during_a_three_second_hold_send_a_bounded_number_of_commands
         .collect();
     thread::sleep(HOLD);
     let during = server.commands_since(&before);
+    let parked = blocked_clients(&server);
     held.unlock().unwrap();
     for _ in 0..READERS + WRITERS {
         finished
@@ -71,9 +72,17 @@ fn fourteen_waiters_during_a_three_second_hold_send_a_bounded_number_of_commands
     let bound = 2 * waiters + 2 * waiters * parks;
     println!("commands sent during the hold: {total} (bound {bound}); all: {during:?}");
     assert!(total <= bound, "{total} commands > {bound}: {during:?}");
+    // The process parks in blocked calls of its own (readers' and
+    // writers' batons), issued again only when a list joins one or at the
+    // backstop: Redis 7.0 counts a BLPOP when it blocks, Valkey 8 when it
+    // returns, so the count has an upper bound only.
+    assert!(
+        (1..=2).contains(&parked),
+        "{parked} blocked connections during the hold"
+    );
     let blpops = during.get("blpop").copied().unwrap_or(0);
     assert!(
-        (2..=2 * (parks + 2)).contains(&blpops),
+        blpops <= 2 * (parks + 2),
         "{blpops} BLPOPs: one parked reader and one parked writer per max park: {during:?}"
     );
 }

@@ -152,6 +152,7 @@ fn ten_waiters_during_a_three_second_hold_send_a_bounded_number_of_commands() {
         .collect();
     thread::sleep(HOLD);
     let during = server.commands_since(&before);
+    let parked = support::blocked_clients(&server);
     held.release().unwrap();
     for _ in 0..WAITERS {
         finished
@@ -172,9 +173,17 @@ fn ten_waiters_during_a_three_second_hold_send_a_bounded_number_of_commands() {
     let bound = 2 * WAITERS + 2 * CLIENTS * (parks + 2);
     println!("commands sent during the hold: {total} (bound {bound}); all: {during:?}");
     assert!(total <= bound, "{total} commands > {bound}: {during:?}");
+    // One blocked call per client, issued again only when a list joins
+    // it, at a waiter's return or at the backstop: Redis 7.0 counts a
+    // BLPOP when it blocks, Valkey 8 when it returns, so the count has an
+    // upper bound only.
+    assert!(
+        (1..=CLIENTS).contains(&parked),
+        "{parked} blocked connections during the hold"
+    );
     let blpops = during.get("blpop").copied().unwrap_or(0);
     assert!(
-        (1..=CLIENTS * (parks + 2)).contains(&blpops),
+        blpops <= CLIENTS * (parks + 2),
         "{blpops} BLPOPs: one parked connection per client: {during:?}"
     );
     assert_eq!(sem.available_permits().unwrap(), 1);
