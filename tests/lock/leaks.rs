@@ -155,5 +155,12 @@ across_topologies! {
             "{err}"
         );
         assert!(!lock.is_locked().unwrap(), "nothing was written");
+        for server in deployment.servers_for(&lock_key("damaged")) {
+            let left: String = redis::cmd("GET")
+                .arg("redbaton:{damaged}:fence")
+                .query(&mut server.connection())
+                .unwrap();
+            assert_eq!(left, "not a number", "the damaged counter is left as it was");
+        }
     }
 }

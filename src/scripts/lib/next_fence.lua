@@ -26,31 +26,45 @@
 -- microseconds), and the token is written back with '%.0f', never in
 -- exponent form.
 local function next_fence(key, ttl, proposed, reserve)
-  local stored = redis.call('GET', key)
   local now = redis.call('TIME')
   local micros = now[2]
   local clock = now[1] .. string.rep('0', 6 - #micros) .. micros
-  -- The usual case, decided on the digits: no proposal, and a counter that
-  -- is absent or below the clock (strings of digits of one length compare
-  -- as their numbers do). It writes the clock's digits as they are: a
-  -- token's round trip through a double and '%.0f' costs this script more
-  -- than any of its calls. A reserve is added to the microseconds alone
-  -- ('%d' is cheap; '%.0f' is not).
-  if (proposed == nil or proposed == '0')
-    and (not stored or (string.find(stored, '^%d+$')
-      and (#stored < #clock or (#stored == #clock and stored < clock)))) then
+  local usual = proposed == nil or proposed == '0'
+  local stored
+  if usual then
+    -- The usual case in one call: the clock's digits written as they are
+    -- (a token's round trip through a double and '%.0f' costs this script
+    -- more than any of its calls; a reserve is added to the microseconds
+    -- alone, with the cheap '%d'), and the counter they replace read back
+    -- (SET's GET: one call where GET and SET were two). When that counter
+    -- was absent or below the clock (strings of digits of one length
+    -- compare as their numbers do), the clock is the token.
     local counter = clock
     if reserve and reserve ~= '0' then
       local ahead = tonumber(micros) + tonumber(reserve)
-      counter = string.format('%d%06d', tonumber(now[1]) + math.floor(ahead / 1000000), ahead % 1000000)
+      if ahead < 1000000 then
+        counter = now[1] .. string.format('%06d', ahead)
+      else
+        counter = string.format('%d%06d', tonumber(now[1]) + math.floor(ahead / 1000000), ahead % 1000000)
+      end
     end
-    redis.call('SET', key, counter, 'PX', ttl)
-    return tonumber(clock), nil, clock
+    stored = redis.call('SET', key, counter, 'PX', ttl, 'GET')
+    if not stored or (string.find(stored, '^%d+$')
+      and (#stored < #clock or (#stored == #clock and stored < clock))) then
+      return tonumber(clock), nil, clock
+    end
+  else
+    stored = redis.call('GET', key)
   end
   local counter = 0
   if stored then
     counter = tonumber(stored)
     if not counter then
+      if usual then
+        -- The damaged value goes back as it was (its TTL aside): an
+        -- error changes nothing.
+        redis.call('SET', key, stored, 'PX', ttl)
+      end
       return nil, redis.error_reply('WRONGTYPE fence key ' .. key .. ' holds a value that is not an integer')
     end
   end
