@@ -180,10 +180,9 @@ pub(crate) fn release(
         .arg(millis(baton_ttl))
 }
 
-/// Each release of `batch` (plain locks on one Redlock master), given as
-/// [`release`]'s arguments (keys, identity, fence, guards left, lease),
-/// in one call.
-#[cfg(feature = "redlock")]
+/// Each release of `batch` (plain locks of one cluster slot, or on one
+/// Redlock master), given as [`release`]'s arguments (keys, identity,
+/// fence, guards left, lease), in one call.
 pub(crate) fn release_many(
     batch: &[(&LockKeys, &str, u64, usize, Duration)],
     baton_ttl: Duration,

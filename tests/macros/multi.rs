@@ -32,8 +32,14 @@ fn inspect(client: &Client, from: u64, to: u64) -> Result<[(Holder, u64); 2], Ap
 fn every_name_is_held_for_the_body_with_its_token_in_the_order_of_keys() {
     let server = RedisServer::start();
     let client = support::client(&server);
-    // Different tokens for the two names: the first is taken twice.
-    drop(client.lock("account:2").unwrap().lock().unwrap());
+    // Different tokens for the two names: the first one's counter is
+    // ahead of the server's clock (names taken in one script share the
+    // clock's reading).
+    redis::cmd("SET")
+        .arg("redbaton:{account:2}:fence")
+        .arg(9_000_000_000_000_000_u64)
+        .query::<()>(&mut server.connection())
+        .unwrap();
     let [(first, first_token), (second, second_token)] = inspect(&client, 2, 1).unwrap();
     assert_eq!((first.fencing_token, first.depth), (first_token, 1));
     assert_eq!((second.fencing_token, second.depth), (second_token, 1));

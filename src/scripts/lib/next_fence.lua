@@ -1,6 +1,8 @@
--- next_fence(key, ttl, proposed, reserve): the next fencing token of a lock
--- (as a number, nil, and as the digits to store), or nil and an error
--- reply. Prepended to the scripts that start an ownership.
+-- next_fence(key, ttl, proposed, reserve, now): the next fencing token of a
+-- lock (for the reply: a number, or its digits as a string; nil; and the
+-- digits to store), or nil and an error reply. Prepended to the scripts that start an ownership. `now` is the
+-- server's TIME reply if the caller has one (a script taking several
+-- names reads the clock once), else nil.
 --
 -- `proposed` (a string, or nil: none) is a Redlock client's proposal: the
 -- token is never below it either, so that when every master of a majority
@@ -25,8 +27,8 @@
 -- Doubles hold integers exactly up to 2^53 (about 285 years of
 -- microseconds), and the token is written back with '%.0f', never in
 -- exponent form.
-local function next_fence(key, ttl, proposed, reserve)
-  local now = redis.call('TIME')
+local function next_fence(key, ttl, proposed, reserve, now)
+  now = now or redis.call('TIME')
   local micros = now[2]
   local clock = now[1] .. string.rep('0', 6 - #micros) .. micros
   local usual = proposed == nil or proposed == '0'
@@ -51,7 +53,10 @@ local function next_fence(key, ttl, proposed, reserve)
     stored = redis.call('SET', key, counter, 'PX', ttl, 'GET')
     if not stored or (string.find(stored, '^%d+$')
       and (#stored < #clock or (#stored == #clock and stored < clock))) then
-      return tonumber(clock), nil, clock
+      -- The token as digits for the reply too (the script's reply sends
+      -- it as a string of digits, which the client reads as a number):
+      -- tonumber on sixteen digits is strtod's slow path.
+      return clock, nil, clock
     end
   else
     stored = redis.call('GET', key)

@@ -31,8 +31,9 @@
 --         {0, i, pttl}  name i (1-based) is held by another identity, with
 --                       pttl ms of lease left (-1: none); nothing was taken
 --
--- Every read comes before any write, so an error (WRONGTYPE on a lock or a
--- fence key) leaves every name as it was: all or none holds for errors too.
+-- An error (WRONGTYPE on a lock or a fence key) comes before any lock is
+-- written, so it leaves every name as it was (a fence counter may have
+-- moved ahead): all or none holds for errors too.
 -- Only the first name in the way gets the `waited` and `seen` marks (see
 -- acquire.lua): the caller parks on that name's baton, and a mark on the
 -- others would make their releases push batons nobody waits for.
@@ -51,12 +52,31 @@ for i = 1, names do
   elseif held[1] ~= false and (held[1] ~= identity or ARGV[5 * i + 6] == '1') then
     redis.call('HSET', lock, 'waited', 1, 'seen', 1)
     return {0, i, redis.call('PTTL', lock)}
-  else
-    -- A fence key that is not an integer must fail here, before any write.
-    local stored = redis.call('GET', KEYS[2 * i])
-    if stored and not tonumber(stored) then
-      return redis.error_reply('WRONGTYPE fence key ' .. KEYS[2 * i] .. ' holds a value that is not an integer')
+  end
+end
+
+-- Every name is free or the caller's: the fresh names' tokens first, so
+-- that a fence key that is not an integer fails the call before any lock
+-- is written (the counters of names before it only move ahead, which a
+-- fencing counter may always do; the damaged one is put back as it was).
+-- One clock for all of them.
+local tokens = {}
+local now = nil
+for i = 1, names do
+  if not reenter[i] then
+    -- As acquire.lua: the proposal only for a name the caller has no
+    -- live guards of (a re-entry whose copy is missing here is a
+    -- minority's, taken afresh without it).
+    local proposed = nil
+    if ARGV[5 * i + 3] == '0' then
+      proposed = ARGV[5]
     end
+    now = now or redis.call('TIME')
+    local fence, err, token = next_fence(KEYS[2 * i], ARGV[2], proposed, ARGV[6], now)
+    if err then
+      return err
+    end
+    tokens[i] = {fence, token}
   end
 end
 
@@ -64,32 +84,21 @@ local reply = {1}
 for i = 1, names do
   local lock = KEYS[2 * i - 1]
   local lease = ARGV[5 * i + 2]
-  local mine = ARGV[5 * i + 3]
   local depth = ARGV[5 * i + 4]
   if reenter[i] then
     redis.call('HSET', lock, 'count', depth)
     extend_lease(lock, lease)
-    reply[#reply + 1] = tonumber(mine)
+    reply[#reply + 1] = tonumber(ARGV[5 * i + 3])
     reply[#reply + 1] = tonumber(depth)
   else
-    -- As acquire.lua: the proposal only for a name the caller has no
-    -- live guards of (a re-entry whose copy is missing here is a
-    -- minority's, taken afresh without it).
-    local proposed = nil
-    if mine == '0' then
-      proposed = ARGV[5]
-    end
-    local fence, err, token = next_fence(KEYS[2 * i], ARGV[2], proposed, ARGV[6])
-    if err then
-      return err
-    end
+    local token = tokens[i][2]
     if ARGV[4] == '1' then
       redis.call('HSET', lock, 'flag', identity, 'count', '1', 'fence', token, 'req', ARGV[3], 'waited', '1')
     else
       redis.call('HSET', lock, 'flag', identity, 'count', '1', 'fence', token, 'req', ARGV[3])
     end
     redis.call('PEXPIRE', lock, lease)
-    reply[#reply + 1] = fence
+    reply[#reply + 1] = tokens[i][1]
     reply[#reply + 1] = 1
   end
 end

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind, Value};
 
-use super::raw::{Answered, Holder, Owner, RawLock, ReleaseOne};
+use super::raw::{release_answer, Answered, Holder, Owner, RawLock, ReleaseOne};
 use crate::backend::{Backend, Failed, Sent};
 use crate::config::{ClockDrift, Config, NodeTimeout};
 use crate::error::Error;
@@ -1035,33 +1035,6 @@ impl RenewLeases for QuorumLock {
                 },
             )
             .collect()
-    }
-}
-
-/// One name's answer in `lock/release_many.lua`'s reply: release.lua's
-/// number, or the message of the error that left the lock `name` as it
-/// was, told as one lock's release tells it (a `WRONGTYPE` is
-/// [`Error::WrongType`]).
-fn release_answer(value: &Value, name: &str) -> Result<ReleaseReply, Error> {
-    let refused = |message: String| match message.strip_prefix("WRONGTYPE ") {
-        Some(detail) => Error::WrongType {
-            name: name.to_owned(),
-            detail: detail.to_owned(),
-        },
-        None => Error::Redis {
-            source: RedisError::from((
-                ErrorKind::Server(ServerErrorKind::ResponseError),
-                "a release was refused",
-                message,
-            )),
-        },
-    };
-    match value {
-        Value::BulkString(bytes) => Err(refused(String::from_utf8_lossy(bytes).into_owned())),
-        Value::SimpleString(text) => Err(refused(text.clone())),
-        other => ReleaseReply::from_redis_value(other.clone()).map_err(|err| Error::Redis {
-            source: RedisError::from(err),
-        }),
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::{FromRedisValue, ServerErrorKind, Value};
+use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind, Value};
 
 use crate::backend::{Backend, Failed, Sent};
 use crate::config::{Config, ReplicaAcks};
@@ -544,54 +544,60 @@ impl RawLock for DeploymentLock {
         if one_by_one {
             return batch.iter().map(|&r| self.release(r)).collect();
         }
-        let calls: Vec<Call> = batch
+        // One script for the batch (`lock/release_many.lua`): each name
+        // released as `lock/release.lua` would, a refused name answered on
+        // its own. Sent twice (after NOSCRIPT, or on a fresh connection),
+        // it is safe: each release sets the depth it leaves, and a last
+        // release sent again is told "not the owner" (`resent`).
+        let args: Vec<_> = batch
             .iter()
-            .map(|r| {
-                calls::release(
-                    r.keys,
-                    r.identity,
-                    r.fence,
-                    r.guards_left,
-                    r.lease,
-                    self.baton_ttl,
-                )
-            })
+            .map(|r| (r.keys, r.identity, r.fence, r.guards_left, r.lease))
             .collect();
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for call in &calls {
-            call.add_to(&mut pipe);
-        }
+        let call = calls::release_many(&args, self.baton_ttl);
         let first = batch[0].keys;
-        // Sending the pipeline twice (after NOSCRIPT, or on a fresh
-        // connection) is safe: each release sets the depth it leaves, and
-        // a last release sent again is told "not the owner" (`resent`).
-        let sent = self.backend.exchange(&first.lock, &first.name, |c| {
-            let mut values: Vec<Value> = pipe.query(c)?;
-            if forgot_script(&values) {
-                calls[0].load(c)?;
-                values = pipe.query(c)?;
-            }
-            if values.len() != calls.len() {
-                return Err(redis::RedisError::from((
+        let sent = self
+            .backend
+            .exchange(&first.lock, &first.name, |c| call.invoke::<Vec<Value>>(c));
+        let count = batch.len();
+        match sent {
+            Ok(Sent { value, resent }) if value.len() == count => value
+                .iter()
+                .zip(batch)
+                .map(|(value, release)| {
+                    release_answer(value, &release.keys.name)
+                        .map(|reply| Sent {
+                            value: reply,
+                            resent,
+                        })
+                        .map_err(|error| Failed {
+                            error,
+                            outcome_unknown: false,
+                        })
+                })
+                .collect(),
+            Ok(Sent { value, .. }) => {
+                // Our bug, or someone else's script under our name:
+                // reported for every name, never read as a release.
+                let source = redis::RedisError::from((
                     redis::ErrorKind::Parse,
                     "unexpected reply",
-                    format!("{} replies to {} releases", values.len(), calls.len()),
-                )));
+                    format!(
+                        "lock/release_many.lua answered {} of its {count} names",
+                        value.len()
+                    ),
+                ));
+                batch
+                    .iter()
+                    .map(|_| {
+                        Err(Failed {
+                            error: Error::Redis {
+                                source: source.clone(),
+                            },
+                            outcome_unknown: true,
+                        })
+                    })
+                    .collect()
             }
-            values
-                .into_iter()
-                .map(|value| {
-                    let value = value.extract_error()?;
-                    Ok(ReleaseReply::from_redis_value(value)?)
-                })
-                .collect::<redis::RedisResult<Vec<ReleaseReply>>>()
-        });
-        match sent {
-            Ok(Sent { value, resent }) => value
-                .into_iter()
-                .map(|value| Ok(Sent { value, resent }))
-                .collect(),
             Err(failed) => batch
                 .iter()
                 .map(|_| {
@@ -911,4 +917,31 @@ fn wait_command(acks: ReplicaAcks) -> redis::Cmd {
     wait.arg(acks.replicas)
         .arg(crate::scripts::millis(acks.timeout));
     wait
+}
+
+/// One name's answer in `lock/release_many.lua`'s reply: release.lua's
+/// number, or the message of the error that left the lock `name` as it
+/// was, told as one lock's release tells it (a `WRONGTYPE` is
+/// [`Error::WrongType`]).
+pub(super) fn release_answer(value: &Value, name: &str) -> Result<ReleaseReply, Error> {
+    let refused = |message: String| match message.strip_prefix("WRONGTYPE ") {
+        Some(detail) => Error::WrongType {
+            name: name.to_owned(),
+            detail: detail.to_owned(),
+        },
+        None => Error::Redis {
+            source: RedisError::from((
+                ErrorKind::Server(ServerErrorKind::ResponseError),
+                "a release was refused",
+                message,
+            )),
+        },
+    };
+    match value {
+        Value::BulkString(bytes) => Err(refused(String::from_utf8_lossy(bytes).into_owned())),
+        Value::SimpleString(text) => Err(refused(text.clone())),
+        other => ReleaseReply::from_redis_value(other.clone()).map_err(|err| Error::Redis {
+            source: RedisError::from(err),
+        }),
+    }
 }
