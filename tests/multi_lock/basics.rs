@@ -33,6 +33,38 @@ fn a_set_with_one_name_held_leaves_every_name_free() {
     assert!(!exists(&server, "aon-a") && !exists(&server, "aon-b") && !exists(&server, "aon-c"));
 }
 
+/// A damaged fencing counter of the last name (not an integer) fails the
+/// whole set with an error naming it, and no name is taken: the tokens
+/// are issued before any lock is written.
+#[test]
+fn a_damaged_counter_of_one_name_fails_the_set_with_every_name_free() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let fence = "redbaton:{dmg-c}:fence";
+    redis::cmd("SET")
+        .arg(fence)
+        .arg("not a number")
+        .query::<()>(&mut server.connection())
+        .unwrap();
+    let set = client.multi_lock(["dmg-a", "dmg-b", "dmg-c"]).unwrap();
+    let err = set.try_lock().unwrap_err();
+    assert!(
+        matches!(err, Error::WrongType { .. }) && err.to_string().contains(fence),
+        "{err}"
+    );
+    for name in ["dmg-a", "dmg-b", "dmg-c"] {
+        assert!(!exists(&server, name), "{name} was taken");
+    }
+    let left: String = redis::cmd("GET")
+        .arg(fence)
+        .query(&mut server.connection())
+        .unwrap();
+    assert_eq!(
+        left, "not a number",
+        "the damaged counter is left as it was"
+    );
+}
+
 /// Names are a set: duplicates count once, and the order given changes
 /// nothing (two handles on the same names in other orders exclude each
 /// other).
