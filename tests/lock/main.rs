@@ -42,6 +42,7 @@ mod waiting;
 fn child_entry() {
     support::run_child_role(&[
         handoff::run_child,
+        passing::run_child,
         leases::run_child,
         processes::run_child,
         #[cfg(feature = "cluster")]

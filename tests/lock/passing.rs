@@ -409,3 +409,148 @@ fn queue_behind(lock: &Lock) -> mpsc::Receiver<(u64, mpsc::Sender<()>)> {
     });
     told
 }
+
+/// This file's child-process roles (run by the binary's `child_entry`);
+/// false for a role of another file.
+pub(crate) fn run_child(role: &str, url: &str) -> bool {
+    if role != "pass-forever" {
+        return false;
+    }
+    let client = Client::builder(url)
+        .default_lease(SIGKILL_LEASE)
+        .build()
+        .unwrap();
+    let lock = client.lock("killed-run").unwrap();
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (lock, url) = (lock.clone(), url.to_owned());
+            thread::spawn(move || {
+                let mut witness = redis::Client::open(url).unwrap().get_connection().unwrap();
+                let mut rounds = 0u64;
+                loop {
+                    let guard = lock.lock().unwrap();
+                    // Counted by the survivors, not here: this process dies.
+                    let _ = inside(&mut witness, guard.fencing_token());
+                    drop(guard);
+                    rounds += 1;
+                    if rounds == 50 {
+                        println!("RUNNING");
+                    }
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.joined();
+    }
+    true
+}
+
+/// The lease of the process killed in the middle of its run: renewed every
+/// second, so that it outlives the occupancy marker of a hold cut short by
+/// the kill (0.9 s) by more than a second.
+const SIGKILL_LEASE: Duration = Duration::from_secs(3);
+
+/// One critical section with an occupancy marker (`SET NX` with a 0.9 s
+/// expiry, so that a killed holder's ends before its lock's lease does)
+/// and a fenced store (`last_fence`): whether it was alone, and whether
+/// its token was above every token stored before it.
+fn inside(witness: &mut redis::Connection, token: u64) -> (bool, bool) {
+    let alone: bool = redis::cmd("SET")
+        .arg("occupant")
+        .arg(std::process::id())
+        .arg("NX")
+        .arg("PX")
+        .arg(900)
+        .query::<Option<String>>(witness)
+        .unwrap()
+        .is_some();
+    let last: u64 = redis::cmd("GET")
+        .arg("last_fence")
+        .query::<Option<u64>>(witness)
+        .unwrap()
+        .unwrap_or(0);
+    redis::cmd("SET")
+        .arg("last_fence")
+        .arg(token.max(last))
+        .query::<()>(witness)
+        .unwrap();
+    if alone {
+        redis::cmd("DEL")
+            .arg("occupant")
+            .query::<()>(witness)
+            .unwrap();
+    }
+    (alone, token > last)
+}
+
+/// A process whose four threads hand the lock on in memory is SIGKILLed in
+/// the middle of its run, while this process's threads contend with it:
+/// nobody is ever inside with another, every token is above the dead
+/// process's, and the survivors get the lock within its lease.
+#[test]
+fn a_process_killed_in_the_middle_of_its_run_leaves_no_overlap_and_no_older_token() {
+    let server = RedisServer::start();
+    // Every token Redis issues is the counter plus one: what the victim's
+    // ownerships set aside is all that keeps the survivors' tokens above
+    // those it handed out in memory.
+    let mut raw = server.connection();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut raw).unwrap();
+    redis::cmd("SET")
+        .arg("redbaton:{killed-run}:fence")
+        .arg(secs * 1_000_000 + micros + 86_400_000_000)
+        .query::<()>(&mut raw)
+        .unwrap();
+    let mut victim = crate::support::spawn_child("pass-forever", &server);
+    victim.wait_for_line("RUNNING", Duration::from_secs(30));
+    let client = Client::builder(server.url())
+        .default_lease(SIGKILL_LEASE)
+        .build()
+        .unwrap();
+    let lock = client.lock("killed-run").unwrap();
+    let killed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let survivors: Vec<_> = (0..4)
+        .map(|_| {
+            let (lock, url, killed) = (lock.clone(), server.url(), killed.clone());
+            thread::spawn(move || {
+                let mut witness = redis::Client::open(url).unwrap().get_connection().unwrap();
+                let (mut overlaps, mut older, mut after_kill) = (0, 0, 0);
+                let deadline = std::time::Instant::now() + Duration::from_secs(30);
+                while after_kill < 40 {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "the survivors stalled"
+                    );
+                    let guard = lock.lock().unwrap();
+                    let (alone, newer) = inside(&mut witness, guard.fencing_token());
+                    overlaps += u64::from(!alone);
+                    older += u64::from(!newer);
+                    drop(guard);
+                    if killed.load(std::sync::atomic::Ordering::SeqCst) {
+                        after_kill += 1;
+                    }
+                }
+                (overlaps, older)
+            })
+        })
+        .collect();
+    // Both processes take turns for a while, then the victim dies.
+    thread::sleep(Duration::from_millis(300));
+    victim.kill();
+    let killed_at = std::time::Instant::now();
+    killed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (mut overlaps, mut older) = (0, 0);
+    for survivor in survivors {
+        let (o, r) = survivor.joined();
+        overlaps += o;
+        older += r;
+    }
+    let took = killed_at.elapsed();
+    println!("survivors done {took:?} after the kill");
+    assert_eq!(overlaps, 0, "two holders inside at once");
+    assert_eq!(older, 0, "a token not above every token before it");
+    assert!(
+        took < SIGKILL_LEASE + Duration::from_secs(5),
+        "the survivors took {took:?} after the kill"
+    );
+}
