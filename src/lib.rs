@@ -37,9 +37,11 @@
 //!   however many of its threads wait.
 //! - **Order and fast hand-off inside a process**: threads waiting for one
 //!   lock queue in arrival order; a releasing thread of the same process
-//!   passes the lock to the oldest in its release script (no baton, no round
-//!   trip for the waiter), a bounded number of times in a row before
-//!   releasing in Redis so that other processes get their turn.
+//!   passes the lock to the oldest in memory (no command at all: the
+//!   process keeps its ownership in Redis, and the new holder gets the next
+//!   fencing token), a bounded number of times in a row or for a bounded
+//!   time before releasing in Redis so that other processes get their
+//!   turn.
 //! - **Fencing tokens** that increase with every fresh acquisition.
 //!
 //! # One client, every synchronizer
