@@ -252,15 +252,17 @@ impl Ownerships {
     /// released, kept by [`leave`](Ownerships::leave)) to thread `to` of
     /// this client, in memory: the entry is filed under `to` with one guard
     /// and the next token. Redis is not told: the ownership keeps its
-    /// identity, fencing token, lease and renewals. `None` when the
-    /// ownership is no longer recorded (it was found lost meanwhile).
+    /// identity, fencing token, lease and renewals (also returned: when
+    /// the next is due, for the watchdog, which left it alone while it had
+    /// no guard). `None` when the ownership is no longer recorded (it was
+    /// found lost meanwhile).
     pub(crate) fn pass(
         &self,
         key: &str,
         thread: &Arc<str>,
         status: &Arc<LeaseStatus>,
         to: &Arc<str>,
-    ) -> Option<Passed> {
+    ) -> Option<(Passed, Option<Instant>)> {
         let mut entries = self.entries.lock();
         let list = entries.get_mut(key)?;
         let entry = list
@@ -269,13 +271,14 @@ impl Ownerships {
         entry.thread = Arc::clone(to);
         entry.token += 1;
         entry.guards = 1;
-        Some(Passed {
+        let passed = Passed {
             identity: Arc::clone(&entry.identity),
             fence: entry.fence,
             token: entry.token,
             mode: entry.mode,
             status: Arc::clone(&entry.status),
-        })
+        };
+        Some((passed, entry.renewal.map(|renewal| renewal.due)))
     }
 
     /// Removes `thread`'s ownership of `status` (it was found lost, or its
@@ -292,11 +295,15 @@ impl Ownerships {
     }
 
     /// When the watchdog should next renew, if anything is renewed.
+    /// Ownerships being released (no guard left, kept by
+    /// [`leave`](Ownerships::leave)) are not renewed: a renewal sent after
+    /// the release would find the lock gone and report it lost.
     pub(crate) fn next_renewal(&self) -> Option<Instant> {
         self.entries
             .lock()
             .values()
             .flatten()
+            .filter(|entry| entry.guards > 0)
             .filter_map(|entry| entry.renewal.map(|r| r.due))
             .min()
     }
@@ -309,6 +316,8 @@ impl Ownerships {
         let mut due: Vec<DueRenewal> = entries
             .iter()
             .flat_map(|(key, list)| list.iter().map(move |entry| (key, entry)))
+            // Being released: see `next_renewal`.
+            .filter(|(_, entry)| entry.guards > 0)
             .filter_map(|(key, entry)| {
                 let renewal = entry.renewal?;
                 (renewal.due <= now + renewal.lease / 6).then(|| DueRenewal {
@@ -454,9 +463,19 @@ mod tests {
             !ownerships.lent(&keys.key, &first),
             "its own release is not a loan"
         );
-        let passed = ownerships
+        // Being released: the watchdog leaves it alone (a renewal after the
+        // release would report it lost).
+        let later = now + Duration::from_secs(30);
+        assert!(ownerships.due_renewals(later).is_empty());
+        assert_eq!(ownerships.next_renewal(), None);
+        let (passed, due) = ownerships
             .pass(&keys.key, &first, &entered.status, &second)
             .expect("still recorded");
+        assert_eq!(
+            due,
+            Some(now + Duration::from_secs(10)),
+            "renewed as before"
+        );
         assert_eq!(
             (&*passed.identity, passed.fence, passed.token),
             ("t1", 40, 41)
@@ -501,7 +520,7 @@ mod tests {
             ownerships.leave(&keys.key, &second, &entered.status, true),
             Some(0)
         );
-        let back = ownerships
+        let (back, _) = ownerships
             .pass(&keys.key, &second, &entered.status, &first)
             .unwrap();
         assert_eq!(back.token, 42);

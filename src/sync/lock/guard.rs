@@ -13,7 +13,7 @@ use crate::config::validate_lease;
 use crate::context::Context;
 use crate::error::Error;
 use crate::keys::LockKeys;
-use crate::lease::{earlier, Claim, Grant, LeaseMode, LeaseStatus};
+use crate::lease::{earlier, Claim, Grant, LeaseMode, LeaseStatus, Watchdog};
 use crate::observe::{Event, HoldKind, LostReason};
 use crate::parking::Reservation;
 use crate::scripts::lock::HandoffArgs;
@@ -348,11 +348,16 @@ impl LockGuard {
             &reservation.claim.identity,
         );
         match passed {
-            Some(passed) => {
+            Some((passed, due)) => {
                 // This hold ends: its receivers are disconnected, the next
                 // holder's made afresh.
                 ownership.status.hand_over_signal();
                 reservation.grant(Grant::Passed(passed));
+                // Renewals go on for the new holder (the watchdog left the
+                // ownership alone while it had no guard).
+                if let Some(due) = due {
+                    Watchdog::wake(&self.context.leases, Some(due));
+                }
                 Ok(())
             }
             // Found lost meanwhile: the waiter looks at the lock itself.
