@@ -146,9 +146,10 @@ fn a_run_of_local_hand_offs_ends_at_max_local_run() {
         .build()
         .unwrap();
     let millis = remote_wait_among_local_contenders(server, &client, Duration::from_millis(5));
-    // A run (20 ms), a critical section (5 ms) and the Redis cycle, with
-    // slack for a loaded machine.
-    assert!(millis < 400, "waited {millis} ms");
+    // A run or two (20 ms each), a critical section (5 ms) and the Redis
+    // cycle: 52 ms measured; the bound leaves room for a loaded machine,
+    // and without the time bound the wait runs to its 10 s deadline.
+    assert!(millis < 1_500, "waited {millis} ms");
 }
 
 /// How long (ms) a waiter in another process waits for the lock while 8
