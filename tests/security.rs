@@ -239,7 +239,7 @@ fn every_connection_is_named_for_the_operator() {
     let client = Client::open(&server.url()).unwrap();
     let lock = client.lock("named").unwrap();
     let held = lock.lock().unwrap();
-    // A waiter parks, on a parking connection of its own.
+    // A waiter parks, on the parking hub's connections.
     let waiter = {
         let client = Client::open(&server.url()).unwrap();
         thread::spawn(move || {
@@ -250,11 +250,7 @@ fn every_connection_is_named_for_the_operator() {
     };
     let mut admin = server.connection();
     support::eventually(Duration::from_secs(5), "a parked waiter", || {
-        redis::cmd("INFO")
-            .arg("clients")
-            .query::<String>(&mut admin)
-            .unwrap()
-            .contains("blocked_clients:1")
+        support::parked(&server) == 1
     });
     let names = connection_names(&mut admin);
     let expected = format!("redbaton:{}:{}", hostname(), std::process::id());

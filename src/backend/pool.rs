@@ -51,12 +51,6 @@ impl Conn {
         self.client_id
     }
 
-    /// Whether a transport error left it in an unknown state (it is closed
-    /// when it goes back to the pool).
-    pub(crate) fn is_broken(&self) -> bool {
-        self.broken
-    }
-
     /// Runs one exchange; a transport error marks the connection broken so
     /// that it is closed when it goes back to the pool.
     pub(crate) fn run<T>(
@@ -71,6 +65,15 @@ impl Conn {
             }
         }
         result
+    }
+
+    /// The connection itself, for a caller that changes its state for
+    /// good (a subscriber, a connection with tracking on). Marked broken
+    /// first, so that it is closed, never pooled again, when dropped; a
+    /// caller that uses it this way does its own error handling.
+    pub(crate) fn keep(&mut self) -> &mut redis::Connection {
+        self.broken = true;
+        &mut self.inner
     }
 
     /// Sets how long the next reads may wait (a `BLPOP` needs longer than the
@@ -357,12 +360,19 @@ impl Pool {
         loop {
             // Nothing listened last time: ask once without waiting (which
             // also starts another connect in the background) and report.
+            let left = deadline.saturating_duration_since(Instant::now());
             let slice = if self.failures.refused.load(Ordering::Acquire) {
                 Duration::ZERO
+            } else if self.pool.state().connections >= self.pool.max_size() {
+                // Every connection is open and lent: the wait is for one to
+                // come back, which wakes one waiter at once; no connect is
+                // under way to be refused. Waiting in slices here would
+                // not scale: with thousands of threads waiting, each
+                // slice's end is a walk of the condition variable's whole
+                // queue, and returning connections starved behind them.
+                left
             } else {
-                deadline
-                    .saturating_duration_since(Instant::now())
-                    .min(CHECKOUT_SLICE)
+                left.min(CHECKOUT_SLICE)
             };
             if let Ok(conn) = self.pool.get_timeout(slice) {
                 return Ok(conn);

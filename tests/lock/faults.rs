@@ -53,7 +53,7 @@ fn a_restart_that_loses_every_key_neither_hangs_waiters_nor_breaks_tokens_or_ide
     // One waiter parks in Redis for the three (the others wait in the
     // process's queue).
     eventually(Duration::from_secs(10), "the waiters park", || {
-        support::blocked_clients(&server) == 1
+        support::parked(&server) == 1
     });
     server.restart();
 
@@ -121,7 +121,7 @@ fn a_paused_server_fails_parked_waiters_within_bounds_and_work_resumes_after() {
         })
     };
     eventually(Duration::from_secs(5), "the waiter parks", || {
-        support::blocked_clients(&server) == 1
+        support::parked(&server) == 1
     });
     server.pause();
     let (outcome, waited) = waiter.joined();

@@ -10,7 +10,7 @@ use std::thread;
 use std::time::Duration;
 
 use crate::support::JoinWithin;
-use crate::support::{blocked_clients, eventually, is_asleep, thread_id};
+use crate::support::{eventually, is_asleep, parked, thread_id};
 use redbaton::{Client, Lock, LostReason};
 use testkit::RedisServer;
 
@@ -48,7 +48,7 @@ where
             let tid = queued.recv_timeout(Duration::from_secs(10)).unwrap();
             if i == 0 {
                 eventually(Duration::from_secs(10), "the first waiter parks", || {
-                    blocked_clients(server) == 1
+                    parked(server) == 1
                 });
             } else {
                 eventually(Duration::from_secs(10), "the second waiter queues", || {
@@ -288,7 +288,7 @@ fn a_run_of_in_memory_hand_offs_ends_after_max_local_handoffs() {
             let tid = queued.recv_timeout(Duration::from_secs(10)).unwrap();
             if i == 0 {
                 eventually(Duration::from_secs(10), "the first waiter parks", || {
-                    blocked_clients(&server) == 1
+                    parked(&server) == 1
                 });
             } else {
                 eventually(Duration::from_secs(10), "the waiter queues", || {

@@ -434,7 +434,7 @@ fn a_waiter_parked_on_a_master_that_stops_looks_again_when_its_client_finds_out(
     });
     // Parked on the first master, where the lock is held.
     crate::support::eventually(Duration::from_secs(10), "the waiter parked", || {
-        crate::support::blocked_clients(&masters[0]) == 1
+        crate::support::parked(&masters[0]) == 1
     });
     masters[0].pause();
     let released = Instant::now();

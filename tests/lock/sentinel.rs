@@ -72,7 +72,7 @@ fn parked_waiters_acquire_after_the_master_is_killed() {
         .collect();
     // One of the three parks in Redis for them all.
     eventually(Duration::from_secs(10), "the waiters park", || {
-        crate::support::blocked_clients(sentinels.master()) == 1
+        crate::support::parked(sentinels.master()) == 1
     });
     let killed = Instant::now();
     sentinels.master().kill();
@@ -573,11 +573,7 @@ fn without_switch_events_a_parked_waiter_acquires_on_the_new_master() {
         (acquired, format!("{guard:?}"))
     });
     eventually(Duration::from_secs(5), "the waiter parks", || {
-        let info: String = redis::cmd("INFO")
-            .arg("clients")
-            .query(&mut sentinels.master().connection())
-            .unwrap();
-        info.contains("blocked_clients:1")
+        crate::support::parked(sentinels.master()) == 1
     });
     let killed = Instant::now();
     fail_over(sentinels);
@@ -676,11 +672,11 @@ fn many_names_waited_through_a_failover_wake_at_their_release() {
         .collect();
     let parked = |server: &RedisServer| {
         eventually(FAILOVER, "the waiters park", || {
-            crate::support::blocked_clients(server) >= 1
+            crate::support::parked(server) >= 1
         });
         // Every waiter has made its attempt and parked.
         thread::sleep(Duration::from_millis(500));
-        crate::support::blocked_clients(server)
+        crate::support::parked(server)
     };
     let parked_before = parked(sentinels.master());
     let order: Vec<usize> = (0..NAMES).map(|i| (i * 23 + 5) % NAMES).collect();
