@@ -32,8 +32,9 @@
 //!   on its list (`RPUSH` of the same value, then `PEXPIRE` with the baton
 //!   TTL, as the scripts push).
 //! - **Failures** reach the waiters as a blocked call's did: when the
-//!   listener's or the tracker's connection fails, announcements may have
-//!   been lost, so the park of every waiter ends with
+//!   listener's or the tracker's connection fails (an idle tracker sends
+//!   a `PING` every `sweep_every`, at least a second apart, to find out,
+//!   and to stay clear of the server's idle `timeout`), announcements may have been lost, so the park of every waiter ends with
 //!   [`Parked::ConnectionFailed`]; they look again and park anew, and the
 //!   links are opened again. A `READONLY` (a master demoted under the
 //!   tracker) does the same, so that Sentinel looks the master up afresh.
@@ -98,6 +99,10 @@ const RELINK_PAUSE: Duration = Duration::from_millis(50);
 /// the old one read), so that a long-lived client waiting on ever new
 /// names keeps a bounded set.
 const STALE_TRACKED: usize = 65_536;
+
+/// The least time between two checks that an idle tracker is still
+/// there, whatever the maximum park time.
+const IDLE_CHECK_FLOOR: Duration = Duration::from_secs(1);
 
 /// The least a park that ends at the maximum park time (not at a deadline
 /// or a lease end) lasts: the server's timer tick (`hz` 10) made it so
@@ -397,10 +402,11 @@ impl State {
 
     /// Tracking was refused: every waiter looks again, and parks another
     /// way from now on.
-    fn refuse(&mut self, why: &str) {
+    fn refuse(&mut self, addr: &str, why: &str) {
         if !std::mem::replace(&mut self.refused, true) {
             log::warn!(
-                "redbaton: Redis refused parking by invalidation messages ({why}); each waiter \
+                "redbaton: Redis at {addr} refused parking by invalidation messages ({why}); \
+                 each waiter \
                  parks on a connection of its own, up to parking_connections (allow CLIENT ID, \
                  CLIENT TRACKING, SUBSCRIBE to __redis__:invalidate, LPOP and LLEN: see \
                  docs/security.md)"
@@ -547,7 +553,9 @@ impl Inner {
                 }
             };
             let Some(id) = conn.client_id() else {
-                self.state.lock().refuse("CLIENT ID was refused");
+                self.state
+                    .lock()
+                    .refuse(self.links.addr(), "CLIENT ID was refused");
                 return;
             };
             let raw = conn.keep();
@@ -559,7 +567,7 @@ impl Inner {
             if let Err(err) = subscribed {
                 match self.link_error(err) {
                     LinkError::Refused(why) => {
-                        self.state.lock().refuse(&why);
+                        self.state.lock().refuse(self.links.addr(), &why);
                         return;
                     }
                     LinkError::Failed(err) => {
@@ -654,7 +662,27 @@ impl Inner {
                 state.dirty.extend(waited);
             }
             if state.dirty.is_empty() {
-                self.tracker.wait(&mut state);
+                let idle_until = Instant::now() + self.sweep_every.max(IDLE_CHECK_FLOOR);
+                let idle = self.tracker.wait_until(&mut state, idle_until).timed_out();
+                if let (true, Some((tracking, tracking_link))) =
+                    (idle && state.dirty.is_empty(), &mut conn)
+                {
+                    // Nothing to look at for a while: is the tracker still
+                    // there? Killed (by an operator, or the server's idle
+                    // `timeout`), it would take its registrations with it
+                    // and no announcement would come.
+                    let tracking_link = *tracking_link;
+                    drop(state);
+                    let alive: RedisResult<()> = redis::cmd("PING").exec(tracking.keep());
+                    state = self.state.lock();
+                    if let Err(err) = alive {
+                        conn = None;
+                        let err = self.classify(err, "(parking)");
+                        if state.link == tracking_link {
+                            state.unlink(Some(&err));
+                        }
+                    }
+                }
                 continue;
             }
             let link = state.link;
@@ -665,7 +693,7 @@ impl Inner {
                 match opened {
                     Ok(fresh) => conn = Some((fresh, link)),
                     Err(LinkError::Refused(why)) => {
-                        state.refuse(&why);
+                        state.refuse(self.links.addr(), &why);
                         return;
                     }
                     Err(LinkError::Failed(err)) => {
@@ -815,7 +843,7 @@ impl Inner {
                 Looked::Failed(err)
                     if is_permission_failure(err.code(), err.detail().unwrap_or("")) =>
                 {
-                    state.refuse(&describe_io(&err));
+                    state.refuse(self.links.addr(), &describe_io(&err));
                     return given_back;
                 }
                 Looked::Failed(err) => {

@@ -381,13 +381,9 @@ fn a_waiter_does_not_park_on_a_stopped_master() {
         at
     });
     crate::support::eventually(Duration::from_secs(5), "a parked waiter", || {
-        masters[1..].iter().any(|master| {
-            let clients: String = redis::cmd("CLIENT")
-                .arg("LIST")
-                .query(&mut master.connection())
-                .unwrap();
-            clients.contains("cmd=blpop")
-        })
+        masters[1..]
+            .iter()
+            .any(|master| crate::support::parked(master) >= 1)
     });
     guard.unlock().unwrap();
     let took = waiting.joined().duration_since(started);
