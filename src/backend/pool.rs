@@ -7,7 +7,7 @@
 //! from every other waiter). So every transport error marks the connection
 //! broken, and r2d2 drops it instead of pooling it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +21,9 @@ use crate::error::Error;
 /// How long a caller waits for a connection before it looks whether the
 /// last connect was refused for good.
 const CHECKOUT_SLICE: Duration = Duration::from_millis(20);
+
+/// Waiters for a full pool per [`CHECKOUT_SLICE`] of their slices.
+const SLICE_WAITERS: u32 = 16;
 
 /// A pooled Redis connection with a "state unknown" mark.
 pub(crate) struct Conn {
@@ -43,6 +46,8 @@ pub(crate) struct Conn {
 #[derive(Debug, Default)]
 pub(crate) struct Health {
     generation: AtomicU64,
+    /// Callers waiting for a connection of a full pool now.
+    waiting: AtomicUsize,
 }
 
 impl Conn {
@@ -357,6 +362,7 @@ impl Pool {
     /// it does not have) is reported at once: no later try will go better.
     fn checkout(&self, wait: Duration) -> Result<PooledConn, Error> {
         let deadline = Instant::now() + wait;
+        let _counted = Waiting::count(&self.health.waiting);
         loop {
             // Nothing listened last time: ask once without waiting (which
             // also starts another connect in the background) and report.
@@ -365,12 +371,17 @@ impl Pool {
                 Duration::ZERO
             } else if self.pool.state().connections >= self.pool.max_size() {
                 // Every connection is open and lent: the wait is for one to
-                // come back, which wakes one waiter at once; no connect is
-                // under way to be refused. Waiting in slices here would
-                // not scale: with thousands of threads waiting, each
-                // slice's end is a walk of the condition variable's whole
-                // queue, and returning connections starved behind them.
-                left
+                // come back, which wakes one waiter at once. Still in
+                // slices, as a connection closed broken wakes nobody: the
+                // next slice's end opens its replacement. The slices grow
+                // with the number of waiters, as each slice's end walks the
+                // condition variable's whole queue: with 10,000 threads
+                // waiting in 20 ms slices, the connections coming back
+                // starved behind the walks (`PoolTimeout` after 60 s).
+                let waiting = self.health.waiting.load(Ordering::Relaxed).max(1);
+                let scaled = CHECKOUT_SLICE
+                    .saturating_mul(u32::try_from(waiting).unwrap_or(u32::MAX) / SLICE_WAITERS + 1);
+                left.min(scaled)
             } else {
                 left.min(CHECKOUT_SLICE)
             };
@@ -434,5 +445,21 @@ impl Pool {
                 }
             }
         }
+    }
+}
+
+/// Counts a caller waiting for a connection while it waits.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn count(waiting: &'a AtomicUsize) -> Self {
+        waiting.fetch_add(1, Ordering::Relaxed);
+        Waiting(waiting)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
