@@ -14,6 +14,7 @@
 //! cargo bench --bench waiting                # N = 16, 256, 1024
 //! cargo bench --bench waiting -- 16 10000    # other N
 //! WAITING_MAX_PARK_SECS=30 cargo bench --bench waiting -- 10000
+//! WAITING_SPREAD_SECS=10 cargo bench --bench waiting -- 10000
 //! ```
 //!
 //! Needs `redis-server` on PATH. One private server per N.
@@ -164,7 +165,14 @@ fn run(names: usize) {
         })
     };
 
-    let pause = SPREAD / names as u32;
+    // WAITING_SPREAD_SECS: over how long the releases are spread (default
+    // 3 s), to tell the number of names waited on from the rate of
+    // releases.
+    let spread = std::env::var("WAITING_SPREAD_SECS")
+        .ok()
+        .and_then(|secs| secs.parse().ok())
+        .map_or(SPREAD, Duration::from_secs);
+    let pause = spread / names as u32;
     let mut guards: Vec<_> = guards.into_iter().map(Some).collect();
     let mut released = vec![Instant::now(); names];
     let started = Instant::now();
