@@ -163,8 +163,15 @@ fn a_lock_lost_while_passed_in_memory_is_told_to_its_holder() {
     );
     first.unlock().unwrap();
     holding.recv_timeout(Duration::from_secs(10)).unwrap();
-    // Renewed meanwhile, under the first taker's identity: it lives on.
-    thread::sleep(lease * 2);
+    // Renewed meanwhile, under the first taker's identity: four renewals
+    // (one per third of the lease) take it past its first lease's end,
+    // and it lives on.
+    let renewed = client.watchdog_stats().renewals;
+    eventually(
+        Duration::from_secs(10),
+        "four renewals while passed",
+        || client.watchdog_stats().renewals >= renewed + 4,
+    );
     assert!(lock.is_locked().unwrap(), "renewed while passed");
     assert!(lock.force_unlock().unwrap());
     let (why, lost) = told.recv_timeout(Duration::from_secs(10)).unwrap();
