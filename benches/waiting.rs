@@ -5,14 +5,16 @@
 //! its waiter's acquisition (just after `lock()` returns), p50 / p99 /
 //! max; the most connections the server had while the waiters waited
 //! (both clients and the sampler's own); and what the waiters sent while
-//! waiting (script calls, `BLPOP`s and the sweeper's `EXISTS` per waiter
-//! per second, from `INFO commandstats` over the 4 s before the first
-//! release: twice the maximum park).
+//! waiting (script calls, parks (`BLPOP`s and the parking hub's looks at a
+//! name) and the sweeper's `EXISTS` per waiter per second, from `INFO
+//! commandstats` over 4 s (twice the maximum park) once every waiter has
+//! parked, before the first release).
 //!
 //! ```text
 //! cargo bench --bench waiting                # N = 16, 256, 1024
 //! cargo bench --bench waiting -- 16 10000    # other N
 //! WAITING_MAX_PARK_SECS=30 cargo bench --bench waiting -- 10000
+//! WAITING_SPREAD_SECS=10 cargo bench --bench waiting -- 10000
 //! ```
 //!
 //! Needs `redis-server` on PATH. One private server per N.
@@ -46,6 +48,16 @@ fn main() {
 fn clients_now(admin: &mut redis::Connection) -> usize {
     let list: String = redis::cmd("CLIENT").arg("LIST").query(admin).unwrap();
     list.lines().filter(|line| !line.trim().is_empty()).count()
+}
+
+/// The (client, key) pairs the server will announce a change of: the
+/// names the waiting client's parking hub has registered.
+fn tracked(admin: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("stats").query(admin).unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("tracking_total_items:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 fn commandstats(admin: &mut redis::Connection) -> std::collections::BTreeMap<String, u64> {
@@ -110,9 +122,18 @@ fn run(names: usize) {
         ready.wait();
         thread::sleep(Duration::from_millis(300));
     }
-    // Every waiter has made its first attempt and parked; then 4 s of
-    // waiting (two maximum parks) are counted.
-    thread::sleep(Duration::from_millis(500));
+    // Every waiter has made its first attempt and parked (its name
+    // registered for an announcement); then 4 s of waiting (two maximum
+    // parks) are counted.
+    let parking = Instant::now();
+    while tracked(&mut admin) < names as u64 {
+        assert!(
+            parking.elapsed() < Duration::from_secs(120),
+            "{} of {names} names parked on after 120 s",
+            tracked(&mut admin)
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
     let before = commandstats(&mut admin);
     let quiet = Instant::now();
     thread::sleep(Duration::from_secs(4));
@@ -123,7 +144,9 @@ fn run(names: usize) {
     };
     let per_waiter_second = |calls: u64| calls as f64 / names as f64 / quiet;
     let scripts = per_waiter_second(sent("evalsha"));
-    let blpops = per_waiter_second(sent("blpop"));
+    // A park in `BLPOP`, or a look at a waited name by the parking hub
+    // (`LLEN`, then `LPOP`).
+    let parks = per_waiter_second(sent("blpop") + sent("llen"));
     // The parking sweeper's checks of every waited lock key.
     let sweeps = per_waiter_second(sent("exists"));
 
@@ -142,7 +165,14 @@ fn run(names: usize) {
         })
     };
 
-    let pause = SPREAD / names as u32;
+    // WAITING_SPREAD_SECS: over how long the releases are spread (default
+    // 3 s), to tell the number of names waited on from the rate of
+    // releases.
+    let spread = std::env::var("WAITING_SPREAD_SECS")
+        .ok()
+        .and_then(|secs| secs.parse().ok())
+        .map_or(SPREAD, Duration::from_secs);
+    let pause = spread / names as u32;
     let mut guards: Vec<_> = guards.into_iter().map(Some).collect();
     let mut released = vec![Instant::now(); names];
     let started = Instant::now();
@@ -172,7 +202,7 @@ fn run(names: usize) {
     println!(
         "{names:>6} names: wake after release p50 {:.2} / p99 {:.2} / max {:.2} ms; \
          connections (both clients) {} at most; while waiting, per waiter per second: \
-         {scripts:.3} script calls, {blpops:.4} BLPOPs, {sweeps:.4} EXISTS",
+         {scripts:.3} script calls, {parks:.4} parks, {sweeps:.4} EXISTS",
         ms(at(0.5)),
         ms(at(0.99)),
         ms(wakes[wakes.len() - 1]),

@@ -106,12 +106,14 @@ fn everything_works_under_a_user_limited_to_the_documented_acl() {
 #[test]
 fn a_missing_permission_is_named_in_the_error() {
     let server = RedisServer::start();
-    for (user, missing) in [
-        ("no-hset", "+hset"),
-        ("no-blpop", "+blpop"),
-        ("other-keys", "~redbaton:*"),
+    // `BLPOP` is needed only where tracking is refused too (a waiter then
+    // parks in it).
+    for (user, missing, also) in [
+        ("no-hset", "+hset", None),
+        ("no-blpop", "+blpop", Some("+client|tracking")),
+        ("other-keys", "~redbaton:*", None),
     ] {
-        let rules = redbaton_acl().replace(
+        let mut rules = redbaton_acl().replace(
             missing,
             if missing.starts_with('~') {
                 "~elsewhere:*"
@@ -119,6 +121,9 @@ fn a_missing_permission_is_named_in_the_error() {
                 ""
             },
         );
+        if let Some(also) = also {
+            rules = rules.replace(also, "");
+        }
         add_user(&server, user, &rules);
         let client = Client::open(&user_url(&server, user, PASSWORD)).unwrap();
         let lock = client.lock("denied").unwrap();
@@ -239,7 +244,7 @@ fn every_connection_is_named_for_the_operator() {
     let client = Client::open(&server.url()).unwrap();
     let lock = client.lock("named").unwrap();
     let held = lock.lock().unwrap();
-    // A waiter parks, on a parking connection of its own.
+    // A waiter parks, on the parking hub's connections.
     let waiter = {
         let client = Client::open(&server.url()).unwrap();
         thread::spawn(move || {
@@ -250,11 +255,7 @@ fn every_connection_is_named_for_the_operator() {
     };
     let mut admin = server.connection();
     support::eventually(Duration::from_secs(5), "a parked waiter", || {
-        redis::cmd("INFO")
-            .arg("clients")
-            .query::<String>(&mut admin)
-            .unwrap()
-            .contains("blocked_clients:1")
+        support::parked(&server) == 1
     });
     let names = connection_names(&mut admin);
     let expected = format!("redbaton:{}:{}", hostname(), std::process::id());
@@ -353,4 +354,71 @@ fn the_holder_shows_its_clients_name() {
     let seen = observer.lock("stock").unwrap().holder().unwrap().unwrap();
     assert_eq!(seen.client_name.as_deref(), Some("inventory-worker-3"));
     drop(held);
+}
+
+/// Under the documented ACL without tracking (`+client|tracking` taken
+/// out), waiters still wake at their release: the client warns once and
+/// parks each waiter in `BLPOP` on a connection of its own.
+#[test]
+fn without_tracking_each_waiter_parks_in_blpop_and_wakes_at_its_release() {
+    const NAMES: usize = 4;
+    record_logs();
+    let server = RedisServer::start();
+    let rules = redbaton_acl().replace("+client|tracking ", "");
+    assert_ne!(rules, redbaton_acl(), "the documented line allows tracking");
+    add_user(&server, "no-tracking", &rules);
+    let holder = Client::open(&server.url()).unwrap();
+    // A long maximum park: a waiter woken only by looking again would
+    // wait seconds.
+    let waiting = Client::builder(user_url(&server, "no-tracking", PASSWORD))
+        .max_park(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let names: Vec<String> = (0..NAMES).map(|n| format!("untracked:{n}")).collect();
+    let guards: Vec<_> = names
+        .iter()
+        .map(|name| holder.lock(name).unwrap().lock().unwrap())
+        .collect();
+    let (acquired, acquisitions) = mpsc::channel();
+    let waiters: Vec<_> = names
+        .iter()
+        .enumerate()
+        .map(|(n, name)| {
+            let (lock, acquired) = (waiting.lock(name).unwrap(), acquired.clone());
+            thread::spawn(move || {
+                let guard = lock.try_lock_for(Duration::from_secs(20)).unwrap();
+                assert!(guard.is_some(), "{n}: not acquired");
+                acquired.send((n, std::time::Instant::now())).unwrap();
+            })
+        })
+        .collect();
+    support::eventually(Duration::from_secs(10), "every waiter in BLPOP", || {
+        support::parked(&server) == NAMES as u64
+    });
+    let mut admin = server.connection();
+    let tracking: String = redis::cmd("INFO").arg("stats").query(&mut admin).unwrap();
+    assert!(tracking.contains("tracking_total_items:0"), "{tracking}");
+    for (n, guard) in guards.into_iter().enumerate() {
+        let released = std::time::Instant::now();
+        guard.unlock().unwrap();
+        let (woken, at) = acquisitions.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(woken, n);
+        let waited = at.saturating_duration_since(released);
+        assert!(
+            waited < Duration::from_secs(1),
+            "{n} woken after {waited:?}"
+        );
+    }
+    for waiter in waiters {
+        waiter.joined();
+    }
+    let warnings: Vec<String> = LOGS
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|line| line.contains(&format!(":{} refused parking", server.port())))
+        .cloned()
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
 }

@@ -1,44 +1,50 @@
-//! Parking many waiters on a few connections (issue 27): each parking
-//! connection of a server (a *shard*, at most [`MAX_SHARDS`]) sits in one
-//! `BLPOP k1 … kn ctl` over the baton lists of every key its waiters wait
-//! on, and hands each popped token to the thread waiting for that key. So
-//! the connections a client parks on do not grow with the number of names
-//! it waits for, and every waiter is woken by its own baton.
+//! Parking many waiters on two connections per server (issue 27): waiters
+//! are woken by the server's invalidation messages (server-assisted
+//! client-side caching, `CLIENT TRACKING`), not by a blocked call, so the
+//! connections a client parks on do not grow with the number of names it
+//! waits for, every waiter is woken by its own baton, and a wake-up costs
+//! the same at ten names as at ten thousand.
 //!
-//! - **A new key**: a waiter whose key is not in its shard's blocked call
-//!   pushes a token on the shard's *control list* (`ctl`, a key of its
-//!   own under the client's prefix, named by a random id): the call
-//!   returns with it and is issued again with the new key. A push is
-//!   durable, so it cannot miss a call that has not reached the server
-//!   yet (a `CLIENT UNBLOCK` could); at most one control token is under
-//!   way per shard. A baton pushed while the call is being issued again
-//!   stays in its list and is popped by the next call.
-//! - **Time is local**: a waiter's park ends by its own timer (a condition
-//!   variable with a deadline), never by a Redis timeout, so it is precise
-//!   without a command (a park that ends at the maximum park time lasts
-//!   at least [`IMPRECISE_FLOOR`], as Redis's timer tick made it). The
-//!   blocked call's own timeout is only a backstop ([`BACKSTOP`], 20 s)
-//!   for a server that went silent.
-//! - **Cost**: each return of a call (a token, a control token) sends the
-//!   shard's whole key list again, so a wake-up costs O(names waited on /
-//!   shards) in bytes and server work; waiters joining meanwhile share
-//!   one re-issue.
-//! - **Nothing is lost**: a token popped for a key whose waiters all left
-//!   goes to another local waiter of that key if one came, else back on
-//!   its list (`RPUSH` of the same value, then `PEXPIRE` with the baton
-//!   TTL, as the scripts push), and the key leaves the next call. A key
-//!   whose waiter's park ended by its timer stays in the call for
-//!   [`VACANT_GRACE`], so that a waiter looking at its lock between two
-//!   parks does not cost a re-issue each time; a key whose waiter was
-//!   woken by a token leaves the next call (that waiter most likely got
-//!   its lock, and it comes back with a re-issue if not).
-//! - **Failures** reach the waiters as before: a failed call (a killed
-//!   connection, a master demoted under it) ends the park of every waiter
-//!   of its shard with [`Parked::ConnectionFailed`]; they look again and,
-//!   on Sentinel, the master is looked up afresh. A `WRONGTYPE` names the
-//!   keys that hold something else (their waiters get
-//!   [`Error::WrongType`]); the others park on.
-//!
+//! - **Two connections**: the *listener* is subscribed to
+//!   `__redis__:invalidate`; the *tracker* has tracking on, redirected to
+//!   the listener (`CLIENT TRACKING ON REDIRECT <id> NOLOOP`). Each read
+//!   of a key by the tracker (`LLEN`) asks the server to tell the listener
+//!   once when that key next changes.
+//! - **A look at a key** is `LLEN k` then `LPOP k`, pipelined with the
+//!   other keys to look at. The `LLEN` (a read) registers the key, so its
+//!   next change is announced; a token that is there is popped for the
+//!   key's oldest waiter, and that pop (the tracker's own write, not
+//!   announced to it) unregisters the key again, so a key whose last
+//!   waiter got its token is left alone; a key with waiters left is looked
+//!   at again. A key is looked at when its first waiter comes (unless it
+//!   is registered already) and each time its change is announced while it
+//!   has waiters. So nothing is lost: a token pushed before the look is
+//!   popped by it, one pushed after is announced, and an announcement that
+//!   arrives while the look is on its way calls for another look.
+//! - **Cost**: one `LLEN` + `LPOP` per waited key when it is first waited
+//!   on and per change of it; nothing while nothing changes. Time is
+//!   local: a waiter's park ends by its own timer (a condition variable
+//!   with a deadline), so it is precise without a command (a park that
+//!   ends at the maximum park time lasts at least [`IMPRECISE_FLOOR`], as
+//!   Redis's timer tick made it).
+//! - **Nothing is taken for nobody**: only keys with waiters are looked
+//!   at; a token popped for a key whose waiters left meanwhile goes back
+//!   on its list (`RPUSH` of the same value, then `PEXPIRE` with the baton
+//!   TTL, as the scripts push).
+//! - **Failures** reach the waiters as a blocked call's did: when the
+//!   listener's or the tracker's connection fails (an idle tracker sends
+//!   a `PING` every `sweep_every`, at least a second apart, to find out,
+//!   and to stay clear of the server's idle `timeout`), announcements may have been lost, so the park of every waiter ends with
+//!   [`Parked::ConnectionFailed`]; they look again and park anew, and the
+//!   links are opened again. A `READONLY` (a master demoted under the
+//!   tracker) does the same, so that Sentinel looks the master up afresh.
+//!   A `WRONGTYPE` names a key that holds something else: its waiters get
+//!   [`Error::WrongType`]; the others park on.
+//! - **Refused**: a server or an ACL that refuses tracking, the
+//!   subscription or the looks (`NOPERM`, an unknown command) turns the
+//!   hub off for good, with one warning; [`Hub::park`] then says so, and
+//!   the server parks each waiter in `BLPOP` on a parking connection of
+//!   its own, as a Cluster does.
 //! - **Watched parks**: a waiter may name a *watch key* whose absence
 //!   means its object is free (a plain lock's hash). A sweeper thread
 //!   checks every watched key every `sweep_every` (the client's
@@ -48,46 +54,55 @@
 //!   popped by a process that died before using it, a key deleted or
 //!   evicted) is still noticed within `max_park`, while the waiters
 //!   themselves look only when their holder's lease ends or at a long
-//!   backstop: the cost of waiting no longer grows with the number of
-//!   waiters. A sweep that fails ends the park of every watched waiter,
-//!   who looks again (as after a failed blocked call).
+//!   backstop. A sweep that fails ends the park of every watched waiter,
+//!   who looks again.
 //!
 //! Used for one server, Sentinel's master and each master of a Redlock
-//! quorum; a Redis Cluster keeps one key per parked connection (a
-//! multi-key `BLPOP` must stay within one slot).
+//! quorum; a Redis Cluster parks one key per connection (the tracker's
+//! keys would span every node).
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use redis::RedisResult;
+use redis::{RedisResult, Value};
 
-use super::classify::{self, breaks_connection, describe_io, ScriptTracer};
+use super::classify::{self, breaks_connection, describe_io, is_permission_failure, ScriptTracer};
 use super::pool::{Pool, PooledConn};
-use super::unblock::{Scheduled, Unblocker};
 use super::Parked;
 use crate::error::Error;
 
-/// The most parking connections (and threads) one server's hub uses.
-pub(super) const MAX_SHARDS: u32 = 4;
+/// The connections the hub of one server keeps: the listener and the
+/// tracker.
+pub(super) const LINKS: u32 = 2;
 
-/// The blocked call's own timeout: it only ends a call that nothing else
-/// ended (a silent server, a re-issue request that could not be sent).
-/// Waiters do not rely on it (their own timers end their parks, and the
-/// sweep finds a watched lock gone), so it is long: each return sends the
-/// whole key list again, and one per 20 s per shard is what waiting costs
-/// in `BLPOP`s.
-const BACKSTOP: Duration = Duration::from_secs(20);
+/// The channel the server announces changed keys on, to a redirect
+/// client in RESP2.
+const CHANNEL: &str = "__redis__:invalidate";
 
-/// The backstop once a control push was refused (an ACL): names new to a
-/// parked connection then join the call only when it returns.
-const REFUSED_BACKSTOP: Duration = Duration::from_secs(2);
+/// How long the listener waits for an announcement before it looks
+/// whether the hub is gone: what a dropped client's listener thread
+/// outlives it by.
+const LISTEN_SLICE: Duration = Duration::from_millis(200);
 
-/// How long a key whose waiters left stays in the blocked call.
-const VACANT_GRACE: Duration = Duration::from_millis(250);
+/// The most keys one pipelined look carries.
+const BATCH: usize = 512;
+
+/// How long the links stay down after a failure before they are opened
+/// again (the waiters look again meanwhile, by their own attempts).
+const RELINK_PAUSE: Duration = Duration::from_millis(50);
+
+/// Keys registered with the server but waited on by nobody, beyond which
+/// the tracker starts afresh (a new connection: the server forgets what
+/// the old one read), so that a long-lived client waiting on ever new
+/// names keeps a bounded set.
+const STALE_TRACKED: usize = 65_536;
+
+/// The least time between two checks that an idle tracker is still
+/// there, whatever the maximum park time.
+const IDLE_CHECK_FLOOR: Duration = Duration::from_secs(1);
 
 /// The least a park that ends at the maximum park time (not at a deadline
 /// or a lease end) lasts: the server's timer tick (`hz` 10) made it so
@@ -95,16 +110,9 @@ const VACANT_GRACE: Duration = Duration::from_millis(250);
 /// otherwise send a waiter's attempts as fast as the round trips go.
 const IMPRECISE_FLOOR: Duration = Duration::from_millis(100);
 
-/// The value pushed on a control list.
-const CONTROL_TOKEN: &str = "reissue";
-
-/// How long an unpopped control token may stay (its parker died).
-const CONTROL_TTL: Duration = Duration::from_secs(60);
-
-/// The name of a shard's thread, as seen in debuggers and `/proc`.
-const THREAD_NAME: &str = "redbaton-park";
-
-/// The name of the sweeper's thread.
+/// The names of the hub's threads, as seen in debuggers and `/proc`.
+const LISTENER_NAME: &str = "redbaton-listen";
+const TRACKER_NAME: &str = "redbaton-track";
 const SWEEPER_NAME: &str = "redbaton-sweep";
 
 /// The most watch keys one `EXISTS` carries.
@@ -113,26 +121,23 @@ const SWEEP_CHUNK: usize = 1_000;
 /// The parking hub of one server.
 pub(super) struct Hub {
     inner: Arc<Inner>,
-    /// Sends the `CLIENT UNBLOCK` that ends a blocked call when the hub
-    /// goes.
-    unblocker: Arc<Unblocker>,
 }
 
-/// What the shards' threads share with the waiters.
+/// What the hub's threads share with the waiters.
 struct Inner {
     state: Mutex<State>,
-    /// One per shard: its thread sleeps on it while it has no key.
-    idle: Vec<Condvar>,
+    /// The tracker sleeps on it while there is nothing to look at.
+    tracker: Condvar,
+    /// The listener sleeps on it while it has no link and nobody waits.
+    listener: Condvar,
     /// The sweeper sleeps on it between sweeps, and while nobody watches.
     sweeper: Condvar,
     /// How often watched keys are checked.
     sweep_every: Duration,
-    /// Where the shards' connections come from.
-    parking: Pool,
-    /// Where control tokens are pushed from.
+    /// Where the listener's and the tracker's connections come from.
+    links: Pool,
+    /// Where sweeps and given-back tokens go.
     commands: Pool,
-    /// The control list of each shard.
-    control: Vec<String>,
     baton_ttl: Duration,
     io_timeout: Duration,
     trace: ScriptTracer,
@@ -140,33 +145,31 @@ struct Inner {
 
 #[derive(Default)]
 struct State {
-    keys: HashMap<String, Entry>,
-    shards: Vec<Shard>,
+    /// The waiters of each key waited on now, oldest first.
+    keys: HashMap<String, VecDeque<Waiter>>,
     /// What each waiter's park came to, by waiter id, until it reads it.
     outcomes: HashMap<u64, Outcome>,
     next_id: u64,
     closed: bool,
-    /// The unblocks that end the blocked calls when the hub goes.
-    closing: Vec<Scheduled>,
-    /// Set once a control push was refused (an ACL): new keys then wait
-    /// for the backstop.
-    control_refused: bool,
+    /// The listener's connection id, while it is subscribed.
+    listener_id: Option<i64>,
+    /// Counts the listener's subscriptions: what the tracker registered
+    /// under an earlier one is announced to nobody.
+    link: u64,
+    /// Keys the server will announce the next change of (read since
+    /// their last announcement, under the current link).
+    tracked: HashSet<String>,
+    /// Keys to look at.
+    dirty: HashSet<String>,
+    /// Tracking was refused: waiters park elsewhere.
+    refused: bool,
+    /// The listener's and the tracker's threads run.
+    linking: bool,
     /// The sweeper thread runs.
     sweeping: bool,
     /// The sweeper thread could not be started: watched parks last at
     /// most `sweep_every`, as unwatched ones.
     sweeper_failed: bool,
-}
-
-/// The waiters of one key.
-#[derive(Default)]
-struct Entry {
-    waiters: VecDeque<Waiter>,
-    /// When its last waiter left, while it has none.
-    vacant_since: Option<Instant>,
-    /// It leaves the next call (a token of it was given back, or its
-    /// waiters were sent away), unless a waiter comes first.
-    drop_next: bool,
 }
 
 struct Waiter {
@@ -179,84 +182,65 @@ struct Waiter {
     watch: Option<Arc<str>>,
 }
 
-#[derive(Default)]
-struct Shard {
-    /// Its thread runs.
-    running: bool,
-    /// It is in (or about to send) a blocked call over `blocked_on`.
-    issued: bool,
-    blocked_on: HashSet<String>,
-    /// The server's id of its connection, while it has one.
-    client_id: Option<i64>,
-    /// A control token is under way (pushed, or being pushed, not popped).
-    control_pending: bool,
-}
-
 enum Outcome {
-    /// A token came (or the hub closed).
+    /// A token came (or the hub closed, or turned off).
     Woken,
-    /// The blocked call failed: look again.
+    /// A link failed: look again.
     ConnectionFailed(Error),
     /// The key cannot be waited on (it holds something else).
     Refused(Error),
 }
 
+/// What one key's look found.
+enum Looked {
+    /// Popped a token (or not), and the list held this many more.
+    Found(Option<Vec<u8>>, i64),
+    /// The server answered with an error.
+    Failed(redis::RedisError),
+}
+
 impl Hub {
-    /// A hub parking on connections of `parking` (at most `shards` of
-    /// them), pushing control tokens through `commands`, with control
-    /// lists under `prefix`, checking watched keys every `sweep_every`.
-    #[allow(clippy::too_many_arguments)]
+    /// A hub parking on connections of `links` (it keeps [`LINKS`] of
+    /// them), giving tokens back and sweeping through `commands`,
+    /// checking watched keys every `sweep_every`.
     pub(super) fn new(
-        parking: Pool,
+        links: Pool,
         commands: Pool,
-        unblocker: Arc<Unblocker>,
-        prefix: &str,
-        shards: u32,
         baton_ttl: Duration,
         io_timeout: Duration,
         sweep_every: Duration,
         trace: ScriptTracer,
     ) -> Hub {
-        let shards = shards.clamp(1, MAX_SHARDS) as usize;
-        let id = uuid::Uuid::new_v4().simple().to_string();
         Hub {
             inner: Arc::new(Inner {
-                state: Mutex::new(State {
-                    shards: (0..shards).map(|_| Shard::default()).collect(),
-                    ..State::default()
-                }),
-                idle: (0..shards).map(|_| Condvar::new()).collect(),
+                state: Mutex::new(State::default()),
+                tracker: Condvar::new(),
+                listener: Condvar::new(),
                 sweeper: Condvar::new(),
                 sweep_every,
-                parking,
+                links,
                 commands,
-                control: (0..shards)
-                    .map(|shard| format!("{prefix}:parking:{id}:{shard}"))
-                    .collect(),
                 baton_ttl,
                 io_timeout,
                 trace,
             }),
-            unblocker,
         }
+    }
+
+    /// Ends the park of every waiter, who looks again (as when a link
+    /// fails), for `error`: the server stopped answering elsewhere, and a
+    /// baton from it may not come for a long while.
+    #[cfg(feature = "redlock")]
+    pub(super) fn send_waiters_away(&self, error: &Error) {
+        let mut state = self.inner.state.lock();
+        state.end_all(|_| Outcome::ConnectionFailed(error.clone()));
     }
 
     /// Parks the calling thread until a token of `list` comes to it, or
     /// `park` has passed (at least [`IMPRECISE_FLOOR`] unless `precise`),
-    /// or the blocked call it relies on fails, or (with a `watch` key) a
-    /// sweep finds `watch` gone.
-    /// Ends the park of every waiter, who looks again (as when the blocked
-    /// call fails), for `error`: the server stopped answering elsewhere,
-    /// and a baton from it may not come for a long while. The blocked
-    /// call itself goes on; its keys leave the next one unless waited on
-    /// again.
-    #[cfg(feature = "redlock")]
-    pub(super) fn send_waiters_away(&self, error: &Error) {
-        let mut state = self.inner.state.lock();
-        let keys: Vec<String> = state.keys.keys().cloned().collect();
-        state.end_all(&keys, |_| Outcome::ConnectionFailed(error.clone()));
-    }
-
+    /// or a link it relies on fails, or (with a `watch` key) a sweep finds
+    /// `watch` gone. `None`: the server refused tracking, so this hub
+    /// parks nobody; park another way.
     pub(super) fn park(
         &self,
         name: &str,
@@ -264,7 +248,7 @@ impl Hub {
         park: Duration,
         precise: bool,
         watch: Option<&str>,
-    ) -> Result<Parked, Error> {
+    ) -> Result<Option<Parked>, Error> {
         let inner = &self.inner;
         let mut park = if precise {
             park
@@ -272,14 +256,16 @@ impl Hub {
             park.max(IMPRECISE_FLOOR)
         };
         let wake = Arc::new(Condvar::new());
-        let shard = inner.shard_of(list);
         let mut state = inner.state.lock();
+        if state.refused {
+            return Ok(None);
+        }
         if state.closed {
-            return Ok(Parked::Done);
+            return Ok(Some(Parked::Done));
         }
         if watch.is_some() {
             if !state.sweeping && !state.sweeper_failed {
-                match inner.start_sweeper() {
+                match inner.start(SWEEPER_NAME, Inner::sweep) {
                     Ok(()) => state.sweeping = true,
                     Err(err) => {
                         log::warn!(
@@ -298,77 +284,48 @@ impl Hub {
             }
         }
         let until = Instant::now() + park;
-        let id = state.next_id;
-        state.next_id += 1;
-        let entry = state.keys.entry(list.to_owned()).or_default();
-        entry.waiters.push_back(Waiter {
-            id,
-            name: name.into(),
-            wake: Arc::clone(&wake),
-            watch: watch.map(Arc::from),
-        });
-        entry.vacant_since = None;
-        entry.drop_next = false;
-        let control_refused = state.control_refused;
-        let slot = &mut state.shards[shard];
-        let push = slot.issued
-            && !slot.blocked_on.contains(list)
-            && !slot.control_pending
-            && !control_refused;
-        if push {
-            slot.control_pending = true;
-        }
-        if !slot.running {
-            if let Err(err) = inner.start(shard) {
-                log::warn!("redbaton: cannot start a parking thread ({err}); waiters look again every park");
+        if !state.linking {
+            let started = inner
+                .start(LISTENER_NAME, Inner::listen)
+                .and_then(|()| inner.start(TRACKER_NAME, Inner::track));
+            if let Err(err) = started {
+                log::warn!(
+                    "redbaton: cannot start a parking thread ({err}); waiters look again every park"
+                );
                 drop(state);
                 thread::sleep(until.saturating_duration_since(Instant::now()));
-                let mut state = inner.state.lock();
-                return state
-                    .leave(list, id)
-                    .map_or(Ok(Parked::Done), Outcome::into_parked);
+                return Ok(Some(Parked::Done));
             }
-            state.shards[shard].running = true;
-        } else if !slot.issued {
-            inner.idle[shard].notify_one();
+            state.linking = true;
         }
-        if push {
-            drop(state);
-            let pushed = inner.push_control(shard, name);
-            state = inner.state.lock();
-            if let Err(err) = pushed {
-                state.shards[shard].control_pending = false;
-                match err {
-                    ControlError::Refused(err) => {
-                        if !std::mem::replace(&mut state.control_refused, true) {
-                            log::warn!(
-                                "redbaton: Redis refused a parking control push ({}); waiters on \
-                                 names new to a parked connection are seen within \
-                                 {REFUSED_BACKSTOP:?} \
-                                 (allow RPUSH and PEXPIRE on the prefix's keys)",
-                                describe_io(&err)
-                            );
-                        }
-                    }
-                    // Looks again, as after a failed park; a token that
-                    // came meanwhile is no reason to look twice.
-                    ControlError::Failed(err) => {
-                        return match state.leave(list, id) {
-                            Some(outcome) => outcome.into_parked(),
-                            None => Ok(Parked::ConnectionFailed(err)),
-                        };
-                    }
-                }
-            }
+        let id = state.next_id;
+        state.next_id += 1;
+        state
+            .keys
+            .entry(list.to_owned())
+            .or_default()
+            .push_back(Waiter {
+                id,
+                name: name.into(),
+                wake: Arc::clone(&wake),
+                watch: watch.map(Arc::from),
+            });
+        if !state.tracked.contains(list) && state.dirty.insert(list.to_owned()) {
+            inner.tracker.notify_one();
+        }
+        if state.listener_id.is_none() {
+            inner.listener.notify_one();
         }
         loop {
             if let Some(outcome) = state.outcomes.remove(&id) {
-                return outcome.into_parked();
+                return outcome.into_parked().map(Some);
             }
             if wake.wait_until(&mut state, until).timed_out() {
                 return state
                     .leave(list, id)
-                    .map_or(Ok(Parked::Done), Outcome::into_parked);
+                    .map_or(Ok(Some(Parked::Done)), |outcome| {
+                        outcome.into_parked().map(Some)
+                    });
             }
         }
     }
@@ -377,20 +334,10 @@ impl Hub {
 impl Drop for Hub {
     fn drop(&mut self) {
         let mut state = self.inner.state.lock();
-        let state = &mut *state;
         state.closed = true;
         self.inner.sweeper.notify_one();
-        for (shard, idle) in state.shards.iter().zip(&self.inner.idle) {
-            idle.notify_one();
-            // Ends the blocked call now, so that the thread ends with the
-            // client rather than at the backstop.
-            if let (true, Some(id)) = (shard.issued, shard.client_id) {
-                if let Some(scheduled) = self.unblocker.schedule(id, Instant::now()) {
-                    // Kept until the thread ends: dropped, it would cancel.
-                    state.closing.push(scheduled);
-                }
-            }
-        }
+        self.inner.tracker.notify_one();
+        self.inner.listener.notify_one();
     }
 }
 
@@ -406,48 +353,112 @@ impl Outcome {
     }
 }
 
-enum ControlError {
-    /// The server refused the push (an ACL): it will not go better.
-    Refused(redis::RedisError),
-    /// The transport failed.
-    Failed(Error),
-}
-
 impl State {
     /// Takes waiter `id` of `list` out (its park ended by its own timer),
-    /// unless an outcome came first, which is then drop_next.
+    /// unless an outcome came first.
     fn leave(&mut self, list: &str, id: u64) -> Option<Outcome> {
         if let Some(outcome) = self.outcomes.remove(&id) {
             return Some(outcome);
         }
-        if let Some(entry) = self.keys.get_mut(list) {
-            entry.waiters.retain(|waiter| waiter.id != id);
-            if entry.waiters.is_empty() {
-                entry.vacant_since = Some(Instant::now());
+        if let Some(waiters) = self.keys.get_mut(list) {
+            waiters.retain(|waiter| waiter.id != id);
+            if waiters.is_empty() {
+                self.keys.remove(list);
             }
         }
         None
     }
 
-    /// Ends the park of every waiter on `keys` with what `outcome` makes
-    /// of its object's name; the keys leave the next call (their waiters
-    /// come back if they still wait).
-    fn end_all<'k>(
-        &mut self,
-        keys: impl IntoIterator<Item = &'k String>,
-        mut outcome: impl FnMut(&str) -> Outcome,
-    ) {
-        for key in keys {
-            let Some(entry) = self.keys.get_mut(key) else {
-                continue;
-            };
-            for waiter in entry.waiters.drain(..) {
+    /// Ends the park of every waiter of `key` with what `outcome` makes of
+    /// its object's name.
+    fn end_key(&mut self, key: &str, mut outcome: impl FnMut(&str) -> Outcome) {
+        for waiter in self.keys.remove(key).into_iter().flatten() {
+            self.outcomes.insert(waiter.id, outcome(&waiter.name));
+            waiter.wake.notify_one();
+        }
+    }
+
+    /// Ends the park of every waiter.
+    fn end_all(&mut self, mut outcome: impl FnMut(&str) -> Outcome) {
+        for (_, waiters) in self.keys.drain() {
+            for waiter in waiters {
                 self.outcomes.insert(waiter.id, outcome(&waiter.name));
                 waiter.wake.notify_one();
             }
-            entry.vacant_since = Some(Instant::now());
-            entry.drop_next = true;
         }
+    }
+
+    /// The links are down (or were opened afresh): nothing registered
+    /// before is announced; with `failed`, every waiter looks again.
+    fn unlink(&mut self, failed: Option<&Error>) {
+        self.listener_id = None;
+        self.link += 1;
+        self.tracked.clear();
+        self.dirty.clear();
+        if let Some(error) = failed {
+            self.end_all(|_| Outcome::ConnectionFailed(error.clone()));
+        }
+    }
+
+    /// Tracking was refused: every waiter looks again, and parks another
+    /// way from now on.
+    fn refuse(&mut self, addr: &str, why: &str) {
+        if !std::mem::replace(&mut self.refused, true) {
+            log::warn!(
+                "redbaton: Redis at {addr} refused parking by invalidation messages ({why}); \
+                 each waiter \
+                 parks on a connection of its own, up to parking_connections (allow CLIENT ID, \
+                 CLIENT TRACKING, SUBSCRIBE to __redis__:invalidate, LPOP and LLEN: see \
+                 docs/security.md)"
+            );
+        }
+        self.unlink(None);
+        self.end_all(|_| Outcome::Woken);
+    }
+
+    /// The server announced `keys` changed (`None`: everything, a flush).
+    fn announced(&mut self, keys: Option<Vec<String>>) {
+        match keys {
+            None => {
+                self.tracked.clear();
+                let waited: Vec<String> = self.keys.keys().cloned().collect();
+                self.dirty.extend(waited);
+            }
+            Some(keys) => {
+                for key in keys {
+                    self.tracked.remove(&key);
+                    if self.keys.contains_key(&key) {
+                        self.dirty.insert(key);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Up to [`BATCH`] keys to look at, each with waiters (keys without
+    /// any are dropped: nobody waits for their tokens).
+    fn take_batch(&mut self) -> Vec<String> {
+        let mut batch = Vec::new();
+        let mut seen = Vec::new();
+        for key in &self.dirty {
+            if batch.len() == BATCH {
+                break;
+            }
+            seen.push(key.clone());
+            if self.keys.contains_key(key) {
+                batch.push(key.clone());
+            }
+        }
+        for key in &seen {
+            self.dirty.remove(key);
+        }
+        batch
+    }
+
+    /// Whether the server keeps many keys registered that nobody waits
+    /// for.
+    fn tracks_too_many(&self) -> bool {
+        self.tracked.len() > STALE_TRACKED + self.keys.len()
     }
 
     /// The distinct watch keys of the waiters parked now.
@@ -455,85 +466,422 @@ impl State {
         let mut seen = HashSet::new();
         self.keys
             .values()
-            .flat_map(|entry| &entry.waiters)
+            .flatten()
             .filter_map(|waiter| waiter.watch.clone())
             .filter(|watch| seen.insert(Arc::clone(watch)))
             .collect()
     }
 
     /// Ends the park of every waiter whose watch key is in `watches`, with
-    /// what `outcome` makes of its object's name. Their baton keys stay in
-    /// the call for a while (most such waiters come back).
+    /// what `outcome` makes of its object's name.
     fn end_watching(
         &mut self,
         watches: &HashSet<Arc<str>>,
         mut outcome: impl FnMut(&str) -> Outcome,
     ) {
-        let now = Instant::now();
-        for entry in self.keys.values_mut() {
-            let mut kept = VecDeque::with_capacity(entry.waiters.len());
-            for waiter in entry.waiters.drain(..) {
-                match &waiter.watch {
-                    Some(watch) if watches.contains(watch) => {
-                        self.outcomes.insert(waiter.id, outcome(&waiter.name));
-                        waiter.wake.notify_one();
-                    }
-                    _ => kept.push_back(waiter),
+        let outcomes = &mut self.outcomes;
+        self.keys.retain(|_, waiters| {
+            waiters.retain(|waiter| match &waiter.watch {
+                Some(watch) if watches.contains(watch) => {
+                    outcomes.insert(waiter.id, outcome(&waiter.name));
+                    waiter.wake.notify_one();
+                    false
                 }
-            }
-            if kept.is_empty() && entry.vacant_since.is_none() {
-                entry.vacant_since = Some(now);
-            }
-            entry.waiters = kept;
-        }
-    }
-
-    /// The keys shard `shard` should block on now; forgets keys whose
-    /// waiters left a while ago or whose token was given back.
-    fn keys_of(&mut self, inner: &Inner, shard: usize) -> Vec<String> {
-        let now = Instant::now();
-        self.keys.retain(|_, entry| {
-            !entry.waiters.is_empty()
-                || !(entry.drop_next
-                    || entry
-                        .vacant_since
-                        .is_some_and(|since| now.duration_since(since) >= VACANT_GRACE))
+                _ => true,
+            });
+            !waiters.is_empty()
         });
-        self.keys
-            .keys()
-            .filter(|key| inner.shard_of(key) == shard)
-            .cloned()
-            .collect()
     }
 }
 
+/// Why a link could not be opened.
+enum LinkError {
+    /// The server refused it (an ACL, a server without tracking): it will
+    /// not go better.
+    Refused(String),
+    /// The transport failed, or no connection could be had.
+    Failed(Error),
+}
+
 impl Inner {
-    fn shard_of(&self, key: &str) -> usize {
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        key.hash(&mut hasher);
-        (hasher.finish() % self.idle.len() as u64) as usize
-    }
-
     fn classify(&self, err: redis::RedisError, name: &str) -> Error {
-        classify::from_redis(err, name, self.parking.addr(), self.trace)
+        classify::from_redis(err, name, self.links.addr(), self.trace)
     }
 
-    /// Starts shard `shard`'s thread.
-    fn start(self: &Arc<Self>, shard: usize) -> std::io::Result<()> {
+    /// What a failure to open a link is: refused for good, or worth
+    /// another try.
+    fn link_error(&self, err: redis::RedisError) -> LinkError {
+        let refused = !breaks_connection(&err)
+            && !classify::is_transient_reply(err.code())
+            && err.code() != Some("READONLY");
+        if refused {
+            LinkError::Refused(describe_io(&err))
+        } else {
+            LinkError::Failed(self.classify(err, "(parking)"))
+        }
+    }
+
+    /// Starts one of the hub's threads.
+    fn start(self: &Arc<Self>, name: &str, run: fn(&Inner)) -> std::io::Result<()> {
         let inner = Arc::clone(self);
         thread::Builder::new()
-            .name(format!("{THREAD_NAME}-{shard}"))
-            .spawn(move || inner.run(shard))
+            .name(name.to_owned())
+            .spawn(move || run(&inner))
             .map(drop)
     }
 
-    /// Starts the sweeper's thread.
-    fn start_sweeper(self: &Arc<Self>) -> std::io::Result<()> {
-        let inner = Arc::clone(self);
-        thread::Builder::new()
-            .name(SWEEPER_NAME.to_owned())
-            .spawn(move || inner.sweep())
-            .map(drop)
+    /// The listener's thread: subscribes a connection to the server's
+    /// announcements and passes them on, until the hub is dropped. Opens
+    /// its link when someone waits, and again after a failure.
+    fn listen(&self) {
+        loop {
+            {
+                let mut state = self.state.lock();
+                while !state.closed && !state.refused && state.keys.is_empty() {
+                    self.listener.wait(&mut state);
+                }
+                if state.closed || state.refused {
+                    return;
+                }
+            }
+            let mut conn = match self.links.get(self.io_timeout) {
+                Ok(conn) => conn,
+                Err(err) => {
+                    log::debug!("redbaton: no parking listener connection: {err}");
+                    self.relink_later(Some(&err));
+                    continue;
+                }
+            };
+            let Some(id) = conn.client_id() else {
+                self.state
+                    .lock()
+                    .refuse(self.links.addr(), "CLIENT ID was refused");
+                return;
+            };
+            let raw = conn.keep();
+            let mut pubsub = raw.as_pubsub();
+            let subscribed = pubsub
+                .set_read_timeout(Some(self.io_timeout))
+                .and_then(|()| pubsub.subscribe(CHANNEL))
+                .and_then(|()| pubsub.set_read_timeout(Some(LISTEN_SLICE)));
+            if let Err(err) = subscribed {
+                match self.link_error(err) {
+                    LinkError::Refused(why) => {
+                        self.state.lock().refuse(self.links.addr(), &why);
+                        return;
+                    }
+                    LinkError::Failed(err) => {
+                        self.relink_later(Some(&err));
+                        continue;
+                    }
+                }
+            }
+            {
+                let mut state = self.state.lock();
+                state.unlink(None);
+                state.listener_id = Some(id);
+                // Everything waited on is looked at under the new link.
+                let waited: Vec<String> = state.keys.keys().cloned().collect();
+                state.dirty.extend(waited);
+                self.tracker.notify_one();
+            }
+            loop {
+                match pubsub.get_message() {
+                    Ok(message) if message.get_channel_name() == CHANNEL => {
+                        // Keys are bulk strings; a nil payload is a flush.
+                        let keys = match message.get_payload::<Option<Vec<Vec<u8>>>>() {
+                            Ok(keys) => keys.map(|keys| {
+                                keys.into_iter()
+                                    .map(|key| String::from_utf8_lossy(&key).into_owned())
+                                    .collect()
+                            }),
+                            Err(_) => None,
+                        };
+                        let mut state = self.state.lock();
+                        if state.closed {
+                            return;
+                        }
+                        state.announced(keys);
+                        if !state.dirty.is_empty() {
+                            self.tracker.notify_one();
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(err) if err.is_timeout() => {
+                        if self.state.lock().closed {
+                            return;
+                        }
+                    }
+                    Err(err) => {
+                        log::debug!(
+                            "redbaton: the parking listener's connection failed ({}); waiters \
+                             look again",
+                            describe_io(&err)
+                        );
+                        let err = self.classify(err, "(parking)");
+                        self.relink_later(Some(&err));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The links are down: waiters look again (with `failed`), and the
+    /// listener pauses before opening its link again.
+    fn relink_later(&self, failed: Option<&Error>) {
+        let mut state = self.state.lock();
+        state.unlink(failed);
+        let until = Instant::now() + RELINK_PAUSE;
+        while !state.closed && !self.listener.wait_until(&mut state, until).timed_out() {}
+    }
+
+    /// The tracker's thread: looks at the keys that call for it, until the
+    /// hub is dropped.
+    fn track(&self) {
+        // The connection with tracking on, and the link it is redirected
+        // to.
+        let mut conn: Option<(PooledConn, u64)> = None;
+        let mut state = self.state.lock();
+        loop {
+            if state.closed || state.refused {
+                return;
+            }
+            let Some(listener) = state.listener_id else {
+                conn = None;
+                self.tracker.wait(&mut state);
+                continue;
+            };
+            if conn.as_ref().is_some_and(|(_, link)| *link != state.link) || state.tracks_too_many()
+            {
+                // Registered under another link (or too many, long
+                // stale): a fresh connection, so the server forgets them.
+                conn = None;
+                state.tracked.clear();
+                let waited: Vec<String> = state.keys.keys().cloned().collect();
+                state.dirty.extend(waited);
+            }
+            if state.dirty.is_empty() {
+                let idle_until = Instant::now() + self.sweep_every.max(IDLE_CHECK_FLOOR);
+                let idle = self.tracker.wait_until(&mut state, idle_until).timed_out();
+                if let (true, Some((tracking, tracking_link))) =
+                    (idle && state.dirty.is_empty(), &mut conn)
+                {
+                    // Nothing to look at for a while: is the tracker still
+                    // there? Killed (by an operator, or the server's idle
+                    // `timeout`), it would take its registrations with it
+                    // and no announcement would come.
+                    let tracking_link = *tracking_link;
+                    drop(state);
+                    let alive: RedisResult<()> = redis::cmd("PING").exec(tracking.keep());
+                    state = self.state.lock();
+                    if let Err(err) = alive {
+                        conn = None;
+                        let err = self.classify(err, "(parking)");
+                        if state.link == tracking_link {
+                            state.unlink(Some(&err));
+                        }
+                    }
+                }
+                continue;
+            }
+            let link = state.link;
+            if conn.is_none() {
+                drop(state);
+                let opened = self.open_tracking(listener);
+                state = self.state.lock();
+                match opened {
+                    Ok(fresh) => conn = Some((fresh, link)),
+                    Err(LinkError::Refused(why)) => {
+                        state.refuse(self.links.addr(), &why);
+                        return;
+                    }
+                    Err(LinkError::Failed(err)) => {
+                        log::debug!("redbaton: cannot open the parking tracker: {err}");
+                        if state.link == link {
+                            state.unlink(Some(&err));
+                        }
+                        continue;
+                    }
+                }
+                if state.link != link {
+                    continue;
+                }
+            }
+            let Some((mut tracking, tracking_link)) = conn.take() else {
+                continue;
+            };
+            let batch = state.take_batch();
+            if batch.is_empty() {
+                conn = Some((tracking, tracking_link));
+                continue;
+            }
+            drop(state);
+            let mut result = self.look(&mut tracking, &batch).map(|looked| {
+                let given_back = self.found(&mut self.state.lock(), link, batch, looked);
+                (!given_back.is_empty()).then_some(given_back)
+            });
+            if let Ok(Some(given_back)) = &result {
+                result = self.give_back(&mut tracking, given_back).map(|()| None);
+            }
+            state = self.state.lock();
+            match result {
+                Ok(_) => conn = Some((tracking, tracking_link)),
+                Err(err) => {
+                    log::debug!(
+                        "redbaton: the parking tracker's connection failed ({}); waiters look \
+                         again (a baton it was giving back is lost)",
+                        describe_io(&err)
+                    );
+                    let err = self.classify(err, "(parking)");
+                    if state.link == link {
+                        state.unlink(Some(&err));
+                    }
+                }
+            }
+        }
+    }
+
+    /// A connection with tracking on, announcing to `listener`.
+    fn open_tracking(&self, listener: i64) -> Result<PooledConn, LinkError> {
+        let mut conn = self.links.get(self.io_timeout).map_err(LinkError::Failed)?;
+        let on: RedisResult<()> = redis::cmd("CLIENT")
+            .arg("TRACKING")
+            .arg("ON")
+            .arg("REDIRECT")
+            .arg(listener)
+            .arg("NOLOOP")
+            .exec(conn.keep());
+        on.map(|()| conn).map_err(|err| self.link_error(err))
+    }
+
+    /// Registers each key and pops a token of it: `LLEN k` (a read: the
+    /// server announces the key's next change), then `LPOP k`, pipelined.
+    /// A pop that takes a token is a write of the tracker's own, which
+    /// unregisters the key without an announcement (`NOLOOP`): a key whose
+    /// last waiter got its token is then registered no more; one whose
+    /// list was empty stays registered.
+    fn look(&self, conn: &mut PooledConn, keys: &[String]) -> RedisResult<Vec<Looked>> {
+        let mut pipe = redis::pipe();
+        for key in keys {
+            pipe.cmd("LLEN").arg(key).cmd("LPOP").arg(key);
+        }
+        let replies: Vec<Value> = pipe.ignore_errors().query(conn.keep())?;
+        let mut replies = replies.into_iter();
+        let mut looked = Vec::with_capacity(keys.len());
+        while let (Some(length), Some(popped)) = (replies.next(), replies.next()) {
+            looked.push(match (length, popped) {
+                (Value::ServerError(err), _) | (_, Value::ServerError(err)) => {
+                    Looked::Failed(err.into())
+                }
+                (Value::Int(length), Value::BulkString(token)) => {
+                    Looked::Found(Some(token), length - 1)
+                }
+                (Value::Int(length), _) => Looked::Found(None, length),
+                (other, _) => Looked::Failed(redis::RedisError::from((
+                    redis::ErrorKind::UnexpectedReturnType,
+                    "LLEN answered something else than a number",
+                    format!("{other:?}"),
+                ))),
+            });
+        }
+        Ok(looked)
+    }
+
+    /// Hands what the look at `batch` found to the waiters; returns the
+    /// tokens that nobody waits for any more, to give back.
+    fn found(
+        &self,
+        state: &mut State,
+        link: u64,
+        batch: Vec<String>,
+        looked: Vec<Looked>,
+    ) -> Vec<(String, Vec<u8>)> {
+        let mut given_back = Vec::new();
+        for (key, looked) in batch.into_iter().zip(looked) {
+            match looked {
+                Looked::Found(token, left) => {
+                    let mut handed = false;
+                    if token.is_some() {
+                        if let Some(waiters) = state.keys.get_mut(&key) {
+                            if let Some(waiter) = waiters.pop_front() {
+                                if waiters.is_empty() {
+                                    state.keys.remove(&key);
+                                }
+                                state.outcomes.insert(waiter.id, Outcome::Woken);
+                                waiter.wake.notify_one();
+                                handed = true;
+                            }
+                        }
+                    }
+                    match token {
+                        // Our own pop unregistered the key.
+                        Some(token) => {
+                            state.tracked.remove(&key);
+                            if !handed {
+                                given_back.push((key.clone(), token));
+                            }
+                            if state.keys.contains_key(&key) {
+                                state.dirty.insert(key);
+                            }
+                        }
+                        // A token came between the two reads.
+                        None if left > 0 && state.keys.contains_key(&key) => {
+                            state.dirty.insert(key);
+                        }
+                        // Announced again while the look was on its way:
+                        // looked at again.
+                        None if state.dirty.contains(&key) || state.link != link => {}
+                        None => {
+                            state.tracked.insert(key);
+                        }
+                    }
+                }
+                Looked::Failed(err) if err.code() == Some("WRONGTYPE") => {
+                    state.end_key(&key, |name| Outcome::Refused(wrong_type(name)));
+                }
+                Looked::Failed(err)
+                    if is_permission_failure(err.code(), err.detail().unwrap_or("")) =>
+                {
+                    state.refuse(self.links.addr(), &describe_io(&err));
+                    return given_back;
+                }
+                Looked::Failed(err) => {
+                    let transient =
+                        classify::is_transient_reply(err.code()) || err.code() == Some("READONLY");
+                    let error = self.classify(err, &key);
+                    if transient {
+                        // A master demoted under the tracker, or a server
+                        // between two states: everyone looks again.
+                        if state.link == link {
+                            state.end_all(|_| Outcome::ConnectionFailed(error.clone()));
+                        }
+                        state.tracked.remove(&key);
+                    } else {
+                        state.end_key(&key, |_| Outcome::Refused(error.clone()));
+                    }
+                }
+            }
+        }
+        given_back
+    }
+
+    /// Puts tokens nobody here waits for back on their lists, for someone
+    /// else. A list holds tokens of one value, so their order does not
+    /// matter.
+    fn give_back(&self, conn: &mut PooledConn, tokens: &[(String, Vec<u8>)]) -> RedisResult<()> {
+        let mut pipe = redis::pipe();
+        for (key, token) in tokens {
+            pipe.cmd("RPUSH")
+                .arg(key)
+                .arg(token)
+                .ignore()
+                .cmd("PEXPIRE")
+                .arg(key)
+                .arg(millis(self.baton_ttl))
+                .ignore();
+        }
+        pipe.exec(conn.keep())
     }
 
     /// The sweeper's thread: every `sweep_every` while waiters watch keys,
@@ -609,222 +957,6 @@ impl Inner {
         }
         Ok(gone)
     }
-
-    /// Pushes a control token for `shard`, so that its blocked call is
-    /// issued again.
-    fn push_control(&self, shard: usize, name: &str) -> Result<(), ControlError> {
-        let mut conn = self
-            .commands
-            .get(self.io_timeout)
-            .map_err(ControlError::Failed)?;
-        let control = &self.control[shard];
-        let pushed: RedisResult<()> = conn.run(|c| {
-            redis::pipe()
-                .cmd("RPUSH")
-                .arg(control)
-                .arg(CONTROL_TOKEN)
-                .ignore()
-                .cmd("PEXPIRE")
-                .arg(control)
-                .arg(millis(CONTROL_TTL))
-                .ignore()
-                .exec(c)
-        });
-        pushed.map_err(|err| {
-            if breaks_connection(&err) || classify::is_transient_reply(err.code()) {
-                ControlError::Failed(self.classify(err, name))
-            } else {
-                ControlError::Refused(err)
-            }
-        })
-    }
-
-    /// A shard's thread: blocks on its keys, hands tokens over, until the
-    /// hub is dropped.
-    fn run(&self, shard: usize) {
-        let mut conn: Option<PooledConn> = None;
-        loop {
-            let keys = {
-                let mut state = self.state.lock();
-                loop {
-                    if state.closed {
-                        state.shards[shard].running = false;
-                        return;
-                    }
-                    let keys = state.keys_of(self, shard);
-                    let slot = &mut state.shards[shard];
-                    if !keys.is_empty() {
-                        slot.issued = true;
-                        slot.blocked_on = keys.iter().cloned().collect();
-                        slot.client_id = conn.as_ref().and_then(|c| c.client_id());
-                        break keys;
-                    }
-                    slot.issued = false;
-                    slot.blocked_on.clear();
-                    self.idle[shard].wait(&mut state);
-                }
-            };
-            let conn_ref = match &mut conn {
-                Some(conn) => conn,
-                None => match self.parking.get(self.io_timeout) {
-                    Ok(fresh) => {
-                        let id = fresh.client_id();
-                        self.state.lock().shards[shard].client_id = id;
-                        conn.insert(fresh)
-                    }
-                    Err(err) => {
-                        log::debug!("redbaton: no parking connection: {err}");
-                        self.fail(shard, &keys, |_| Outcome::ConnectionFailed(err.clone()));
-                        continue;
-                    }
-                },
-            };
-            let blocked = self.block(conn_ref, shard, &keys);
-            self.state.lock().shards[shard].issued = false;
-            match blocked {
-                Ok(popped) => {
-                    if let Some((key, token)) = popped {
-                        if let Err(err) = self.hand_over(conn_ref, shard, key, token) {
-                            log::debug!(
-                                "redbaton: giving a baton back failed ({}); it is lost",
-                                describe_io(&err)
-                            );
-                            self.fail_call(shard, &keys, err);
-                        }
-                    }
-                }
-                Err(err) if err.code() == Some("WRONGTYPE") => {
-                    self.refuse_wrong_types(conn_ref, shard, &keys);
-                }
-                Err(err) => self.fail_call(shard, &keys, err),
-            }
-            if conn.as_ref().is_some_and(|c| c.is_broken()) {
-                // Closed when dropped; the next call opens another.
-                conn = None;
-            }
-        }
-    }
-
-    /// One blocked call over `keys` and the shard's control list.
-    fn block(
-        &self,
-        conn: &mut PooledConn,
-        shard: usize,
-        keys: &[String],
-    ) -> RedisResult<Option<(String, Vec<u8>)>> {
-        let backstop = if self.state.lock().control_refused {
-            REFUSED_BACKSTOP
-        } else {
-            BACKSTOP
-        };
-        conn.set_read_timeout(backstop + self.io_timeout)?;
-        let timeout = format!("{}.{:03}", backstop.as_secs(), backstop.subsec_millis());
-        conn.run(|c| {
-            redis::cmd("BLPOP")
-                .arg(keys)
-                .arg(&self.control[shard])
-                .arg(&timeout)
-                .query(c)
-        })
-    }
-
-    /// A token of `key` came: to its oldest waiter, or back on its list.
-    fn hand_over(
-        &self,
-        conn: &mut PooledConn,
-        shard: usize,
-        key: String,
-        token: Vec<u8>,
-    ) -> RedisResult<()> {
-        let mut guard = self.state.lock();
-        let state = &mut *guard;
-        if key == self.control[shard] {
-            state.shards[shard].control_pending = false;
-            return Ok(());
-        }
-        if let Some(entry) = state.keys.get_mut(&key) {
-            if let Some(waiter) = entry.waiters.pop_front() {
-                // Its waiter most likely got what it waited for: the key
-                // leaves the next call, or a later baton of it (its own
-                // release's) would be popped here only to be given back.
-                entry.drop_next = entry.waiters.is_empty();
-                state.outcomes.insert(waiter.id, Outcome::Woken);
-                waiter.wake.notify_one();
-                return Ok(());
-            }
-            entry.drop_next = true;
-        }
-        drop(guard);
-        // Nobody here waits for it any more: back for someone else. The
-        // list holds tokens of one value, so their order does not matter.
-        conn.run(|c| {
-            redis::pipe()
-                .cmd("RPUSH")
-                .arg(&key)
-                .arg(token)
-                .ignore()
-                .cmd("PEXPIRE")
-                .arg(&key)
-                .arg(millis(self.baton_ttl))
-                .ignore()
-                .exec(c)
-        })
-    }
-
-    /// The blocked call failed: every waiter of the shard looks again (or,
-    /// for an error the server gave, gets it).
-    fn fail_call(&self, shard: usize, keys: &[String], err: redis::RedisError) {
-        log::debug!(
-            "redbaton: parked connection failed ({}); its waiters look again",
-            describe_io(&err)
-        );
-        let transport = breaks_connection(&err) || ends_park(&err);
-        self.fail(shard, keys, |name| {
-            let error = self.classify(err.clone(), name);
-            if transport || error.is_transient() {
-                Outcome::ConnectionFailed(error)
-            } else {
-                Outcome::Refused(error)
-            }
-        });
-    }
-
-    fn fail(&self, shard: usize, keys: &[String], outcome: impl FnMut(&str) -> Outcome) {
-        let mut state = self.state.lock();
-        state.end_all(keys, outcome);
-        let slot = &mut state.shards[shard];
-        slot.issued = false;
-        slot.blocked_on.clear();
-        // A control token may have been swallowed with the call.
-        slot.control_pending = false;
-    }
-
-    /// `WRONGTYPE`: finds the keys that hold something else than a list;
-    /// their waiters get the error, the others park on.
-    fn refuse_wrong_types(&self, conn: &mut PooledConn, shard: usize, keys: &[String]) {
-        let mut pipe = redis::pipe();
-        for key in keys {
-            pipe.cmd("TYPE").arg(key);
-        }
-        let kinds: RedisResult<Vec<String>> = conn.run(|c| pipe.query(c));
-        let wrong: Vec<String> = match kinds {
-            Ok(kinds) => keys
-                .iter()
-                .zip(kinds)
-                .filter(|(_, kind)| kind != "list" && kind != "none")
-                .map(|(key, _)| key.clone())
-                .collect(),
-            Err(err) => {
-                self.fail_call(shard, keys, err);
-                return;
-            }
-        };
-        let mut state = self.state.lock();
-        state.end_all(&wrong, |name| Outcome::Refused(wrong_type(name)));
-        for key in &wrong {
-            state.keys.remove(key);
-        }
-    }
 }
 
 /// The crate's error for a key that holds something else than a baton
@@ -834,13 +966,6 @@ fn wrong_type(name: &str) -> Error {
         name: name.to_owned(),
         detail: "WRONGTYPE its baton key holds something else than a list".to_owned(),
     }
-}
-
-/// Replies that end a blocked call without a token and call for another
-/// look: a master demoted under it (`UNBLOCKED`), a server between two
-/// states.
-fn ends_park(err: &redis::RedisError) -> bool {
-    err.code() == Some("UNBLOCKED")
 }
 
 fn millis(duration: Duration) -> u64 {

@@ -1,13 +1,15 @@
 //! Everything that opens sockets, and nothing that knows what a lock is.
 //!
 //! A [`Backend`] carries short exchanges (a script call, a pipeline) and
-//! parks waiters in `BLPOP`, for a caller that names the key it works on.
+//! parks waiters until a baton list changes, for a caller that names the
+//! key it works on.
 //! Connection pooling, the classification of transport errors and the
 //! rules for parked connections live here, once. The flavors:
 //!
 //! - `single`: one Redis server (a command pool and a parking pool; its
-//!   waiters park through `hub`, a few connections each blocked on many
-//!   baton lists);
+//!   waiters park through `hub`, two connections woken by the server's
+//!   announcements of changed baton lists, or in `BLPOP` on a parking
+//!   connection each where the server refuses those);
 //! - `cluster` (feature `cluster`): a `single` per master of a Redis
 //!   Cluster, chosen by the slot of the key an exchange names (`slot`);
 //! - `sentinel` (feature `sentinel`): a `single` for the master the
@@ -17,9 +19,8 @@
 //!   those that stopped answering until a probe hears them; parks on one
 //!   at a time.
 //!
-//! `unblock` ends parks on time (`CLIENT UNBLOCK`) rather than on the
-//! server's timer tick, for a cluster's one-key parks (the hub's waiters
-//! keep their own time), and ends a dropped hub's blocked calls.
+//! `unblock` ends parks in `BLPOP` on time (`CLIENT UNBLOCK`) rather than
+//! on the server's timer tick (the hub's waiters keep their own time).
 //! Each flavor is a file of this folder, with one-line dispatch in
 //! [`Backend`]'s methods.
 
@@ -399,8 +400,8 @@ impl Backend {
         }
     }
 
-    /// Parks in `BLPOP` on `list` for at most `park`, on a parking
-    /// connection (never one a releasing holder needs). Whether a token
+    /// Parks until a token of `list` comes, for at most `park`, on a
+    /// parking connection (never one a releasing holder needs). Whether a token
     /// came does not matter to the caller: either way it looks again. A
     /// `precise` park is ended on time by the client's timer, at the cost
     /// of one command; the others end on the server's timer tick. `watch`:

@@ -7,7 +7,7 @@
 //! from every other waiter). So every transport error marks the connection
 //! broken, and r2d2 drops it instead of pooling it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +21,9 @@ use crate::error::Error;
 /// How long a caller waits for a connection before it looks whether the
 /// last connect was refused for good.
 const CHECKOUT_SLICE: Duration = Duration::from_millis(20);
+
+/// Waiters for a full pool per [`CHECKOUT_SLICE`] of their slices.
+const SLICE_WAITERS: u32 = 16;
 
 /// A pooled Redis connection with a "state unknown" mark.
 pub(crate) struct Conn {
@@ -43,18 +46,14 @@ pub(crate) struct Conn {
 #[derive(Debug, Default)]
 pub(crate) struct Health {
     generation: AtomicU64,
+    /// Callers waiting for a connection of a full pool now.
+    waiting: AtomicUsize,
 }
 
 impl Conn {
     /// The server's id of this connection (`CLIENT ID`), if known.
     pub(crate) fn client_id(&self) -> Option<i64> {
         self.client_id
-    }
-
-    /// Whether a transport error left it in an unknown state (it is closed
-    /// when it goes back to the pool).
-    pub(crate) fn is_broken(&self) -> bool {
-        self.broken
     }
 
     /// Runs one exchange; a transport error marks the connection broken so
@@ -71,6 +70,15 @@ impl Conn {
             }
         }
         result
+    }
+
+    /// The connection itself, for a caller that changes its state for
+    /// good (a subscriber, a connection with tracking on). Marked broken
+    /// first, so that it is closed, never pooled again, when dropped; a
+    /// caller that uses it this way does its own error handling.
+    pub(crate) fn keep(&mut self) -> &mut redis::Connection {
+        self.broken = true;
+        &mut self.inner
     }
 
     /// Sets how long the next reads may wait (a `BLPOP` needs longer than the
@@ -354,15 +362,28 @@ impl Pool {
     /// it does not have) is reported at once: no later try will go better.
     fn checkout(&self, wait: Duration) -> Result<PooledConn, Error> {
         let deadline = Instant::now() + wait;
+        let _counted = Waiting::count(&self.health.waiting);
         loop {
             // Nothing listened last time: ask once without waiting (which
             // also starts another connect in the background) and report.
+            let left = deadline.saturating_duration_since(Instant::now());
             let slice = if self.failures.refused.load(Ordering::Acquire) {
                 Duration::ZERO
+            } else if self.pool.state().connections >= self.pool.max_size() {
+                // Every connection is open and lent: the wait is for one to
+                // come back, which wakes one waiter at once. Still in
+                // slices, as a connection closed broken wakes nobody: the
+                // next slice's end opens its replacement. The slices grow
+                // with the number of waiters, as each slice's end walks the
+                // condition variable's whole queue: with 10,000 threads
+                // waiting in 20 ms slices, the connections coming back
+                // starved behind the walks (`PoolTimeout` after 60 s).
+                let waiting = self.health.waiting.load(Ordering::Relaxed).max(1);
+                let scaled = CHECKOUT_SLICE
+                    .saturating_mul(u32::try_from(waiting).unwrap_or(u32::MAX) / SLICE_WAITERS + 1);
+                left.min(scaled)
             } else {
-                deadline
-                    .saturating_duration_since(Instant::now())
-                    .min(CHECKOUT_SLICE)
+                left.min(CHECKOUT_SLICE)
             };
             if let Ok(conn) = self.pool.get_timeout(slice) {
                 return Ok(conn);
@@ -424,5 +445,21 @@ impl Pool {
                 }
             }
         }
+    }
+}
+
+/// Counts a caller waiting for a connection while it waits.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn count(waiting: &'a AtomicUsize) -> Self {
+        waiting.fetch_add(1, Ordering::Relaxed);
+        Waiting(waiting)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -18,24 +18,25 @@ use super::{Failed, Parked, Sent};
 use crate::config::Config;
 use crate::error::Error;
 
-/// The least time given to opening a parking connection (a cluster's
-/// parks).
-#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+/// The least time given to opening a parking connection (a park in
+/// `BLPOP`).
 const CONNECT_ALLOWANCE: Duration = Duration::from_millis(50);
 
 pub(super) struct Single {
     /// Short commands: scripts, `INCR`, `EXISTS`. Each is held for one round
     /// trip, never while waiting.
     commands: Pool,
-    /// Connections parked in `BLPOP` on one key each (a cluster's parks).
-    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    /// Connections parked in `BLPOP` on one key each (a cluster's parks,
+    /// and every park where the server refuses the hub's tracking).
     parking: Pool,
-    /// Connections parked in `BLPOP` on many keys each, shared by every
-    /// waiter (one server, Sentinel, a quorum's masters).
+    /// Two connections that carry every waiter's wake-up (one server,
+    /// Sentinel, a quorum's masters).
     hub: Hub,
-    /// Ends parks on time rather than on the server's timer tick (a
-    /// cluster's parks).
-    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    /// The longest park without a look when the hub is refused (no sweep
+    /// then notices a lock gone).
+    max_park: Duration,
+    /// Ends parks on time rather than on the server's timer tick (parks
+    /// in `BLPOP`).
     unblocker: Arc<Unblocker>,
     io_timeout: Duration,
     trace: ScriptTracer,
@@ -91,7 +92,7 @@ impl Single {
         // Parked connections are identified, so that the timer can end
         // their park.
         let parking = Pool::new(
-            client,
+            client.clone(),
             config.parking_connections,
             config.io_timeout,
             &config.client_name,
@@ -99,18 +100,27 @@ impl Single {
             true,
             workers,
         );
+        // The hub's listener and tracker: identified, as the listener's
+        // id is what the tracker's announcements are redirected to.
+        let links = Pool::new(
+            client,
+            hub::LINKS,
+            config.io_timeout,
+            &config.client_name,
+            "parking hub",
+            true,
+            workers,
+        );
         Single {
             hub: Hub::new(
-                parking.clone(),
+                links,
                 commands.clone(),
-                Arc::clone(&unblocker),
-                &config.prefix,
-                config.parking_connections.min(hub::MAX_SHARDS),
                 config.baton_ttl,
                 config.io_timeout,
                 config.max_park,
                 trace,
             ),
+            max_park: config.max_park,
             unblocker,
             commands,
             parking,
@@ -308,7 +318,16 @@ impl Single {
         precise: bool,
         watch: Option<&str>,
     ) -> Result<Parked, Error> {
-        self.hub.park(name, list, park, precise, watch)
+        if let Some(parked) = self.hub.park(name, list, park, precise, watch)? {
+            return Ok(parked);
+        }
+        // Refused by the server: one parking connection for this waiter,
+        // and no sweep, so a watched park is as short as any other.
+        let park_until = Instant::now() + park.min(self.max_park);
+        match self.park_on(name, list, park_until, precise, false)? {
+            NodeParked::Parked(parked) => Ok(parked),
+            NodeParked::Redirected(err) => Err(self.classify(err, name)),
+        }
     }
 
     /// Ends every park on this server: its waiters look again (a Redlock
@@ -322,7 +341,6 @@ impl Single {
     /// `ASKING` when `asking` (a cluster's importing node serves the list
     /// for this one command). A redirection is handed back, not
     /// classified: a cluster follows it.
-    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(super) fn park_on(
         &self,
         name: &str,
@@ -404,7 +422,6 @@ impl Single {
 
 /// How a park on one node ended, before a flavor that routes acts on a
 /// redirection.
-#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(super) enum NodeParked {
     /// Parked (or could not), as the caller sees it.
     Parked(Parked),
@@ -414,7 +431,6 @@ pub(super) enum NodeParked {
 }
 
 /// A cluster's `MOVED` or `ASK`: the command did not run here.
-#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 fn is_redirection(err: &redis::RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
     matches!(
@@ -426,7 +442,6 @@ fn is_redirection(err: &redis::RedisError) -> bool {
 /// Replies that end a park without a token and call for another look: a
 /// cluster between two configurations (`TRYAGAIN`, `CLUSTERDOWN`), or a
 /// master demoted under the waiter (`UNBLOCKED`).
-#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 fn ends_park(err: &redis::RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
     matches!(

@@ -3,15 +3,16 @@
 //! does not know locks or leases (what a waiter asks for and what a grant
 //! gives are type parameters).
 //!
-//! In Redis, a waiter parks in `BLPOP` on a baton list for min(time left
+//! In Redis, a waiter parks on a baton list for min(time left
 //! before its deadline, the holder's remaining lease + a margin, the maximum
 //! park time). It wakes with a baton (the holder released) or by timeout
 //! (the holder's lease ran out, or it is time to look again), and then makes
 //! one attempt, even when its deadline has just passed, so a baton it took
 //! is never dropped unused. How the backend parks is its own business: on
-//! one server, Sentinel and a quorum's masters, many waiters share a few
-//! connections, each blocked on many baton lists (`backend::hub`); on a
-//! Cluster, each parked connection waits on one list.
+//! one server, Sentinel and a quorum's masters, every waiter shares two
+//! connections, woken by the server's announcements of changed baton lists
+//! (`backend::hub`); on a Cluster, each parked connection waits in `BLPOP`
+//! on one list.
 //!
 //! A waiter may name a *watch key*: a key whose absence means its object
 //! is free (a plain lock's hash). Where the backend checks watch keys for

@@ -69,18 +69,6 @@ pub(crate) fn latch_key(name: &str, part: &str) -> String {
     format!("redbaton:{{{}}}:latch:{part}", support::hash_tag(name))
 }
 
-/// Clients blocked in the server now (parked in `BLPOP`).
-fn blocked_clients(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("clients")
-        .query(&mut server.connection())
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix("blocked_clients:"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap()
-}
-
 /// The coordinator: each round opens with `count_down()` and the
 /// next is set at once with `try_set_count(1)`. Every waiter parked when
 /// its round opened wakes, in every process, within a fraction of a park.
@@ -103,7 +91,7 @@ fn every_waiter_of_a_round_wakes_though_the_next_round_starts_at_once() {
         }
         // Every waiter parked in Redis: each has looked at this round.
         support::eventually(Duration::from_secs(10), "every waiter parked", || {
-            blocked_clients(&server) == 3 * THREADS as u64
+            support::parked(&server) == 3 * THREADS as u64
         });
         assert_eq!(latch.count_down().unwrap(), 0);
         assert!(latch.try_set_count(1).unwrap(), "the next round, at once");

@@ -14,9 +14,9 @@ use crate::support::JoinWithin;
 use redbaton::Client;
 use testkit::RedisServer;
 
-/// The most connections a client parks on per server, whatever the number
-/// of names it waits for (the parking hub's shards).
-const PARKING_CONNECTIONS: usize = 4;
+/// The connections a client parks on per server, whatever the number of
+/// names it waits for (the parking hub's listener and tracker).
+const PARKING_CONNECTIONS: usize = 2;
 
 /// Connections the server has now, by `CLIENT LIST`.
 fn connections(server: &RedisServer) -> usize {
@@ -85,8 +85,11 @@ fn two_hundred_fifty_six_names_wake_at_their_release_on_a_few_connections() {
         })
         .collect();
     ready.wait();
-    // Every waiter has made its first attempt and parked.
-    thread::sleep(Duration::from_millis(500));
+    // Every waiter has made its first attempt and parked: its name is
+    // registered for an announcement.
+    crate::support::eventually(Duration::from_secs(30), "every waiter parked", || {
+        crate::support::parked(&server) == NAMES as u64
+    });
 
     let peak = Arc::new(std::sync::atomic::AtomicUsize::new(connections(&server)));
     let done = Arc::new(AtomicBool::new(false));

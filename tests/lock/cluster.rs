@@ -211,7 +211,7 @@ fn a_holder_and_a_parked_waiter_follow_their_slot_to_another_master() {
         })
     };
     eventually(Duration::from_secs(10), "the waiter parks", || {
-        support::blocked_clients(from) == 1
+        support::parked(from) == 1
     });
     migrate_slot(cluster, slot, from, to);
     let exists: bool = redis::cmd("EXISTS")
@@ -286,7 +286,7 @@ fn waiters_move_on_and_acquire_after_their_master_fails_over() {
         .collect();
     // One of the three parks in Redis for them all.
     eventually(Duration::from_secs(10), "the waiters park", || {
-        support::blocked_clients(master) == 1
+        support::parked(master) == 1
     });
     let killed = Instant::now();
     master.kill();

@@ -12,7 +12,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::support::JoinWithin;
-use crate::support::{blocked_clients, eventually, is_asleep, spawn_child, thread_id};
+use crate::support::{eventually, is_asleep, parked, spawn_child, thread_id};
 use redbaton::Client;
 use testkit::RedisServer;
 
@@ -72,7 +72,7 @@ across_topologies! {
             let tid = queued.recv_timeout(Duration::from_secs(10)).unwrap();
             if i == 0 {
                 eventually(Duration::from_secs(10), "the first waiter parked", || {
-                    servers.iter().map(|s| blocked_clients(s)).sum::<u64>() == 1
+                    servers.iter().map(|s| parked(s)).sum::<u64>() == 1
                 });
             } else {
                 eventually(Duration::from_secs(10), "the waiter queued", || is_asleep(tid));
@@ -251,7 +251,7 @@ fn a_failed_hand_off_is_reported_to_the_releaser_and_the_waiter_still_gets_the_l
             let tid = queued.recv_timeout(Duration::from_secs(10)).unwrap();
             if i == 0 {
                 eventually(Duration::from_secs(10), "the first waiter parks", || {
-                    blocked_clients(&server) == 1
+                    parked(&server) == 1
                 });
             } else {
                 eventually(Duration::from_secs(10), "the second waiter queues", || {

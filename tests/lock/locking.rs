@@ -193,7 +193,7 @@ fn waiter_wakes_when_holder_releases() {
         drop(guard);
     });
     eventually(Duration::from_secs(5), "the waiter parks", || {
-        support::blocked_clients(&server) == 1
+        support::parked(&server) == 1
     });
     let released = Instant::now();
     held.unlock().unwrap();
@@ -239,7 +239,7 @@ fn force_unlock_removes_any_holder_and_wakes_a_waiter() {
         drop(guard);
     });
     eventually(Duration::from_secs(5), "the waiter parks", || {
-        support::blocked_clients(&server) == 1
+        support::parked(&server) == 1
     });
     let admin = support::client(&server).lock("admin").unwrap();
     assert!(admin.force_unlock().unwrap());

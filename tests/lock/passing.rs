@@ -10,7 +10,7 @@ use std::thread;
 use std::time::Duration;
 
 use crate::support::JoinWithin;
-use crate::support::{blocked_clients, eventually, is_asleep, thread_id};
+use crate::support::{eventually, is_asleep, parked, thread_id};
 use redbaton::{Client, Lock, LostReason};
 use testkit::RedisServer;
 
@@ -48,7 +48,7 @@ where
             let tid = queued.recv_timeout(Duration::from_secs(10)).unwrap();
             if i == 0 {
                 eventually(Duration::from_secs(10), "the first waiter parks", || {
-                    blocked_clients(server) == 1
+                    parked(server) == 1
                 });
             } else {
                 eventually(Duration::from_secs(10), "the second waiter queues", || {
@@ -295,7 +295,7 @@ fn a_run_of_in_memory_hand_offs_ends_after_max_local_handoffs() {
             let tid = queued.recv_timeout(Duration::from_secs(10)).unwrap();
             if i == 0 {
                 eventually(Duration::from_secs(10), "the first waiter parks", || {
-                    blocked_clients(&server) == 1
+                    parked(&server) == 1
                 });
             } else {
                 eventually(Duration::from_secs(10), "the waiter queues", || {
@@ -377,7 +377,7 @@ fn a_run_that_new_waiters_continue_stays_within_the_tokens_set_aside() {
     // A queue that empties while its last holder still holds: a parker
     // that gives up, and a waiter handed the lock in memory.
     let parker = spawn_parker(&server, &lock, Duration::from_millis(500));
-    let queued = queue_behind(&lock);
+    let queued = queue_behind(&client, &lock);
     first.unlock().unwrap();
     let (token, release) = queued.recv_timeout(Duration::from_secs(10)).unwrap();
     tokens.push(token);
@@ -386,7 +386,7 @@ fn a_run_that_new_waiters_continue_stays_within_the_tokens_set_aside() {
     // A new queue behind the same ownership: its run starts afresh, but
     // the ownership has used the one token set aside for it.
     let parker = spawn_parker(&server, &lock, Duration::from_secs(20));
-    let queued = queue_behind(&lock);
+    let queued = queue_behind(&client, &lock);
     release.send(()).unwrap();
     let (token, release) = queued.recv_timeout(Duration::from_secs(10)).unwrap();
     tokens.push(token);
@@ -400,11 +400,15 @@ fn a_run_that_new_waiters_continue_stays_within_the_tokens_set_aside() {
 
 /// A waiter that queues behind the parker of its client: sends its token
 /// once it has the lock, with a sender that makes it release the lock.
-fn queue_behind(lock: &Lock) -> mpsc::Receiver<(u64, mpsc::Sender<()>)> {
+fn queue_behind(client: &Client, lock: &Lock) -> mpsc::Receiver<(u64, mpsc::Sender<()>)> {
     let (got, told) = mpsc::channel();
     let (ready, queued) = mpsc::channel();
-    let lock = lock.clone();
+    let (client, lock) = (client.clone(), lock.clone());
     thread::spawn(move || {
+        // Its identity first (a round trip it could be asleep in), so that
+        // once it sleeps it sleeps in the local queue.
+        let other = client.lock("queue-behind-warm-up").unwrap();
+        other.lock().unwrap().unlock().unwrap();
         ready.send(thread_id()).unwrap();
         let guard = lock.try_lock_for(Duration::from_secs(20)).unwrap().unwrap();
         let (release, wait) = mpsc::channel();

@@ -381,13 +381,9 @@ fn a_waiter_does_not_park_on_a_stopped_master() {
         at
     });
     crate::support::eventually(Duration::from_secs(5), "a parked waiter", || {
-        masters[1..].iter().any(|master| {
-            let clients: String = redis::cmd("CLIENT")
-                .arg("LIST")
-                .query(&mut master.connection())
-                .unwrap();
-            clients.contains("cmd=blpop")
-        })
+        masters[1..]
+            .iter()
+            .any(|master| crate::support::parked(master) >= 1)
     });
     guard.unlock().unwrap();
     let took = waiting.joined().duration_since(started);
@@ -434,7 +430,7 @@ fn a_waiter_parked_on_a_master_that_stops_looks_again_when_its_client_finds_out(
     });
     // Parked on the first master, where the lock is held.
     crate::support::eventually(Duration::from_secs(10), "the waiter parked", || {
-        crate::support::blocked_clients(&masters[0]) == 1
+        crate::support::parked(&masters[0]) == 1
     });
     masters[0].pause();
     let released = Instant::now();

@@ -10,7 +10,7 @@ use std::thread;
 use std::time::Duration;
 
 use crate::support::{
-    baton_key, blocked_clients, eventually, hash_tag, is_asleep, lock_key, thread_id, JoinWithin,
+    baton_key, eventually, hash_tag, is_asleep, lock_key, parked, thread_id, JoinWithin,
 };
 use redbaton::Client;
 use testkit::{FaultProxy, RedisServer};
@@ -244,7 +244,7 @@ fn a_hand_off_whose_reply_was_lost_still_serves_both_waiters_at_once() {
             let tid = queued.recv_timeout(Duration::from_secs(10)).unwrap();
             if i == 0 {
                 eventually(Duration::from_secs(10), "the first waiter parked", || {
-                    blocked_clients(&server) == 1
+                    parked(&server) == 1
                 });
             } else {
                 eventually(Duration::from_secs(10), "the second waiter queued", || {

@@ -8,7 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::across_topologies;
-use crate::support::{blocked_clients, eventually, lock_key, JoinWithin};
+use crate::support::{eventually, lock_key, parked, JoinWithin};
 
 /// Names whose slots fall on every master of a three-master cluster, and
 /// the awkward ones: braces, `}{`, emoji, NUL.
@@ -84,7 +84,7 @@ across_topologies! {
         });
         // Parked on the server of its slot (on one master of a quorum).
         eventually(Duration::from_secs(10), "the waiter parks", || {
-            deployment.servers_for(&lock_key("baton")).into_iter().map(blocked_clients).sum::<u64>() == 1
+            deployment.servers_for(&lock_key("baton")).into_iter().map(parked).sum::<u64>() == 1
         });
         let released_at = Instant::now();
         guard.unlock().unwrap();

@@ -47,7 +47,7 @@ fn a_cluster_set_across_slots_is_all_or_none() {
         std::thread::spawn(move || set.try_lock_for(Duration::from_secs(20)).unwrap().is_some());
     let parked_at = deployment.server_for(&crate::support::lock_key("cl-3"));
     crate::support::eventually(Duration::from_secs(5), "the waiter parks", || {
-        crate::support::blocked_clients(parked_at) == 1
+        crate::support::parked(parked_at) == 1
     });
     held.unlock().unwrap();
     assert!(crate::support::JoinWithin::joined(waiter));
@@ -148,7 +148,7 @@ fn a_quorum_set_is_all_or_none_on_every_master() {
         deployment
             .servers_for(&crate::support::lock_key("q-c"))
             .iter()
-            .any(|server| crate::support::blocked_clients(server) == 1)
+            .any(|server| crate::support::parked(server) == 1)
     });
     held.unlock().unwrap();
     assert!(crate::support::JoinWithin::joined(waiter));
@@ -394,10 +394,10 @@ fn a_quorum_set_with_a_name_held_on_a_majority_takes_nothing_anywhere() {
     crate::support::eventually(Duration::from_secs(5), "the waiter parks", || {
         masters[1..]
             .iter()
-            .any(|master| crate::support::blocked_clients(master) == 1)
+            .any(|master| crate::support::parked(master) == 1)
     });
     assert_eq!(
-        crate::support::blocked_clients(masters[0]),
+        crate::support::parked(masters[0]),
         0,
         "parked where no baton comes"
     );

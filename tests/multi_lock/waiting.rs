@@ -10,7 +10,7 @@ use redbaton::Client;
 use testkit::RedisServer;
 
 use crate::exists;
-use crate::support::{blocked_clients, client, eventually, is_asleep, thread_id, JoinWithin};
+use crate::support::{client, eventually, is_asleep, parked, thread_id, JoinWithin};
 
 /// A client whose waiters would look again only every 30 s on their own:
 /// a waiter that wins sooner was woken by a release.
@@ -39,7 +39,7 @@ fn a_waiter_parks_holding_nothing_and_a_release_wakes_it() {
         guard.is_some()
     });
     eventually(Duration::from_secs(5), "the waiter parks", || {
-        blocked_clients(&server) == 1
+        parked(&server) == 1
     });
     // Parked, it holds nothing: `a` is free for anyone.
     assert!(!exists(&server, "park-a"));
@@ -82,12 +82,12 @@ fn a_waiter_moves_to_the_name_in_its_way() {
         guard.map(|guard| guard.fencing_tokens().count())
     });
     eventually(Duration::from_secs(5), "the waiter parks on a", || {
-        blocked_clients(&server) == 1
+        parked(&server) == 1
     });
     held_a.unlock().unwrap();
     // Woken by `a`, it finds `b` held and parks again, leaving `a` free.
     eventually(Duration::from_secs(5), "the waiter parks on b", || {
-        blocked_clients(&server) == 1 && !exists(&server, "move-a")
+        parked(&server) == 1 && !exists(&server, "move-a")
     });
     assert!(!waiting.is_finished());
     let released = Instant::now();
@@ -124,7 +124,7 @@ fn a_waiter_that_moves_on_passes_the_wake_up_it_took_on() {
     let waiting =
         thread::spawn(move || set.try_lock_for(Duration::from_secs(20)).unwrap().is_some());
     eventually(Duration::from_secs(5), "the set parks on a", || {
-        blocked_clients(&server) == 1
+        parked(&server) == 1
     });
     // Parked after the set, so the release's baton goes to the set.
     let plain = other.lock("pass-a").unwrap();
@@ -137,7 +137,7 @@ fn a_waiter_that_moves_on_passes_the_wake_up_it_took_on() {
     eventually(
         Duration::from_secs(5),
         "the plain waiter parks on a",
-        || blocked_clients(&server) == 2,
+        || parked(&server) == 2,
     );
     let released = Instant::now();
     held_a.unlock().unwrap();
@@ -190,7 +190,7 @@ fn a_local_hand_off_of_one_name_becomes_the_whole_set_or_nothing() {
         thread::spawn(move || a.try_lock_for(Duration::from_secs(20)).unwrap().is_some())
     };
     eventually(Duration::from_secs(5), "the plain waiter parks", || {
-        blocked_clients(&server) == 1
+        parked(&server) == 1
     });
     // ...and the multi-lock queues behind it, asleep.
     let set = shared
@@ -444,7 +444,7 @@ fn waiting_cost(server: &RedisServer, clients: &[Client], held: &str, names: &[&
     // Creates the situation: waiters behind a 3 s hold.
     thread::sleep(HOLD);
     let during = server.commands_since(&before);
-    let parked = blocked_clients(server);
+    let parked = parked(server);
     guard.unlock().unwrap();
     for _ in 0..WAITERS {
         let got = finished.recv_timeout(WAIT);

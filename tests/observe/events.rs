@@ -9,7 +9,7 @@ use std::time::Duration;
 use redbaton::{Client, Event, HoldKind, LostReason};
 use testkit::RedisServer;
 
-use crate::support::{blocked_clients, eventually, is_asleep, lock_key, thread_id, JoinWithin};
+use crate::support::{eventually, is_asleep, lock_key, parked, thread_id, JoinWithin};
 
 /// One event as the test keeps it: its thread, a short form to compare
 /// sequences, and the figures it carried.
@@ -285,7 +285,7 @@ fn a_contended_hand_off_parks_wakes_and_acquires_after_waiting() {
         (thread::current().id(), token)
     });
     eventually(Duration::from_secs(10), "the waiter parked", || {
-        blocked_clients(&server) == 1
+        parked(&server) == 1
     });
     assert_eq!(recorder.whats(), ["parked contended"]);
     held.unlock().unwrap();
@@ -335,7 +335,7 @@ fn a_local_hand_off_is_acquired_by_hand_off() {
         }));
         let tid = queued.recv_timeout(Duration::from_secs(10)).unwrap();
         eventually(Duration::from_secs(10), "the waiter waits", || {
-            is_asleep(tid) && blocked_clients(&server) == 1
+            is_asleep(tid) && parked(&server) == 1
         });
     }
     held.unlock().unwrap();

@@ -13,7 +13,7 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use redbaton::Client;
 use testkit::RedisServer;
 
-use crate::support::{blocked_clients, eventually, lock_key};
+use crate::support::{eventually, lock_key, parked};
 
 /// A metric's value so far.
 #[derive(Debug, Clone, PartialEq)]
@@ -234,7 +234,7 @@ fn a_contended_hand_off_counts_a_contended_acquisition_and_a_parked_waiter() {
             })
         });
         eventually(Duration::from_secs(10), "the waiter parked", || {
-            blocked_clients(&server) == 1
+            parked(&server) == 1
         });
         held.unlock().unwrap();
         waiter.join().unwrap();
@@ -275,7 +275,7 @@ fn a_parked_waiter_is_counted_while_it_waits_and_its_timeout_after() {
             })
         });
         eventually(Duration::from_secs(10), "the waiter parked", || {
-            blocked_clients(&server) == 1
+            parked(&server) == 1
         });
         assert_eq!(
             recorded.values().get("redbaton_parked_waiters{}"),

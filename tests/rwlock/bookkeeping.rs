@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::across_topologies;
 use crate::processes::killed_holder;
-use crate::support::{self, blocked_clients, eventually, JoinWithin};
+use crate::support::{self, eventually, parked, JoinWithin};
 use crate::{rw_key, waiting_writers};
 use redbaton::Client;
 use testkit::RedisServer;
@@ -44,7 +44,7 @@ fn a_killed_readers_hold_ends_at_its_lease_while_another_reader_lives_on() {
         waiting_writers(&mut raw, "crash") == 1
     });
     eventually(Duration::from_secs(10), "the writer parked", || {
-        blocked_clients(&server) == 1
+        parked(&server) == 1
     });
     // Creates the situation: the dead reader's 3 s lease ends while the
     // live reader still holds (and the writer is parked).
@@ -129,7 +129,7 @@ across_topologies! {
         eventually(Duration::from_secs(10), "the writer's place", || {
             waiting_writers(&mut raw, "bound") == 1
         });
-        eventually(Duration::from_secs(10), "the writer parked", || blocked_clients(server) == 1);
+        eventually(Duration::from_secs(10), "the writer parked", || parked(server) == 1);
         first.unlock().unwrap();
         let released_at = Instant::now();
         last.unlock().unwrap();

@@ -186,7 +186,7 @@ fn a_writer_reads_at_once_while_readers_of_its_process_wait_for_it() {
         .collect();
     // They queue up behind the write hold: one parks, two wait locally.
     support::eventually(Duration::from_secs(10), "the readers queue", || {
-        support::blocked_clients(&server) == 1 && tids.iter().all(|&tid| support::is_asleep(tid))
+        support::parked(&server) == 1 && tids.iter().all(|&tid| support::is_asleep(tid))
     });
     let started = Instant::now();
     let read = lock

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use redbaton::Error;
 
 use crate::across_topologies;
-use crate::support::{blocked_clients, eventually, JoinWithin};
+use crate::support::{eventually, parked, JoinWithin};
 use crate::{rw_key, rw_state, waiting_writers};
 
 /// Whether the upgradable hold of `name` carries a waiting upgrade's mark.
@@ -453,7 +453,7 @@ across_topologies! {
         let server = deployment.server_for(&rw_key(name, "upbaton"));
         let mut raw = server.connection();
         eventually(Duration::from_secs(10), "the upgrade parks", || {
-            upgrade_marked(&mut raw, name) && blocked_clients(server) >= 1
+            upgrade_marked(&mut raw, name) && parked(server) >= 1
         });
         let before = server.command_calls();
         thread::sleep(Duration::from_secs(2));
@@ -495,7 +495,7 @@ across_topologies! {
             })
             .collect();
         let server = deployment.server_for(&rw_key(name, "ubaton"));
-        eventually(Duration::from_secs(10), "both waiters park", || blocked_clients(server) >= 2);
+        eventually(Duration::from_secs(10), "both waiters park", || parked(server) >= 2);
         log.push("released");
         held.unlock().unwrap();
         for waiter in waiters {
@@ -549,7 +549,7 @@ across_topologies! {
                 guard.unlock().unwrap();
             })
         };
-        eventually(Duration::from_secs(10), "the upgrade and the reader park", || blocked_clients(server) >= 2);
+        eventually(Duration::from_secs(10), "the upgrade and the reader park", || parked(server) >= 2);
         read.unlock().unwrap();
         upgrader.joined();
         reader.joined();

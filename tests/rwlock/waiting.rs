@@ -6,7 +6,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::across_topologies;
-use crate::support::{blocked_clients, eventually, JoinWithin};
+use crate::support::{eventually, parked, JoinWithin};
 use redbaton::Client;
 use testkit::RedisServer;
 
@@ -43,7 +43,7 @@ fn fourteen_waiters_during_a_three_second_hold_send_a_bounded_number_of_commands
         .collect();
     thread::sleep(HOLD);
     let during = server.commands_since(&before);
-    let parked = blocked_clients(&server);
+    let parked = parked(&server);
     held.unlock().unwrap();
     for _ in 0..READERS + WRITERS {
         finished
@@ -110,7 +110,7 @@ across_topologies! {
             .collect();
         let server = deployment.server_for(&crate::rw_key("wake", "rbaton"));
         eventually(Duration::from_secs(10), "a reader of each client parked", || {
-            blocked_clients(server) == 3
+            parked(server) == 3
         });
         let released_at = Instant::now();
         held.unlock().unwrap();

@@ -152,7 +152,7 @@ fn ten_waiters_during_a_three_second_hold_send_a_bounded_number_of_commands() {
         .collect();
     thread::sleep(HOLD);
     let during = server.commands_since(&before);
-    let parked = support::blocked_clients(&server);
+    let parked = support::parked(&server);
     held.release().unwrap();
     for _ in 0..WAITERS {
         finished

@@ -303,17 +303,26 @@ pub fn eventually(timeout: Duration, what: &str, mut condition: impl FnMut() -> 
     }
 }
 
-/// How many connections of `server` are blocked now (`BLPOP` parks), from
-/// `INFO clients`: a waiter parked in Redis shows here.
-pub fn blocked_clients(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("clients")
-        .query(&mut server.connection())
-        .expect("INFO clients");
-    info.lines()
-        .find_map(|line| line.strip_prefix("blocked_clients:"))
-        .and_then(|n| n.trim().parse().ok())
-        .expect("INFO clients reports blocked_clients")
+/// How many waiters are parked in Redis on `server` now: connections
+/// blocked in `BLPOP` (a Cluster's parks, one per waited name) plus the
+/// (client, baton key) pairs the server tracks (`tracking_total_items`:
+/// one server, Sentinel and a quorum park every waited name of a client
+/// on two connections, each name registered for the server to announce
+/// its next change). Either way a process's threads waiting on one name
+/// show once.
+pub fn parked(server: &RedisServer) -> u64 {
+    let mut conn = server.connection();
+    let mut field = |section: &str, name: &str| -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg(section)
+            .query(&mut conn)
+            .expect("INFO");
+        info.lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("INFO {section} reports {name}"))
+    };
+    field("clients", "blocked_clients:") + field("stats", "tracking_total_items:")
 }
 
 /// The calling thread's id in `/proc/self/task/`, for [`is_asleep`].

@@ -246,10 +246,11 @@ end
 -- now), then in place order (earliest place end first): each waiter whose k
 -- fits in the permits still uncounted, and each whose k is over the total
 -- (its next attempt reports that). A waiter that cannot get its k is not
--- woken for nothing.
+-- woken for nothing, except when the reserving waiter's k fits: then every
+-- live waiter is (see below).
 --
 -- `failed`: the caller could not get its permits, and may have taken a token
--- meant for another waiter (tokens go to whoever parked first). It passes the
+-- meant for another waiter (tokens go to whoever pops first). It passes the
 -- token on, but at most as many tokens in all as there are live waiters until
 -- the next release, acquisition or expiry resets st.passes: a token never
 -- circles between waiters that cannot use it while the place of a waiter
@@ -276,9 +277,16 @@ local function wake(st, now, ttl, failed, waiters, tokens)
   local left = math.max(0, st.total - st.used)
   local wanted = 0
   local first, first_k = reservation(st, now)
+  local everyone = false
   if first then
     if first_k <= left then
       wanted = wanted + 1
+      -- Which parked client pops a token is not known (each client pops
+      -- on the server's announcement of the push, the fastest first), so
+      -- a lone token could go to others, be passed on, and never reach
+      -- the reserving waiter before the passes run out: every live
+      -- waiter gets one, the reserving one among them.
+      everyone = true
     end
     left = math.max(0, left - first_k)
   end
@@ -292,6 +300,9 @@ local function wake(st, now, ttl, failed, waiters, tokens)
       wanted = wanted + 1
       left = left - k
     end
+  end
+  if everyone then
+    wanted = math.max(wanted, #members)
   end
   if wanted == 0 then
     -- Nothing to push, whatever the baton holds.
