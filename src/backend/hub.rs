@@ -20,7 +20,9 @@
 //!   is registered already) and each time its change is announced while it
 //!   has waiters. So nothing is lost: a token pushed before the look is
 //!   popped by it, one pushed after is announced, and an announcement that
-//!   arrives while the look is on its way calls for another look.
+//!   arrives while the look is on its way calls for another look (and,
+//!   with or without waiters then, unregisters the key: it may have used
+//!   the look's read up).
 //! - **Cost**: one `LLEN` + `LPOP` per waited key when it is first waited
 //!   on and per change of it; nothing while nothing changes. Time is
 //!   local: a waiter's park ends by its own timer (a condition variable
@@ -161,6 +163,12 @@ struct State {
     tracked: HashSet<String>,
     /// Keys to look at.
     dirty: HashSet<String>,
+    /// Keys whose look is on its way, and whether their change was
+    /// announced meanwhile. Such an announcement may have used up the
+    /// look's own registration (the change came after the look's read), so
+    /// a key announced under its look is not taken as registered, whether
+    /// or not anyone waits for it when the announcement comes.
+    looking: HashMap<String, bool>,
     /// Tracking was refused: waiters park elsewhere.
     refused: bool,
     /// The listener's and the tracker's threads run.
@@ -395,6 +403,7 @@ impl State {
         self.link += 1;
         self.tracked.clear();
         self.dirty.clear();
+        self.looking.clear();
         if let Some(error) = failed {
             self.end_all(|_| Outcome::ConnectionFailed(error.clone()));
         }
@@ -421,12 +430,18 @@ impl State {
         match keys {
             None => {
                 self.tracked.clear();
+                self.looking
+                    .values_mut()
+                    .for_each(|announced| *announced = true);
                 let waited: Vec<String> = self.keys.keys().cloned().collect();
                 self.dirty.extend(waited);
             }
             Some(keys) => {
                 for key in keys {
                     self.tracked.remove(&key);
+                    if let Some(announced) = self.looking.get_mut(&key) {
+                        *announced = true;
+                    }
                     if self.keys.contains_key(&key) {
                         self.dirty.insert(key);
                     }
@@ -452,7 +467,53 @@ impl State {
         for key in &seen {
             self.dirty.remove(key);
         }
+        for key in &batch {
+            self.looking.insert(key.clone(), false);
+        }
         batch
+    }
+
+    /// What a look at `key` (sent under `link`) found: a `token` it
+    /// popped, and `left` tokens after it. A token goes to the key's oldest
+    /// waiter, or is returned to be given back when nobody waits any more;
+    /// the key is looked at again while it has waiters and may hold
+    /// tokens, and taken as registered only when the look's read still
+    /// holds: under the same link, and with no announcement of the key
+    /// since the look was sent (one may have used the read up).
+    fn settle(
+        &mut self,
+        key: String,
+        token: Option<Vec<u8>>,
+        left: i64,
+        link: u64,
+    ) -> Option<(String, Vec<u8>)> {
+        // Unknown (the links changed meanwhile): announced, to be safe.
+        let announced = self.looking.remove(&key).unwrap_or(true);
+        let Some(token) = token else {
+            if left > 0 && self.keys.contains_key(&key) {
+                // A token came between the two reads.
+                self.dirty.insert(key);
+            } else if !announced && !self.dirty.contains(&key) && self.link == link {
+                self.tracked.insert(key);
+            }
+            return None;
+        };
+        // Our own pop unregistered the key.
+        self.tracked.remove(&key);
+        let Some(waiters) = self.keys.get_mut(&key) else {
+            return Some((key, token));
+        };
+        let Some(waiter) = waiters.pop_front() else {
+            return Some((key, token));
+        };
+        self.outcomes.insert(waiter.id, Outcome::Woken);
+        waiter.wake.notify_one();
+        if waiters.is_empty() {
+            self.keys.remove(&key);
+        } else {
+            self.dirty.insert(key);
+        }
+        None
     }
 
     /// Whether the server keeps many keys registered that nobody waits
@@ -728,6 +789,7 @@ impl Inner {
             match result {
                 Ok(_) => conn = Some((tracking, tracking_link)),
                 Err(err) => {
+                    state.looking.clear();
                     log::debug!(
                         "redbaton: the parking tracker's connection failed ({}); waiters look \
                          again (a baton it was giving back is lost)",
@@ -799,43 +861,12 @@ impl Inner {
     ) -> Vec<(String, Vec<u8>)> {
         let mut given_back = Vec::new();
         for (key, looked) in batch.into_iter().zip(looked) {
+            if matches!(looked, Looked::Failed(_)) {
+                state.looking.remove(&key);
+            }
             match looked {
                 Looked::Found(token, left) => {
-                    let mut handed = false;
-                    if token.is_some() {
-                        if let Some(waiters) = state.keys.get_mut(&key) {
-                            if let Some(waiter) = waiters.pop_front() {
-                                if waiters.is_empty() {
-                                    state.keys.remove(&key);
-                                }
-                                state.outcomes.insert(waiter.id, Outcome::Woken);
-                                waiter.wake.notify_one();
-                                handed = true;
-                            }
-                        }
-                    }
-                    match token {
-                        // Our own pop unregistered the key.
-                        Some(token) => {
-                            state.tracked.remove(&key);
-                            if !handed {
-                                given_back.push((key.clone(), token));
-                            }
-                            if state.keys.contains_key(&key) {
-                                state.dirty.insert(key);
-                            }
-                        }
-                        // A token came between the two reads.
-                        None if left > 0 && state.keys.contains_key(&key) => {
-                            state.dirty.insert(key);
-                        }
-                        // Announced again while the look was on its way:
-                        // looked at again.
-                        None if state.dirty.contains(&key) || state.link != link => {}
-                        None => {
-                            state.tracked.insert(key);
-                        }
-                    }
+                    given_back.extend(state.settle(key, token, left, link));
                 }
                 Looked::Failed(err) if err.code() == Some("WRONGTYPE") => {
                     state.end_key(&key, |name| Outcome::Refused(wrong_type(name)));
@@ -970,4 +1001,74 @@ fn wrong_type(name: &str) -> Error {
 
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "p:{k}:baton";
+
+    /// A state with one waiter on [`KEY`], whose look has been sent.
+    fn looking_with_a_waiter() -> State {
+        let mut state = State::default();
+        state
+            .keys
+            .entry(KEY.to_owned())
+            .or_default()
+            .push_back(Waiter {
+                id: 7,
+                name: "k".into(),
+                wake: Arc::new(Condvar::new()),
+                watch: None,
+            });
+        state.dirty.insert(KEY.to_owned());
+        assert_eq!(state.take_batch(), [KEY]);
+        state
+    }
+
+    #[test]
+    fn an_empty_look_registers_the_key() {
+        let mut state = looking_with_a_waiter();
+        let link = state.link;
+        assert!(state.settle(KEY.to_owned(), None, 0, link).is_none());
+        assert!(state.tracked.contains(KEY));
+        assert!(state.dirty.is_empty());
+    }
+
+    /// The waiter leaves, then the list changes after the look's read and
+    /// the announcement comes before the look's answer: the announcement
+    /// used the read up, so the key is not registered (taking it as
+    /// registered, a later waiter would never look, and no announcement
+    /// would come: a lost wake-up, seen in the multi-lock stress test).
+    #[test]
+    fn a_key_announced_while_its_look_is_on_its_way_is_not_taken_as_registered() {
+        let mut state = looking_with_a_waiter();
+        let link = state.link;
+        assert!(state.leave(KEY, 7).is_none());
+        state.announced(Some(vec![KEY.to_owned()]));
+        assert!(state.settle(KEY.to_owned(), None, 0, link).is_none());
+        assert!(!state.tracked.contains(KEY));
+        // The same after a flush announcement.
+        let mut state = looking_with_a_waiter();
+        assert!(state.leave(KEY, 7).is_none());
+        state.announced(None);
+        assert!(state.settle(KEY.to_owned(), None, 0, link).is_none());
+        assert!(!state.tracked.contains(KEY));
+    }
+
+    #[test]
+    fn a_popped_token_goes_to_the_waiter_or_back() {
+        let mut state = looking_with_a_waiter();
+        let link = state.link;
+        assert!(state
+            .settle(KEY.to_owned(), Some(b"ok".to_vec()), 0, link)
+            .is_none());
+        assert!(matches!(state.outcomes.get(&7), Some(Outcome::Woken)));
+        assert!(state.keys.is_empty() && !state.tracked.contains(KEY));
+        let mut state = looking_with_a_waiter();
+        assert!(state.leave(KEY, 7).is_none());
+        let back = state.settle(KEY.to_owned(), Some(b"ok".to_vec()), 0, link);
+        assert_eq!(back, Some((KEY.to_owned(), b"ok".to_vec())));
+    }
 }
