@@ -30,8 +30,8 @@ pub(crate) struct Context {
     /// Where threads wait for locks.
     pub(crate) lock_room: WaitingRoom<Claim, Grant>,
     /// Where threads wait for what is never handed over locally (read
-    /// holds, permits, a latch): a process still parks one connection per
-    /// baton key, however many of its threads wait.
+    /// holds, permits, a latch): a process still parks once per baton key,
+    /// however many of its threads wait.
     pub(crate) room: WaitingRoom<(), ()>,
     /// The ownership table and the watchdog; the watchdog thread holds a
     /// `Weak` to this alone.

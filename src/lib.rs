@@ -33,8 +33,8 @@
 //!   renews the lease (or, with [`Lock::with_fixed_lease`], the lock ends on
 //!   time); a guard whose lock ran out reports [`LockGuard::is_lost`].
 //! - **No busy waiting**: a waiter costs at most a couple of commands per
-//!   maximum park time, and a process parks one connection per lock name
-//!   however many of its threads wait.
+//!   maximum park time, and a process parks every name it waits for on two
+//!   connections per server, however many names and threads wait.
 //! - **Order and fast hand-off inside a process**: threads waiting for one
 //!   lock queue in arrival order; a releasing thread of the same process
 //!   passes the lock to the oldest in memory (no command at all: the

@@ -151,6 +151,15 @@ fn tls_hint(message: &str) -> Option<&'static str> {
     }
 }
 
+/// A cluster's `MOVED` or `ASK`: the command did not run here.
+pub(super) fn is_redirection(err: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    matches!(
+        err.kind(),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,8 +21,8 @@ use scheduled_thread_pool::ScheduledThreadPool;
 
 use super::classify::{describe_io, ScriptTracer};
 use super::pool::set_client_name;
-use super::single::{NodeParked, SendError, Single};
-use super::{addrs_of, client_at, slot, Failed, Parked, Sent};
+use super::single::{SendError, Single};
+use super::{addrs_of, client_at, slot, Failed, NodeParked, Parked, Sent};
 use crate::config::Config;
 use crate::error::Error;
 use crate::observe::Event;
@@ -270,7 +270,7 @@ impl Cluster {
         let mut asking = false;
         let mut reloaded = false;
         for _ in 0..MAX_REDIRECTS {
-            let err = match node.park_on(name, list, park_until, precise, asking)? {
+            let err = match node.park_node(name, list, park_until, precise, None, asking)? {
                 NodeParked::Parked(parked) => {
                     if let Parked::ConnectionFailed(_) = &parked {
                         // Killed, failed over, or `UNBLOCKED` by a demotion.

@@ -59,9 +59,13 @@
 //!   backstop. A sweep that fails ends the park of every watched waiter,
 //!   who looks again.
 //!
-//! Used for one server, Sentinel's master and each master of a Redlock
-//! quorum; a Redis Cluster parks one key per connection (the tracker's
-//! keys would span every node).
+//! Used for one server, Sentinel's master, each master of a Redlock
+//! quorum and each node of a Redis Cluster (for the keys of the slots it
+//! serves). A look that meets `MOVED` or `ASK` ends the park of the key's
+//! waiters with the redirection, for the Cluster to follow; a key whose
+//! empty list moves with its slot is not announced here again, and its
+//! waiters (a Cluster's parks are not watched) find the new node at their
+//! next look, within `max_park`.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -71,9 +75,11 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use redis::{RedisResult, Value};
 
-use super::classify::{self, breaks_connection, describe_io, is_permission_failure, ScriptTracer};
+use super::classify::{
+    self, breaks_connection, describe_io, is_permission_failure, is_redirection, ScriptTracer,
+};
 use super::pool::{Pool, PooledConn};
-use super::Parked;
+use super::{NodeParked, Parked};
 use crate::error::Error;
 
 /// The connections the hub of one server keeps: the listener and the
@@ -197,6 +203,8 @@ enum Outcome {
     ConnectionFailed(Error),
     /// The key cannot be waited on (it holds something else).
     Refused(Error),
+    /// `MOVED` or `ASK`: a Cluster's other node serves the key.
+    Redirected(redis::RedisError),
 }
 
 /// What one key's look found.
@@ -256,7 +264,7 @@ impl Hub {
         park: Duration,
         precise: bool,
         watch: Option<&str>,
-    ) -> Result<Option<Parked>, Error> {
+    ) -> Result<Option<NodeParked>, Error> {
         let inner = &self.inner;
         let mut park = if precise {
             park
@@ -269,7 +277,7 @@ impl Hub {
             return Ok(None);
         }
         if state.closed {
-            return Ok(Some(Parked::Done));
+            return Ok(Some(NodeParked::Parked(Parked::Done)));
         }
         if watch.is_some() {
             if !state.sweeping && !state.sweeper_failed {
@@ -302,7 +310,7 @@ impl Hub {
                 );
                 drop(state);
                 thread::sleep(until.saturating_duration_since(Instant::now()));
-                return Ok(Some(Parked::Done));
+                return Ok(Some(NodeParked::Parked(Parked::Done)));
             }
             state.linking = true;
         }
@@ -331,7 +339,7 @@ impl Hub {
             if wake.wait_until(&mut state, until).timed_out() {
                 return state
                     .leave(list, id)
-                    .map_or(Ok(Some(Parked::Done)), |outcome| {
+                    .map_or(Ok(Some(NodeParked::Parked(Parked::Done))), |outcome| {
                         outcome.into_parked().map(Some)
                     });
             }
@@ -352,11 +360,12 @@ impl Drop for Hub {
 impl Outcome {
     /// The park's result as the caller sees it; `Err` when the key cannot
     /// be waited on.
-    fn into_parked(self) -> Result<Parked, Error> {
+    fn into_parked(self) -> Result<NodeParked, Error> {
         match self {
-            Outcome::Woken => Ok(Parked::Done),
-            Outcome::ConnectionFailed(err) => Ok(Parked::ConnectionFailed(err)),
+            Outcome::Woken => Ok(NodeParked::Parked(Parked::Done)),
+            Outcome::ConnectionFailed(err) => Ok(NodeParked::Parked(Parked::ConnectionFailed(err))),
             Outcome::Refused(err) => Err(err),
+            Outcome::Redirected(err) => Ok(NodeParked::Redirected(err)),
         }
     }
 }
@@ -867,6 +876,11 @@ impl Inner {
             match looked {
                 Looked::Found(token, left) => {
                     given_back.extend(state.settle(key, token, left, link));
+                }
+                // A Cluster's slot served elsewhere: its waiters follow
+                // the redirection (the key is not registered here).
+                Looked::Failed(err) if is_redirection(&err) => {
+                    state.end_key(&key, |_| Outcome::Redirected(err.clone()));
                 }
                 Looked::Failed(err) if err.code() == Some("WRONGTYPE") => {
                     state.end_key(&key, |name| Outcome::Refused(wrong_type(name)));

@@ -95,6 +95,17 @@ pub(crate) enum Parked {
     ConnectionFailed(Error),
 }
 
+/// How a park on one node ended, before a flavor that routes acts on a
+/// redirection.
+#[derive(Debug)]
+enum NodeParked {
+    /// Parked (or could not), as the caller sees it.
+    Parked(Parked),
+    /// `MOVED` or `ASK`: another node serves the list, for good or for
+    /// this one command; the park did not block.
+    Redirected(redis::RedisError),
+}
+
 impl Backend {
     /// One server at `client`'s address. Does not connect.
     pub(crate) fn single(client: redis::Client, config: &Config, trace: ScriptTracer) -> Backend {
@@ -388,7 +399,8 @@ impl Backend {
     /// Whether a parked waiter's watch key is checked for it (one server
     /// and Sentinel, whose parking hub sweeps them), so that it may park
     /// longer than `max_park` without a lost wake-up costing more than
-    /// `max_park`. A Cluster parks one key per connection, and a Redlock
+    /// `max_park`. A Cluster's keys are swept nowhere (a waiter comes back
+    /// every `max_park`, which also finds a slot that moved), and a Redlock
     /// quorum's waiter must come back to find a majority free.
     pub(crate) fn watches(&self) -> bool {
         match &self.flavor {

@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionLike, RedisResult};
 use scheduled_thread_pool::{OnPoolDropBehavior, ScheduledThreadPool};
 
-use super::classify::{self, breaks_connection, describe_io, ScriptTracer};
+use super::classify::{self, breaks_connection, describe_io, is_redirection, ScriptTracer};
 use super::hub::{self, Hub};
 use super::pool::{Pool, PooledConn};
 use super::unblock::Unblocker;
 use super::version;
-use super::{Failed, Parked, Sent};
+use super::{Failed, NodeParked, Parked, Sent};
 use crate::config::Config;
 use crate::error::Error;
 
@@ -318,16 +318,39 @@ impl Single {
         precise: bool,
         watch: Option<&str>,
     ) -> Result<Parked, Error> {
-        if let Some(parked) = self.hub.park(name, list, park, precise, watch)? {
-            return Ok(parked);
-        }
-        // Refused by the server: one parking connection for this waiter,
-        // and no sweep, so a watched park is as short as any other.
-        let park_until = Instant::now() + park.min(self.max_park);
-        match self.park_on(name, list, park_until, precise, false)? {
+        let park_until = Instant::now() + park;
+        match self.park_node(name, list, park_until, precise, watch, false)? {
             NodeParked::Parked(parked) => Ok(parked),
             NodeParked::Redirected(err) => Err(self.classify(err, name)),
         }
+    }
+
+    /// [`Single::park`] as one node of a Cluster parks, until `park_until`:
+    /// a redirection is handed back, not classified, for the cluster to
+    /// follow. `asking`: after `ASK` (the list's slot is being imported
+    /// here), the waiter parks in `BLPOP` after `ASKING` on a connection of
+    /// its own, which the hub's shared tracker cannot do for one key.
+    pub(super) fn park_node(
+        &self,
+        name: &str,
+        list: &str,
+        park_until: Instant,
+        precise: bool,
+        watch: Option<&str>,
+        asking: bool,
+    ) -> Result<NodeParked, Error> {
+        let mut park_until = park_until;
+        if !asking {
+            let park = park_until.saturating_duration_since(Instant::now());
+            if let Some(parked) = self.hub.park(name, list, park, precise, watch)? {
+                return Ok(parked);
+            }
+            // Refused by the server: one parking connection for this
+            // waiter, and no sweep, so a watched park is as short as any
+            // other.
+            park_until = park_until.min(Instant::now() + self.max_park);
+        }
+        self.park_on(name, list, park_until, precise, asking)
     }
 
     /// Ends every park on this server: its waiters look again (a Redlock
@@ -418,25 +441,6 @@ impl Single {
             Err(err) => Err(self.classify(err, name)),
         }
     }
-}
-
-/// How a park on one node ended, before a flavor that routes acts on a
-/// redirection.
-pub(super) enum NodeParked {
-    /// Parked (or could not), as the caller sees it.
-    Parked(Parked),
-    /// `MOVED` or `ASK`: another node serves the list, for good or for
-    /// this one command; the park did not block.
-    Redirected(redis::RedisError),
-}
-
-/// A cluster's `MOVED` or `ASK`: the command did not run here.
-fn is_redirection(err: &redis::RedisError) -> bool {
-    use redis::{ErrorKind, ServerErrorKind};
-    matches!(
-        err.kind(),
-        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
-    )
 }
 
 /// Replies that end a park without a token and call for another look: a

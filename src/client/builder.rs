@@ -263,7 +263,7 @@ impl fmt::Debug for Topology {
 /// | [`prefix`](ClientBuilder::prefix) | `"redbaton"` | non-empty, no `{` or `}` | first segment of every key |
 /// | [`client_name`](ClientBuilder::client_name) | `redbaton:<hostname>:<pid>` | 1 to 128 printable ASCII, no spaces | what every connection calls itself (`CLIENT SETNAME`) |
 /// | [`pool_size`](ClientBuilder::pool_size) | 8 | 1 to 1024 | connections for lock commands, each held one round trip |
-/// | [`parking_connections`](ClientBuilder::parking_connections) | 16 | 1 to 1024 | connections that may sit in `BLPOP` at once per node of a Cluster, one per waited name (one server, Sentinel and a quorum park every waited name on two connections of their own, unless the server refuses tracking) |
+/// | [`parking_connections`](ClientBuilder::parking_connections) | 16 | 1 to 1024 | connections that may sit in `BLPOP` at once per server, one per waited name, where a server refuses tracking or during a Cluster slot's migration (otherwise every waited name parks on two connections per server) |
 /// | [`default_lease`](ClientBuilder::default_lease) | 30 s | 1 ms to 1 year | lease of renewed locks; the watchdog renews at a third of it |
 /// | [`max_park`](ClientBuilder::max_park) | 2 s | 1 ms to 1 year | longest single `BLPOP`, and how often a plain lock's parked waiters are checked with one `EXISTS`; bounds the cost of a lost wake-up |
 /// | [`io_timeout`](ClientBuilder::io_timeout) | 3 s | 1 ms to 1 year | connect, each reply, and each wait for a pooled connection |
@@ -382,17 +382,17 @@ impl ClientBuilder {
 
     /// How many connections may be parked in `BLPOP` at once, per server.
     ///
-    /// How many connections may sit in `BLPOP` at once per server. On a
-    /// Redis Cluster a parked connection waits on one name (a multi-key
-    /// `BLPOP` must stay within one slot): a process parks one per name
-    /// it waits for, however many of its threads wait, up to this many
-    /// per node; waiters beyond the limit look again every maximum park
-    /// time instead. On one server, Sentinel's master and each master of
-    /// a Redlock quorum, every name the client waits for is parked on two
-    /// connections of their own, woken by the server's announcements
+    /// Every
+    /// name a client waits for is parked on two connections per server
+    /// (one server, Sentinel's master, each master of a Redlock quorum,
+    /// each node of a Cluster), woken by the server's announcements
     /// (`CLIENT TRACKING`): thousands of waited names cost no more
-    /// connections than one, and each waiter is woken by its own release;
-    /// this limit applies there only if the server refuses tracking.
+    /// connections than one, and each waiter is woken by its own release.
+    /// This limit applies only where a server refuses tracking, and on a
+    /// Cluster to waiters of a slot being migrated (parked after
+    /// `ASKING` on the importing node): each then parks in `BLPOP` on a
+    /// connection of its own, up to this many per server; waiters beyond
+    /// the limit look again every maximum park time instead.
     /// Between 1 and 1024. Defaults to 16.
     pub fn parking_connections(mut self, count: u32) -> Self {
         self.parking_connections = count;

@@ -9,10 +9,9 @@
 //! (the holder's lease ran out, or it is time to look again), and then makes
 //! one attempt, even when its deadline has just passed, so a baton it took
 //! is never dropped unused. How the backend parks is its own business: on
-//! one server, Sentinel and a quorum's masters, every waiter shares two
-//! connections, woken by the server's announcements of changed baton lists
-//! (`backend::hub`); on a Cluster, each parked connection waits in `BLPOP`
-//! on one list.
+//! each server (one server, Sentinel's master, a quorum's masters, each
+//! node of a Cluster), every waiter shares two connections, woken by the
+//! server's announcements of changed baton lists (`backend::hub`).
 //!
 //! A waiter may name a *watch key*: a key whose absence means its object
 //! is free (a plain lock's hash). Where the backend checks watch keys for

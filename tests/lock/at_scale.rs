@@ -5,12 +5,12 @@
 //! the figures.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::support::JoinWithin;
+use crate::support::{Deployment, JoinWithin, Topology};
 use redbaton::Client;
 use testkit::RedisServer;
 
@@ -46,23 +46,37 @@ fn percentiles(mut values: Vec<Duration>) -> (Duration, Duration, Duration) {
 /// client's connections stay within its pool and a few parking ones.
 #[test]
 fn two_hundred_fifty_six_names_wake_at_their_release_on_a_few_connections() {
+    let deployment = Deployment::start(Topology::Single);
+    names_wake_at_their_release_on_a_few_connections(&deployment, &[deployment.server()]);
+}
+
+/// The same on a Cluster of three masters, the names spread over their
+/// slots: each node's hub parks the names its slots serve, on two
+/// connections of that node.
+#[cfg(feature = "cluster")]
+#[test]
+fn on_a_cluster_names_over_every_master_wake_at_their_release_on_a_few_connections() {
+    let deployment = Deployment::start(Topology::Cluster);
+    let masters: Vec<&RedisServer> = deployment.cluster().masters().iter().collect();
+    names_wake_at_their_release_on_a_few_connections(&deployment, &masters);
+}
+
+/// The body of the tests above, on `deployment`, whose masters are
+/// `servers`.
+fn names_wake_at_their_release_on_a_few_connections(
+    deployment: &Deployment,
+    servers: &[&RedisServer],
+) {
     const NAMES: usize = 256;
     const POOL: u32 = 4;
-    let server = RedisServer::start();
-    let holder = Client::builder(server.url())
-        .pool_size(POOL)
-        .build()
-        .unwrap();
-    let waiting = Client::builder(server.url())
-        .pool_size(POOL)
-        .build()
-        .unwrap();
+    let holder = deployment.builder().pool_size(POOL).build().unwrap();
+    let waiting = deployment.builder().pool_size(POOL).build().unwrap();
     let names: Vec<String> = (0..NAMES).map(|n| format!("scale:{n}")).collect();
     let guards: Vec<_> = names
         .iter()
         .map(|name| holder.lock(name).unwrap().lock().unwrap())
         .collect();
-    let baseline = connections(&server);
+    let baseline: Vec<usize> = servers.iter().map(|server| connections(server)).collect();
 
     let ready = Arc::new(Barrier::new(NAMES + 1));
     let (acquired, acquisitions) = mpsc::channel();
@@ -88,21 +102,37 @@ fn two_hundred_fifty_six_names_wake_at_their_release_on_a_few_connections() {
     // Every waiter has made its first attempt and parked: its name is
     // registered for an announcement.
     crate::support::eventually(Duration::from_secs(30), "every waiter parked", || {
-        crate::support::parked(&server) == NAMES as u64
+        servers
+            .iter()
+            .map(|server| crate::support::parked(server))
+            .sum::<u64>()
+            == NAMES as u64
     });
 
-    let peak = Arc::new(std::sync::atomic::AtomicUsize::new(connections(&server)));
+    let peaks: Arc<Vec<AtomicUsize>> = Arc::new(
+        servers
+            .iter()
+            .map(|server| AtomicUsize::new(connections(server)))
+            .collect(),
+    );
     let done = Arc::new(AtomicBool::new(false));
     let sampler = {
-        let (peak, done) = (Arc::clone(&peak), Arc::clone(&done));
-        let port = server.port();
+        let (peaks, done) = (Arc::clone(&peaks), Arc::clone(&done));
+        let ports: Vec<u16> = servers.iter().map(|server| server.port()).collect();
         thread::spawn(move || {
-            let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
-            let mut admin = client.get_connection().unwrap();
+            let mut admins: Vec<redis::Connection> = ports
+                .iter()
+                .map(|port| {
+                    let url = format!("redis://127.0.0.1:{port}/");
+                    redis::Client::open(url).unwrap().get_connection().unwrap()
+                })
+                .collect();
             while !done.load(Ordering::Relaxed) {
-                let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut admin).unwrap();
-                let now = list.lines().filter(|l| !l.trim().is_empty()).count();
-                peak.fetch_max(now, Ordering::Relaxed);
+                for (admin, peak) in admins.iter_mut().zip(peaks.iter()) {
+                    let list: String = redis::cmd("CLIENT").arg("LIST").query(admin).unwrap();
+                    let now = list.lines().filter(|l| !l.trim().is_empty()).count();
+                    peak.fetch_max(now, Ordering::Relaxed);
+                }
                 thread::sleep(Duration::from_millis(20));
             }
         })
@@ -128,23 +158,29 @@ fn two_hundred_fifty_six_names_wake_at_their_release_on_a_few_connections() {
         waiter.joined();
     }
     let (p50, p99, max) = percentiles(wakes.iter().map(|(_, wake)| *wake).collect());
-    let peak = peak.load(Ordering::Relaxed);
+    let peaks: Vec<usize> = peaks
+        .iter()
+        .map(|peak| peak.load(Ordering::Relaxed))
+        .collect();
     println!(
-        "{NAMES} names: wake after release p50 {p50:?} p99 {p99:?} max {max:?}; connections \
-         {baseline} before waiting, {peak} at most while waiting"
+        "{NAMES} names on {} server(s): wake after release p50 {p50:?} p99 {p99:?} max {max:?}; \
+         connections per server {baseline:?} before waiting, {peaks:?} at most while waiting",
+        servers.len()
     );
     let late: Vec<_> = wakes
         .iter()
         .filter(|(_, wake)| *wake > Duration::from_millis(200))
         .collect();
     assert!(late.is_empty(), "woken late: {late:?}");
-    // The waiting client's command pool, its parking connections, and the
-    // sampler's own connection.
-    let bound = baseline + POOL as usize + PARKING_CONNECTIONS + 1;
-    assert!(
-        peak <= bound,
-        "{peak} connections while waiting (bound {bound})"
-    );
+    for (peak, baseline) in peaks.iter().zip(&baseline) {
+        // The waiting client's command pool, its parking connections, and
+        // the sampler's own connection.
+        let bound = baseline + POOL as usize + PARKING_CONNECTIONS + 1;
+        assert!(
+            *peak <= bound,
+            "{peak} connections on a server while waiting (bound {bound})"
+        );
+    }
 }
 
 /// Names come and go in a client's set of waited names while their locks

@@ -313,8 +313,11 @@ fn waiters_move_on_and_acquire_after_their_master_fails_over() {
     );
 }
 
+/// A waiter parks in the hub of the node that serves its lock: the hub's
+/// two connections there (beside the attempt's), no blocked call, and
+/// nothing on the other masters.
 #[test]
-fn a_parked_waiter_uses_one_socket_on_one_node() {
+fn a_parked_waiter_parks_on_its_node_only() {
     let deployment = Deployment::start(Kind::Cluster);
     let cluster = deployment.cluster();
     let name = "one-socket";
@@ -347,22 +350,25 @@ fn a_parked_waiter_uses_one_socket_on_one_node() {
     let parked =
         thread::spawn(move || lock.try_lock_for(Duration::from_secs(5)).unwrap().is_none());
     eventually(Duration::from_secs(5), "the waiter parks", || {
-        clients_on(owner).iter().any(|c| c.contains("cmd=blpop"))
+        support::parked(owner) == 1
     });
     thread::sleep(Duration::from_millis(300));
     for (master, before) in cluster.masters().iter().zip(&before) {
         let now = clients_on(master);
         let blpops = now.iter().filter(|c| c.contains("cmd=blpop")).count();
+        // Parked in the node's hub, not in a blocked call.
+        assert_eq!(blpops, 0);
         if master.port() == owner.port() {
-            assert_eq!(blpops, 1, "one parked socket on the lock's master");
-            // The parked socket and the one that made the attempt.
+            assert_eq!(support::parked(master), 1, "one name parked on its master");
+            // The hub's listener and tracker, and the connection that made
+            // the attempt.
             assert!(
-                now.len() <= before + 2,
+                now.len() <= before + 3,
                 "{} connections: {now:#?}",
                 now.len()
             );
         } else {
-            assert_eq!(blpops, 0);
+            assert_eq!(support::parked(master), 0);
             assert_eq!(
                 now.len(),
                 *before,
