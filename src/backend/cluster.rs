@@ -144,6 +144,7 @@ impl Cluster {
             &self.config,
             self.trace,
             &self.workers,
+            true,
         ))
     }
 
@@ -404,7 +405,7 @@ impl Cluster {
             redis::ConnectionAddr::TcpTls { host, .. } => host.clone(),
             _ => String::new(),
         };
-        parse_slots(reply, &host).ok_or_else(|| Error::WrongTopology {
+        slot::parse_map(reply, &host).ok_or_else(|| Error::WrongTopology {
             addr,
             detail: "answered CLUSTER SLOTS with a reply redbaton cannot read".to_owned(),
         })
@@ -515,44 +516,4 @@ fn redirect_target(err: &redis::RedisError) -> String {
     err.redirect_node()
         .map(|(addr, _)| addr.to_owned())
         .unwrap_or_default()
-}
-
-/// Reads a `CLUSTER SLOTS` reply; a master announced without a host (an
-/// empty string or `?`) is at `asked_host`.
-fn parse_slots(reply: Value, asked_host: &str) -> Option<Vec<(u16, u16, String, u16)>> {
-    let Value::Array(ranges) = reply else {
-        return None;
-    };
-    let int = |value: &Value| match value {
-        Value::Int(n) => u16::try_from(*n).ok(),
-        _ => None,
-    };
-    let text = |value: &Value| match value {
-        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
-        Value::SimpleString(text) => Some(text.clone()),
-        _ => None,
-    };
-    ranges
-        .iter()
-        .map(|range| {
-            let Value::Array(fields) = range else {
-                return None;
-            };
-            let Value::Array(master) = fields.get(2)? else {
-                return None;
-            };
-            let host = text(master.first()?)?;
-            let host = if host.is_empty() || host == "?" {
-                asked_host.to_owned()
-            } else {
-                host
-            };
-            Some((
-                int(fields.first()?)?,
-                int(fields.get(1)?)?,
-                host,
-                int(master.get(1)?)?,
-            ))
-        })
-        .collect()
 }

@@ -108,6 +108,12 @@ const RELINK_PAUSE: Duration = Duration::from_millis(50);
 /// names keeps a bounded set.
 const STALE_TRACKED: usize = 65_536;
 
+/// How often a Cluster node's tracker asks which slots its node serves,
+/// while anyone waits there: a waited list whose slot moved away while
+/// empty is never announced here again, and its waiters are sent to look
+/// (and find the slot's new owner) within this, not at their park's end.
+const SLOT_CHECK: Duration = Duration::from_millis(250);
+
 /// The least time between two checks that an idle tracker is still
 /// there, whatever the maximum park time.
 const IDLE_CHECK_FLOOR: Duration = Duration::from_secs(1);
@@ -142,6 +148,9 @@ struct Inner {
     sweeper: Condvar,
     /// How often watched keys are checked.
     sweep_every: Duration,
+    /// The server is a node of a Redis Cluster: the tracker checks which
+    /// slots it serves every [`SLOT_CHECK`].
+    cluster_node: bool,
     /// Where the listener's and the tracker's connections come from.
     links: Pool,
     /// Where sweeps and given-back tokens go.
@@ -218,13 +227,15 @@ enum Looked {
 impl Hub {
     /// A hub parking on connections of `links` (it keeps [`LINKS`] of
     /// them), giving tokens back and sweeping through `commands`,
-    /// checking watched keys every `sweep_every`.
+    /// checking watched keys every `sweep_every`; a `cluster_node`'s
+    /// checks the slots it serves too.
     pub(super) fn new(
         links: Pool,
         commands: Pool,
         baton_ttl: Duration,
         io_timeout: Duration,
         sweep_every: Duration,
+        cluster_node: bool,
         trace: ScriptTracer,
     ) -> Hub {
         Hub {
@@ -234,6 +245,7 @@ impl Hub {
                 listener: Condvar::new(),
                 sweeper: Condvar::new(),
                 sweep_every,
+                cluster_node,
                 links,
                 commands,
                 baton_ttl,
@@ -525,6 +537,28 @@ impl State {
         None
     }
 
+    /// Ends the park of the waiters of every key whose slot is not in
+    /// `served` (a Cluster node's slot ranges): they look again, and find
+    /// the slot's new owner. The server no longer announces such a key
+    /// here.
+    fn end_unserved(&mut self, served: &[(u16, u16)]) {
+        let moved: Vec<String> = self
+            .keys
+            .keys()
+            .filter(|key| {
+                let slot = super::slot::of(key);
+                !served
+                    .iter()
+                    .any(|(first, last)| (*first..=*last).contains(&slot))
+            })
+            .cloned()
+            .collect();
+        for key in moved {
+            self.tracked.remove(&key);
+            self.end_key(&key, |_| Outcome::Woken);
+        }
+    }
+
     /// Whether the server keeps many keys registered that nobody waits
     /// for.
     fn tracks_too_many(&self) -> bool {
@@ -712,10 +746,31 @@ impl Inner {
         // The connection with tracking on, and the link it is redirected
         // to.
         let mut conn: Option<(PooledConn, u64)> = None;
+        let mut next_slot_check = Instant::now() + SLOT_CHECK;
         let mut state = self.state.lock();
         loop {
             if state.closed || state.refused {
                 return;
+            }
+            if self.cluster_node && !state.keys.is_empty() && Instant::now() >= next_slot_check {
+                if let Some((tracking, tracking_link)) = &mut conn {
+                    next_slot_check = Instant::now() + SLOT_CHECK;
+                    let tracking_link = *tracking_link;
+                    drop(state);
+                    let served = self.served_slots(tracking);
+                    state = self.state.lock();
+                    match served {
+                        Ok(served) => state.end_unserved(&served),
+                        Err(err) => {
+                            conn = None;
+                            let err = self.classify(err, "(parking)");
+                            if state.link == tracking_link {
+                                state.unlink(Some(&err));
+                            }
+                        }
+                    }
+                    continue;
+                }
             }
             let Some(listener) = state.listener_id else {
                 conn = None;
@@ -732,8 +787,13 @@ impl Inner {
                 state.dirty.extend(waited);
             }
             if state.dirty.is_empty() {
-                let idle_until = Instant::now() + self.sweep_every.max(IDLE_CHECK_FLOOR);
-                let idle = self.tracker.wait_until(&mut state, idle_until).timed_out();
+                let idle_since = Instant::now();
+                let mut idle_until = idle_since + self.sweep_every.max(IDLE_CHECK_FLOOR);
+                if self.cluster_node && !state.keys.is_empty() {
+                    idle_until = idle_until.min(next_slot_check);
+                }
+                let idle = self.tracker.wait_until(&mut state, idle_until).timed_out()
+                    && idle_since.elapsed() >= IDLE_CHECK_FLOOR;
                 if let (true, Some((tracking, tracking_link))) =
                     (idle && state.dirty.is_empty(), &mut conn)
                 {
@@ -811,6 +871,25 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// The slot ranges the node `conn` is connected to serves, by its own
+    /// `CLUSTER SLOTS`.
+    fn served_slots(&self, conn: &mut PooledConn) -> RedisResult<Vec<(u16, u16)>> {
+        let reply: Value = redis::cmd("CLUSTER").arg("SLOTS").query(conn.keep())?;
+        let addr = self.links.addr();
+        let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+        let map = super::slot::parse_map(reply, host).ok_or_else(|| {
+            redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "CLUSTER SLOTS answered something else than a slot map",
+            ))
+        })?;
+        Ok(map
+            .into_iter()
+            .filter(|(_, _, host, port)| format!("{host}:{port}") == addr)
+            .map(|(first, last, _, _)| (first, last))
+            .collect())
     }
 
     /// A connection with tracking on, announcing to `listener`.

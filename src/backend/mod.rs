@@ -111,7 +111,7 @@ impl Backend {
     pub(crate) fn single(client: redis::Client, config: &Config, trace: ScriptTracer) -> Backend {
         let workers = single::connect_workers();
         Backend::with(Flavor::Single(single::Single::new(
-            client, config, trace, &workers,
+            client, config, trace, &workers, false,
         )))
     }
 

@@ -187,7 +187,7 @@ impl Sentinel {
         let client = self.resolve()?;
         let master = Arc::new(Master {
             generation: self.shared.generations.fetch_add(1, Ordering::Relaxed) + 1,
-            server: Single::new(client, &self.config, self.trace, &self.workers),
+            server: Single::new(client, &self.config, self.trace, &self.workers, false),
         });
         log::debug!(
             "redbaton: master of {:?} is {} (lookup {})",

@@ -72,12 +72,13 @@ pub(super) fn connect_workers() -> Arc<ScheduledThreadPool> {
 
 impl Single {
     /// Pools for the server `client` points at, opening connections on
-    /// `workers`.
+    /// `workers`; a `cluster_node` serves some slots of a Cluster.
     pub(super) fn new(
         client: redis::Client,
         config: &Config,
         trace: ScriptTracer,
         workers: &Arc<ScheduledThreadPool>,
+        cluster_node: bool,
     ) -> Self {
         let commands = Pool::new(
             client.clone(),
@@ -118,6 +119,7 @@ impl Single {
                 config.baton_ttl,
                 config.io_timeout,
                 config.max_park,
+                cluster_node,
                 trace,
             ),
             max_park: config.max_park,

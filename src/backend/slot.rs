@@ -17,6 +17,49 @@ pub(super) fn of(key: &str) -> u16 {
     crc16(tagged.unwrap_or(key)) & (SLOTS as u16 - 1)
 }
 
+/// Reads a `CLUSTER SLOTS` reply; a master announced without a host (an
+/// empty string or `?`) is at `asked_host`.
+pub(super) fn parse_map(
+    reply: redis::Value,
+    asked_host: &str,
+) -> Option<Vec<(u16, u16, String, u16)>> {
+    let redis::Value::Array(ranges) = reply else {
+        return None;
+    };
+    let int = |value: &redis::Value| match value {
+        redis::Value::Int(n) => u16::try_from(*n).ok(),
+        _ => None,
+    };
+    let text = |value: &redis::Value| match value {
+        redis::Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        redis::Value::SimpleString(text) => Some(text.clone()),
+        _ => None,
+    };
+    ranges
+        .iter()
+        .map(|range| {
+            let redis::Value::Array(fields) = range else {
+                return None;
+            };
+            let redis::Value::Array(master) = fields.get(2)? else {
+                return None;
+            };
+            let host = text(master.first()?)?;
+            let host = if host.is_empty() || host == "?" {
+                asked_host.to_owned()
+            } else {
+                host
+            };
+            Some((
+                int(fields.first()?)?,
+                int(fields.get(1)?)?,
+                host,
+                int(master.get(1)?)?,
+            ))
+        })
+        .collect()
+}
+
 /// CRC-16/XMODEM: polynomial 0x1021, initial value 0, no reflection.
 fn crc16(bytes: &[u8]) -> u16 {
     let mut crc: u16 = 0;
