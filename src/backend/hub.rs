@@ -62,10 +62,12 @@
 //! Used for one server, Sentinel's master, each master of a Redlock
 //! quorum and each node of a Redis Cluster (for the keys of the slots it
 //! serves). A look that meets `MOVED` or `ASK` ends the park of the key's
-//! waiters with the redirection, for the Cluster to follow; a key whose
-//! empty list moves with its slot is not announced here again, and its
-//! waiters (a Cluster's parks are not watched) find the new node at their
-//! next look, within `max_park`.
+//! waiters with the redirection, for the Cluster to follow. A key whose
+//! empty list moves with its slot is not announced here again: so a
+//! Cluster node's tracker asks which slots its node serves (`CLUSTER
+//! SLOTS`) every [`SLOT_CHECK`] while anyone waits there, and sends the
+//! waiters of a slot that moved away to look again (they find the new
+//! owner).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;

@@ -399,9 +399,10 @@ impl Backend {
     /// Whether a parked waiter's watch key is checked for it (one server
     /// and Sentinel, whose parking hub sweeps them), so that it may park
     /// longer than `max_park` without a lost wake-up costing more than
-    /// `max_park`. A Cluster's keys are swept nowhere (a waiter comes back
-    /// every `max_park`, which also finds a slot that moved), and a Redlock
-    /// quorum's waiter must come back to find a majority free.
+    /// `max_park`. A Cluster's keys are swept nowhere (a multi-key
+    /// `EXISTS` must stay within one slot): its waiters come back every
+    /// `max_park`; and a Redlock quorum's waiter must come back to find a
+    /// majority free.
     pub(crate) fn watches(&self) -> bool {
         match &self.flavor {
             Flavor::Single(_) => true,
