@@ -110,6 +110,7 @@ const RELINK_PAUSE: Duration = Duration::from_millis(50);
 /// names keeps a bounded set.
 const STALE_TRACKED: usize = 65_536;
 
+#[cfg(feature = "cluster")]
 /// How often a Cluster node's tracker asks which slots its node serves,
 /// while anyone waits there: a waited list whose slot moved away while
 /// empty is never announced here again, and its waiters are sent to look
@@ -151,7 +152,8 @@ struct Inner {
     /// How often watched keys are checked.
     sweep_every: Duration,
     /// The server is a node of a Redis Cluster: the tracker checks which
-    /// slots it serves every [`SLOT_CHECK`].
+    /// slots it serves every `SLOT_CHECK`.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     cluster_node: bool,
     /// Where the listener's and the tracker's connections come from.
     links: Pool,
@@ -543,6 +545,7 @@ impl State {
     /// `served` (a Cluster node's slot ranges): they look again, and find
     /// the slot's new owner. The server no longer announces such a key
     /// here.
+    #[cfg(feature = "cluster")]
     fn end_unserved(&mut self, served: &[(u16, u16)]) {
         let moved: Vec<String> = self
             .keys
@@ -748,12 +751,14 @@ impl Inner {
         // The connection with tracking on, and the link it is redirected
         // to.
         let mut conn: Option<(PooledConn, u64)> = None;
+        #[cfg(feature = "cluster")]
         let mut next_slot_check = Instant::now() + SLOT_CHECK;
         let mut state = self.state.lock();
         loop {
             if state.closed || state.refused {
                 return;
             }
+            #[cfg(feature = "cluster")]
             if self.cluster_node && !state.keys.is_empty() && Instant::now() >= next_slot_check {
                 if let Some((tracking, tracking_link)) = &mut conn {
                     next_slot_check = Instant::now() + SLOT_CHECK;
@@ -790,7 +795,9 @@ impl Inner {
             }
             if state.dirty.is_empty() {
                 let idle_since = Instant::now();
+                #[allow(unused_mut)]
                 let mut idle_until = idle_since + self.sweep_every.max(IDLE_CHECK_FLOOR);
+                #[cfg(feature = "cluster")]
                 if self.cluster_node && !state.keys.is_empty() {
                     idle_until = idle_until.min(next_slot_check);
                 }
@@ -877,6 +884,7 @@ impl Inner {
 
     /// The slot ranges the node `conn` is connected to serves, by its own
     /// `CLUSTER SLOTS`.
+    #[cfg(feature = "cluster")]
     fn served_slots(&self, conn: &mut PooledConn) -> RedisResult<Vec<(u16, u16)>> {
         let reply: Value = redis::cmd("CLUSTER").arg("SLOTS").query(conn.keep())?;
         let addr = self.links.addr();
