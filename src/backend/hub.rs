@@ -63,11 +63,12 @@
 //! quorum and each node of a Redis Cluster (for the keys of the slots it
 //! serves). A look that meets `MOVED` or `ASK` ends the park of the key's
 //! waiters with the redirection, for the Cluster to follow. A key whose
-//! empty list moves with its slot is not announced here again: so a
-//! Cluster node's tracker asks which slots its node serves (`CLUSTER
-//! SLOTS`) every [`SLOT_CHECK`] while anyone waits there, and sends the
-//! waiters of a slot that moved away to look again (they find the new
-//! owner).
+//! empty list moves with its slot is not announced here again (nor one
+//! filled on the importing node while its slot migrates): so a Cluster
+//! node's tracker asks which slots its node serves and migrates (its own
+//! line of `CLUSTER NODES`) every `SLOT_CHECK` while anyone waits there,
+//! and sends the waiters of a slot that moved away, or started to
+//! migrate, to look again (at the new owner, or the importing node).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -111,10 +112,12 @@ const RELINK_PAUSE: Duration = Duration::from_millis(50);
 const STALE_TRACKED: usize = 65_536;
 
 #[cfg(feature = "cluster")]
-/// How often a Cluster node's tracker asks which slots its node serves,
-/// while anyone waits there: a waited list whose slot moved away while
-/// empty is never announced here again, and its waiters are sent to look
-/// (and find the slot's new owner) within this, not at their park's end.
+/// How often a Cluster node's tracker asks which slots its node serves
+/// and migrates, while anyone waits there: a waited list whose slot moved
+/// away while empty is never announced here again (nor one filled on the
+/// importing node while its slot migrates), so its waiters are sent to
+/// look (and find the new owner, or the importing node) within this, not
+/// at their park's end.
 const SLOT_CHECK: Duration = Duration::from_millis(250);
 
 /// The least time between two checks that an idle tracker is still
@@ -332,6 +335,10 @@ impl Hub {
         }
         let id = state.next_id;
         state.next_id += 1;
+        if state.keys.is_empty() && inner.cluster_node {
+            // The first waiter: the tracker's slot checks start.
+            inner.tracker.notify_one();
+        }
         state
             .keys
             .entry(list.to_owned())
@@ -542,19 +549,22 @@ impl State {
     }
 
     /// Ends the park of the waiters of every key whose slot is not in
-    /// `served` (a Cluster node's slot ranges): they look again, and find
-    /// the slot's new owner. The server no longer announces such a key
-    /// here.
+    /// `served` (a Cluster node's slot ranges) or has just started to
+    /// migrate away (`leaving`): they look again, and find the slot's new
+    /// owner, or (for a key not here) the importing node. The server no
+    /// longer announces a key whose slot moved, nor one whose empty list
+    /// is filled on the importing node.
     #[cfg(feature = "cluster")]
-    fn end_unserved(&mut self, served: &[(u16, u16)]) {
+    fn end_unserved(&mut self, served: &[(u16, u16)], leaving: &HashSet<u16>) {
         let moved: Vec<String> = self
             .keys
             .keys()
             .filter(|key| {
                 let slot = super::slot::of(key);
-                !served
-                    .iter()
-                    .any(|(first, last)| (*first..=*last).contains(&slot))
+                leaving.contains(&slot)
+                    || !served
+                        .iter()
+                        .any(|(first, last)| (*first..=*last).contains(&slot))
             })
             .cloned()
             .collect();
@@ -753,6 +763,9 @@ impl Inner {
         let mut conn: Option<(PooledConn, u64)> = None;
         #[cfg(feature = "cluster")]
         let mut next_slot_check = Instant::now() + SLOT_CHECK;
+        // The slots the node was migrating away at the last check.
+        #[cfg(feature = "cluster")]
+        let mut migrating: HashSet<u16> = HashSet::new();
         let mut state = self.state.lock();
         loop {
             if state.closed || state.refused {
@@ -764,10 +777,15 @@ impl Inner {
                     next_slot_check = Instant::now() + SLOT_CHECK;
                     let tracking_link = *tracking_link;
                     drop(state);
-                    let served = self.served_slots(tracking);
+                    let own = self.own_slots(tracking);
                     state = self.state.lock();
-                    match served {
-                        Ok(served) => state.end_unserved(&served),
+                    match own {
+                        Ok(own) => {
+                            let now_migrating: HashSet<u16> = own.migrating.into_iter().collect();
+                            let leaving = &now_migrating - &migrating;
+                            state.end_unserved(&own.served, &leaving);
+                            migrating = now_migrating;
+                        }
                         Err(err) => {
                             conn = None;
                             let err = self.classify(err, "(parking)");
@@ -801,8 +819,16 @@ impl Inner {
                 if self.cluster_node && !state.keys.is_empty() {
                     idle_until = idle_until.min(next_slot_check);
                 }
+                #[cfg(feature = "cluster")]
+                let was_idle = state.keys.is_empty();
                 let idle = self.tracker.wait_until(&mut state, idle_until).timed_out()
                     && idle_since.elapsed() >= IDLE_CHECK_FLOOR;
+                // The slots are checked once waiters have been here a
+                // while, not at the first look of each.
+                #[cfg(feature = "cluster")]
+                if was_idle {
+                    next_slot_check = Instant::now() + SLOT_CHECK;
+                }
                 if let (true, Some((tracking, tracking_link))) =
                     (idle && state.dirty.is_empty(), &mut conn)
                 {
@@ -882,24 +908,17 @@ impl Inner {
         }
     }
 
-    /// The slot ranges the node `conn` is connected to serves, by its own
-    /// `CLUSTER SLOTS`.
+    /// The slot ranges the node `conn` is connected to serves, and the
+    /// slots it is migrating away, by its own `CLUSTER NODES`.
     #[cfg(feature = "cluster")]
-    fn served_slots(&self, conn: &mut PooledConn) -> RedisResult<Vec<(u16, u16)>> {
-        let reply: Value = redis::cmd("CLUSTER").arg("SLOTS").query(conn.keep())?;
-        let addr = self.links.addr();
-        let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
-        let map = super::slot::parse_map(reply, host).ok_or_else(|| {
+    fn own_slots(&self, conn: &mut PooledConn) -> RedisResult<super::slot::OwnSlots> {
+        let nodes: String = redis::cmd("CLUSTER").arg("NODES").query(conn.keep())?;
+        super::slot::own_slots(&nodes).ok_or_else(|| {
             redis::RedisError::from((
                 redis::ErrorKind::UnexpectedReturnType,
-                "CLUSTER SLOTS answered something else than a slot map",
+                "CLUSTER NODES has no line of the node itself",
             ))
-        })?;
-        Ok(map
-            .into_iter()
-            .filter(|(_, _, host, port)| format!("{host}:{port}") == addr)
-            .map(|(first, last, _, _)| (first, last))
-            .collect())
+        })
     }
 
     /// A connection with tracking on, announcing to `listener`.

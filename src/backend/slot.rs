@@ -60,6 +60,42 @@ pub(super) fn parse_map(
         .collect()
 }
 
+/// The slots a node serves and those it is migrating away, from its own
+/// `CLUSTER NODES` (the `myself` line: ranges `a-b`, single slots, and
+/// `[slot->-target]` for a slot being migrated; `[slot-<-source]`, a slot
+/// being imported, is not served yet). `None`: no `myself` line.
+pub(super) fn own_slots(nodes: &str) -> Option<OwnSlots> {
+    let myself = nodes.lines().find(|line| {
+        line.split(' ')
+            .nth(2)
+            .is_some_and(|flags| flags.split(',').any(|flag| flag == "myself"))
+    })?;
+    let mut served = Vec::new();
+    let mut migrating = Vec::new();
+    for field in myself.split(' ').skip(8) {
+        if let Some(moving) = field.strip_prefix('[') {
+            if let Some((slot, _)) = moving.split_once("->-") {
+                migrating.push(slot.parse().ok()?);
+            }
+        } else if let Some((first, last)) = field.split_once('-') {
+            served.push((first.parse().ok()?, last.parse().ok()?));
+        } else if !field.is_empty() {
+            let slot = field.parse().ok()?;
+            served.push((slot, slot));
+        }
+    }
+    Some(OwnSlots { served, migrating })
+}
+
+/// What a node says of its own slots.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct OwnSlots {
+    /// The ranges it serves, first and last slot.
+    pub(super) served: Vec<(u16, u16)>,
+    /// The slots it is migrating away (and serves still).
+    pub(super) migrating: Vec<u16>,
+}
+
 /// CRC-16/XMODEM: polynomial 0x1021, initial value 0, no reflection.
 fn crc16(bytes: &[u8]) -> u16 {
     let mut crc: u16 = 0;
@@ -79,6 +115,24 @@ fn crc16(bytes: &[u8]) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_its_own_line_of_cluster_nodes() {
+        let nodes = "07c3 127.0.0.1:30002@40002 master - 0 1 2 connected 5461-10922\n\
+                     e7d1 127.0.0.1:30001@40001 myself,master - 0 0 1 connected 0-5460 \
+                     10923 [5000->-07c3] [6000-<-07c3]\n";
+        assert_eq!(
+            own_slots(nodes),
+            Some(OwnSlots {
+                served: vec![(0, 5460), (10923, 10923)],
+                migrating: vec![5000]
+            })
+        );
+        assert_eq!(
+            own_slots("e7d1 127.0.0.1:1@2 master - 0 0 1 connected 1-2\n"),
+            None
+        );
+    }
 
     #[test]
     fn matches_the_cluster_specification() {

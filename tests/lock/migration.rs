@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use redbaton::{Client, ClientBuilder, Topology};
 use testkit::{RedisCluster, RedisServer};
 
-use crate::support::{baton_key, eventually, lock_key, wait_for_replica, JoinWithin};
+use crate::support::{self, baton_key, eventually, lock_key, wait_for_replica, JoinWithin};
 
 /// A client of `cluster`, configured by `configure`.
 fn client(
@@ -84,13 +84,10 @@ impl<'a> Migration<'a> {
     }
 }
 
-/// Connections of `node` blocked in `BLPOP`.
-fn parked_on(node: &RedisServer) -> usize {
-    let list: String = redis::cmd("CLIENT")
-        .arg("LIST")
-        .query(&mut node.connection())
-        .unwrap();
-    list.lines().filter(|c| c.contains("cmd=blpop")).count()
+/// Waiters parked on `node`: in its parking hub (a name registered for an
+/// announcement) or, after `ASK`, in `BLPOP` (see [`support::parked`]).
+fn parked_on(node: &RedisServer) -> u64 {
+    support::parked(node)
 }
 
 /// What the masters of a cluster were sent between two readings: the
