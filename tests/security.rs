@@ -422,3 +422,79 @@ fn without_tracking_each_waiter_parks_in_blpop_and_wakes_at_its_release() {
         .collect();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
 }
+
+/// On a Cluster whose ACL refuses `CLUSTER NODES` (the hub's check of the
+/// slots its node serves), waiting works as before: one warning for the
+/// node, no relinking (the hub's listener stays the same connection), and
+/// the waiter wakes at its release.
+#[cfg(feature = "cluster")]
+#[test]
+fn on_a_cluster_a_refused_slot_check_is_one_warning_not_a_relink() {
+    record_logs();
+    let cluster = testkit::RedisCluster::start(3, 0);
+    for master in cluster.masters() {
+        add_user(
+            master,
+            "no-nodes",
+            "allcommands allkeys allchannels -cluster|nodes",
+        );
+    }
+    let seeds: Vec<String> = cluster
+        .masters()
+        .iter()
+        .map(|master| user_url(master, "no-nodes", PASSWORD))
+        .collect();
+    let name = "no-slot-check";
+    let node = cluster.master_of_slot(cluster.slot_of(&format!("redbaton:{{{name}}}:lock")));
+    let holder = Client::builder(redbaton::Topology::cluster(cluster.seed_urls()))
+        .build()
+        .unwrap();
+    let waiting = Client::builder(redbaton::Topology::cluster(&seeds))
+        .max_park(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let guard = holder.lock(name).unwrap().lock().unwrap();
+    let lock = waiting.lock(name).unwrap();
+    let waiter = thread::spawn(move || {
+        let guard = lock.try_lock_for(Duration::from_secs(20)).unwrap();
+        assert!(guard.is_some(), "not acquired");
+        std::time::Instant::now()
+    });
+    support::eventually(Duration::from_secs(10), "the waiter parks", || {
+        support::parked(node) == 1
+    });
+    let listeners = |admin: &mut redis::Connection| -> Vec<String> {
+        let list: String = redis::cmd("CLIENT").arg("LIST").query(admin).unwrap();
+        list.lines()
+            .filter(|line| line.contains(" sub=1 "))
+            .filter_map(|line| line.split(' ').next().map(str::to_owned))
+            .collect()
+    };
+    let mut admin = node.connection();
+    let before = listeners(&mut admin);
+    assert_eq!(before.len(), 1, "{before:?}");
+    let warned = || {
+        LOGS.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|line| line.contains("refused CLUSTER NODES"))
+            .count()
+    };
+    support::eventually(
+        Duration::from_secs(5),
+        "the refused check's warning",
+        || warned() == 1,
+    );
+    // A refused check that relinked would show a new listener.
+    assert_eq!(listeners(&mut admin), before);
+    let released = std::time::Instant::now();
+    guard.unlock().unwrap();
+    let acquired = waiter.joined();
+    assert!(
+        acquired.saturating_duration_since(released) < Duration::from_secs(1),
+        "woken {:?} after the release",
+        acquired.saturating_duration_since(released)
+    );
+    assert_eq!(warned(), 1, "one warning for the node");
+}

@@ -766,13 +766,20 @@ impl Inner {
         // The slots the node was migrating away at the last check.
         #[cfg(feature = "cluster")]
         let mut migrating: HashSet<u16> = HashSet::new();
+        // The server refused the checks (an ACL without `cluster|nodes`).
+        #[cfg(feature = "cluster")]
+        let mut checks_refused = false;
         let mut state = self.state.lock();
         loop {
             if state.closed || state.refused {
                 return;
             }
             #[cfg(feature = "cluster")]
-            if self.cluster_node && !state.keys.is_empty() && Instant::now() >= next_slot_check {
+            if self.cluster_node
+                && !checks_refused
+                && !state.keys.is_empty()
+                && Instant::now() >= next_slot_check
+            {
                 if let Some((tracking, tracking_link)) = &mut conn {
                     next_slot_check = Instant::now() + SLOT_CHECK;
                     let tracking_link = *tracking_link;
@@ -785,6 +792,23 @@ impl Inner {
                             let leaving = &now_migrating - &migrating;
                             state.end_unserved(&own.served, &leaving);
                             migrating = now_migrating;
+                        }
+                        // Refused (an ACL without `cluster|nodes`, a
+                        // server that does not know it): the waiters of a
+                        // slot that moves find it at their next look,
+                        // within `max_park`.
+                        Err(err)
+                            if is_permission_failure(err.code(), err.detail().unwrap_or(""))
+                                || err.code() == Some("ERR") =>
+                        {
+                            log::warn!(
+                                "redbaton: Redis at {} refused CLUSTER NODES ({}); waiters of a \
+                                 slot that moves find it at their next look, up to max_park \
+                                 later (allow +cluster|nodes: see docs/security.md)",
+                                self.links.addr(),
+                                describe_io(&err)
+                            );
+                            checks_refused = true;
                         }
                         Err(err) => {
                             conn = None;
@@ -816,7 +840,7 @@ impl Inner {
                 #[allow(unused_mut)]
                 let mut idle_until = idle_since + self.sweep_every.max(IDLE_CHECK_FLOOR);
                 #[cfg(feature = "cluster")]
-                if self.cluster_node && !state.keys.is_empty() {
+                if self.cluster_node && !checks_refused && !state.keys.is_empty() {
                     idle_until = idle_until.min(next_slot_check);
                 }
                 #[cfg(feature = "cluster")]
