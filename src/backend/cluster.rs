@@ -265,13 +265,14 @@ impl Cluster {
         list: &str,
         park: Duration,
         precise: bool,
+        watch: Option<&str>,
     ) -> Result<Parked, Error> {
         let park_until = Instant::now() + park;
         let (mut node, mut generation) = self.master_of(list, name)?;
         let mut asking = false;
         let mut reloaded = false;
         for _ in 0..MAX_REDIRECTS {
-            let err = match node.park_node(name, list, park_until, precise, None, asking)? {
+            let err = match node.park_node(name, list, park_until, precise, watch, asking)? {
                 NodeParked::Parked(parked) => {
                     if let Parked::ConnectionFailed(_) = &parked {
                         // Killed, failed over, or `UNBLOCKED` by a demotion.

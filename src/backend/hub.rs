@@ -50,7 +50,9 @@
 //! - **Watched parks**: a waiter may name a *watch key* whose absence
 //!   means its object is free (a plain lock's hash). A sweeper thread
 //!   checks every watched key every `sweep_every` (the client's
-//!   `max_park`) with one `EXISTS k1 … kn` per thousand keys, and wakes
+//!   `max_park`) with one `EXISTS k1 … kn` per thousand keys (on a
+//!   Cluster node, per slot's keys, pipelined; a key whose slot moved
+//!   counts as gone, so that its waiter looks again), and wakes
 //!   the waiters whose key is gone (a second, pipelined `EXISTS` per key
 //!   tells which, only then). So a wake-up that no baton brings (a baton
 //!   popped by a process that died before using it, a key deleted or
@@ -1106,33 +1108,109 @@ impl Inner {
         }
     }
 
-    /// Which of `watched` do not exist: one `EXISTS` over each chunk of
-    /// keys, and only where a chunk counts fewer than it has, one per key.
+    /// Which of `watched` do not exist: one `EXISTS` over each group of
+    /// keys (a chunk; on a Cluster node, one slot's keys of a chunk, as a
+    /// multi-key command must stay within one slot), pipelined, and only
+    /// where a group counts fewer than it has, one per key. On a Cluster
+    /// node, keys whose slot is served elsewhere (`MOVED`, `ASK`) count as
+    /// gone: their waiters look again, and follow the redirection.
     fn absent(&self, watched: &[Arc<str>]) -> Result<Vec<Arc<str>>, Error> {
+        let groups = self.sweep_groups(watched);
         let mut conn = self.commands.get(self.io_timeout)?;
         let mut gone = Vec::new();
-        for chunk in watched.chunks(SWEEP_CHUNK) {
-            let keys: Vec<&str> = chunk.iter().map(|key| &**key).collect();
-            let there: RedisResult<usize> = conn.run(|c| redis::cmd("EXISTS").arg(&keys).query(c));
-            let there = there.map_err(|err| self.classify(err, keys[0]))?;
-            if there == keys.len() {
+        for batch in groups.chunks(SWEEP_CHUNK) {
+            let mut pipe = redis::pipe();
+            for group in batch {
+                pipe.cmd("EXISTS")
+                    .arg(group.iter().map(|key| &**key).collect::<Vec<_>>());
+            }
+            let counts = self.sweep_replies(&mut conn, &pipe, &batch[0][0])?;
+            let mut each = Vec::new();
+            for (group, count) in batch.iter().zip(counts) {
+                match count {
+                    Some(count) if count == group.len() as i64 => {}
+                    Some(_) => each.extend(group.iter()),
+                    None => gone.extend(group.iter().cloned()),
+                }
+            }
+            if each.is_empty() {
                 continue;
             }
             let mut pipe = redis::pipe();
-            for key in &keys {
-                pipe.cmd("EXISTS").arg(*key);
+            for key in &each {
+                pipe.cmd("EXISTS").arg(&***key);
             }
-            let each: RedisResult<Vec<bool>> = conn.run(|c| pipe.query(c));
-            let each = each.map_err(|err| self.classify(err, keys[0]))?;
+            let counts = self.sweep_replies(&mut conn, &pipe, each[0])?;
             gone.extend(
-                chunk
-                    .iter()
-                    .zip(each)
-                    .filter(|(_, exists)| !exists)
+                each.into_iter()
+                    .zip(counts)
+                    .filter(|(_, count)| *count != Some(1))
                     .map(|(key, _)| Arc::clone(key)),
             );
         }
         Ok(gone)
+    }
+
+    /// The groups of watched keys one `EXISTS` each counts: chunks of
+    /// [`SWEEP_CHUNK`] keys, split by slot on a Cluster node.
+    fn sweep_groups(&self, watched: &[Arc<str>]) -> Vec<Vec<Arc<str>>> {
+        #[cfg(feature = "cluster")]
+        if self.cluster_node {
+            let mut by_slot: HashMap<u16, Vec<Arc<str>>> = HashMap::new();
+            for key in watched {
+                by_slot
+                    .entry(super::slot::of(key))
+                    .or_default()
+                    .push(Arc::clone(key));
+            }
+            return by_slot
+                .into_values()
+                .flat_map(|keys| {
+                    keys.chunks(SWEEP_CHUNK)
+                        .map(<[Arc<str>]>::to_vec)
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+        }
+        watched
+            .chunks(SWEEP_CHUNK)
+            .map(<[Arc<str>]>::to_vec)
+            .collect()
+    }
+
+    /// The counts a pipeline of `EXISTS` answered, in order; `None` for a
+    /// Cluster node's redirection (the keys are served elsewhere). Any
+    /// other error fails the sweep (`key`, for its message).
+    fn sweep_replies(
+        &self,
+        conn: &mut PooledConn,
+        pipe: &redis::Pipeline,
+        key: &str,
+    ) -> Result<Vec<Option<i64>>, Error> {
+        let replies: RedisResult<Vec<Value>> = conn.run(|c| pipe.clone().ignore_errors().query(c));
+        let replies = replies.map_err(|err| self.classify(err, key))?;
+        replies
+            .into_iter()
+            .map(|reply| match reply {
+                Value::Int(count) => Ok(Some(count)),
+                Value::ServerError(err) => {
+                    let err: redis::RedisError = err.into();
+                    if is_redirection(&err) {
+                        Ok(None)
+                    } else {
+                        Err(self.classify(err, key))
+                    }
+                }
+                other => Err(self.classify(
+                    redis::RedisError::from((
+                        redis::ErrorKind::UnexpectedReturnType,
+                        "EXISTS answered something else than a number",
+                        format!("{other:?}"),
+                    )),
+                    key,
+                )),
+            })
+            .collect()
     }
 }
 

@@ -396,18 +396,18 @@ impl Backend {
         }
     }
 
-    /// Whether a parked waiter's watch key is checked for it (one server
-    /// and Sentinel, whose parking hub sweeps them), so that it may park
-    /// longer than `max_park` without a lost wake-up costing more than
-    /// `max_park`. A Cluster's keys are swept nowhere (a multi-key
-    /// `EXISTS` must stay within one slot): its waiters come back every
-    /// `max_park`; and a Redlock quorum's waiter must come back to find a
-    /// majority free.
+    /// Whether a parked waiter's watch key is checked for it (one server,
+    /// Sentinel and each node of a Cluster, whose parking hubs sweep them),
+    /// so that it may park longer than `max_park` without a lost wake-up
+    /// costing more than `max_park`. A Redlock quorum's waiter must come
+    /// back to find a majority free.
     pub(crate) fn watches(&self) -> bool {
         match &self.flavor {
             Flavor::Single(_) => true,
             #[cfg(feature = "sentinel")]
             Flavor::Sentinel(_) => true,
+            #[cfg(feature = "cluster")]
+            Flavor::Cluster(_) => true,
             #[allow(unreachable_patterns)]
             _ => false,
         }
@@ -433,7 +433,7 @@ impl Backend {
         match &self.flavor {
             Flavor::Single(single) => single.park(name, list, park, precise, watch),
             #[cfg(feature = "cluster")]
-            Flavor::Cluster(cluster) => cluster.park(name, list, park, precise),
+            Flavor::Cluster(cluster) => cluster.park(name, list, park, precise, watch),
             #[cfg(feature = "sentinel")]
             Flavor::Sentinel(sentinel) => sentinel.park(name, list, park, precise, watch),
             #[cfg(feature = "redlock")]

@@ -342,6 +342,11 @@ impl Single {
         asking: bool,
     ) -> Result<NodeParked, Error> {
         let mut park_until = park_until;
+        if asking && watch.is_some() {
+            // A park of its own, not swept: no longer than an unwatched
+            // one.
+            park_until = park_until.min(Instant::now() + self.max_park);
+        }
         if !asking {
             let park = park_until.saturating_duration_since(Instant::now());
             if let Some(parked) = self.hub.park(name, list, park, precise, watch)? {

@@ -15,8 +15,8 @@
 //!
 //! A waiter may name a *watch key*: a key whose absence means its object
 //! is free (a plain lock's hash). Where the backend checks watch keys for
-//! its waiters (one server, Sentinel: the hub's sweeper, every
-//! `max_park`), such a waiter parks until its holder's lease ends, its
+//! its waiters (one server, Sentinel, each node of a Cluster: the hub's
+//! sweeper, every `max_park`), such a waiter parks until its holder's lease ends, its
 //! deadline, or [`WATCHED_PARK_FACTOR`] × `max_park`, instead of looking
 //! every `max_park`: what the look was for (a wake-up no baton brings: a
 //! baton taken by a process that died before using it, a key deleted or

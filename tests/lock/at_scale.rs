@@ -4,7 +4,7 @@
 //! changes. Bounds are generous; `cargo bench --bench waiting` measures
 //! the figures.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
@@ -293,15 +293,28 @@ fn no_wake_up_is_lost_while_waited_names_come_and_go() {
 /// would send about 240 script calls.
 #[test]
 fn parked_waiters_leave_the_looking_to_one_sweep_per_max_park() {
+    let deployment = Deployment::start(Topology::Single);
+    waiters_leave_the_looking_to_the_sweep(&deployment, &[deployment.server()]);
+}
+
+/// The same on a Cluster: each node sweeps the names of its slots, one
+/// `EXISTS` per slot (a multi-key command must stay within one slot).
+#[cfg(feature = "cluster")]
+#[test]
+fn on_a_cluster_parked_waiters_leave_the_looking_to_each_nodes_sweep() {
+    let deployment = Deployment::start(Topology::Cluster);
+    let masters: Vec<&RedisServer> = deployment.cluster().masters().iter().collect();
+    waiters_leave_the_looking_to_the_sweep(&deployment, &masters);
+}
+
+/// The body of the tests above, on `deployment`, whose masters are
+/// `servers`.
+fn waiters_leave_the_looking_to_the_sweep(deployment: &Deployment, servers: &[&RedisServer]) {
     const WAITERS: usize = 32;
     const MAX_PARK: Duration = Duration::from_millis(200);
     const WINDOW: Duration = Duration::from_millis(1_500);
-    let server = RedisServer::start();
-    let holder = Client::builder(server.url()).build().unwrap();
-    let waiting = Client::builder(server.url())
-        .max_park(MAX_PARK)
-        .build()
-        .unwrap();
+    let holder = deployment.client();
+    let waiting = deployment.builder().max_park(MAX_PARK).build().unwrap();
     let names: Vec<String> = (0..WAITERS).map(|n| format!("swept:{n}")).collect();
     let guards: Vec<_> = names
         .iter()
@@ -320,20 +333,28 @@ fn parked_waiters_leave_the_looking_to_one_sweep_per_max_park() {
         })
         .collect();
     // Parked: every name marked as waited for by its waiter's attempt.
-    let mut admin = server.connection();
     crate::support::eventually(Duration::from_secs(10), "every waiter parked", || {
         names.iter().all(|name| {
+            let key = crate::support::lock_key(name);
             let waited: Option<String> = redis::cmd("HGET")
-                .arg(crate::support::lock_key(name))
+                .arg(&key)
                 .arg("waited")
-                .query(&mut admin)
+                .query(&mut deployment.server_for(&key).connection())
                 .unwrap();
             waited.is_some()
         })
     });
-    let before = server.command_calls();
+    let before: Vec<_> = servers
+        .iter()
+        .map(|server| server.command_calls())
+        .collect();
     thread::sleep(WINDOW);
-    let during = server.commands_since(&before);
+    let mut during: BTreeMap<String, u64> = BTreeMap::new();
+    for (server, before) in servers.iter().zip(&before) {
+        for (command, calls) in server.commands_since(before) {
+            *during.entry(command).or_default() += calls;
+        }
+    }
     for guard in guards {
         guard.unlock().unwrap();
     }
@@ -357,9 +378,24 @@ fn parked_waiters_leave_the_looking_to_one_sweep_per_max_park() {
         scripts <= 2 * WAITERS as u64,
         "{scripts} script calls: the waiters look on their own ({during:?})"
     );
+    // One EXISTS per sweep on one server; one per slot of the names on a
+    // Cluster.
+    let per_sweep = if servers.len() == 1 {
+        1
+    } else {
+        let slots: std::collections::BTreeSet<u16> = names
+            .iter()
+            .map(|name| {
+                deployment
+                    .cluster()
+                    .slot_of(&crate::support::lock_key(name))
+            })
+            .collect();
+        slots.len() as u64
+    };
     let most_sweeps = (WINDOW.as_millis() / MAX_PARK.as_millis()) as u64 + 2;
     assert!(
-        (1..=most_sweeps).contains(&sweeps),
+        (1..=most_sweeps * per_sweep).contains(&sweeps),
         "{sweeps} EXISTS, expected one sweep per max_park ({during:?})"
     );
 }
