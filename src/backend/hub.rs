@@ -113,13 +113,13 @@ const RELINK_PAUSE: Duration = Duration::from_millis(50);
 /// names keeps a bounded set.
 const STALE_TRACKED: usize = 65_536;
 
-#[cfg(feature = "cluster")]
 /// How often a Cluster node's tracker asks which slots its node serves
 /// and migrates, while anyone waits there: a waited list whose slot moved
 /// away while empty is never announced here again (nor one filled on the
 /// importing node while its slot migrates), so its waiters are sent to
 /// look (and find the new owner, or the importing node) within this, not
 /// at their park's end.
+#[cfg(feature = "cluster")]
 const SLOT_CHECK: Duration = Duration::from_millis(250);
 
 /// The least time between two checks that an idle tracker is still
@@ -534,15 +534,12 @@ impl State {
         };
         // Our own pop unregistered the key.
         self.tracked.remove(&key);
-        let Some(waiters) = self.keys.get_mut(&key) else {
-            return Some((key, token));
-        };
-        let Some(waiter) = waiters.pop_front() else {
+        let Some(waiter) = self.keys.get_mut(&key).and_then(VecDeque::pop_front) else {
             return Some((key, token));
         };
         self.outcomes.insert(waiter.id, Outcome::Woken);
         waiter.wake.notify_one();
-        if waiters.is_empty() {
+        if self.keys.get(&key).is_some_and(VecDeque::is_empty) {
             self.keys.remove(&key);
         } else {
             self.dirty.insert(key);
@@ -1120,6 +1117,7 @@ impl Inner {
         let mut gone = Vec::new();
         for batch in groups.chunks(SWEEP_CHUNK) {
             let mut pipe = redis::pipe();
+            pipe.ignore_errors();
             for group in batch {
                 pipe.cmd("EXISTS")
                     .arg(group.iter().map(|key| &**key).collect::<Vec<_>>());
@@ -1137,6 +1135,7 @@ impl Inner {
                 continue;
             }
             let mut pipe = redis::pipe();
+            pipe.ignore_errors();
             for key in &each {
                 pipe.cmd("EXISTS").arg(&***key);
             }
@@ -1178,16 +1177,17 @@ impl Inner {
             .collect()
     }
 
-    /// The counts a pipeline of `EXISTS` answered, in order; `None` for a
-    /// Cluster node's redirection (the keys are served elsewhere). Any
-    /// other error fails the sweep (`key`, for its message).
+    /// The counts a pipeline of `EXISTS` (errors ignored, so that each
+    /// comes back as a reply) answered, in order; `None` for a Cluster
+    /// node's redirection (the keys are served elsewhere). Any other error
+    /// fails the sweep (`key`, for its message).
     fn sweep_replies(
         &self,
         conn: &mut PooledConn,
         pipe: &redis::Pipeline,
         key: &str,
     ) -> Result<Vec<Option<i64>>, Error> {
-        let replies: RedisResult<Vec<Value>> = conn.run(|c| pipe.clone().ignore_errors().query(c));
+        let replies: RedisResult<Vec<Value>> = conn.run(|c| pipe.query(c));
         let replies = replies.map_err(|err| self.classify(err, key))?;
         replies
             .into_iter()

@@ -341,22 +341,16 @@ impl Single {
         watch: Option<&str>,
         asking: bool,
     ) -> Result<NodeParked, Error> {
-        let mut park_until = park_until;
-        if asking && watch.is_some() {
-            // A park of its own, not swept: no longer than an unwatched
-            // one.
-            park_until = park_until.min(Instant::now() + self.max_park);
-        }
         if !asking {
             let park = park_until.saturating_duration_since(Instant::now());
             if let Some(parked) = self.hub.park(name, list, park, precise, watch)? {
                 return Ok(parked);
             }
-            // Refused by the server: one parking connection for this
-            // waiter, and no sweep, so a watched park is as short as any
-            // other.
-            park_until = park_until.min(Instant::now() + self.max_park);
         }
+        // A connection of its own (after `ASK`, or where the server refuses
+        // the hub) is swept by nobody, so a watched park is as short as any
+        // other (an unwatched one lasts `max_park` at most anyway).
+        let park_until = park_until.min(Instant::now() + self.max_park);
         self.park_on(name, list, park_until, precise, asking)
     }
 

@@ -294,7 +294,7 @@ fn no_wake_up_is_lost_while_waited_names_come_and_go() {
 #[test]
 fn parked_waiters_leave_the_looking_to_one_sweep_per_max_park() {
     let deployment = Deployment::start(Topology::Single);
-    waiters_leave_the_looking_to_the_sweep(&deployment, &[deployment.server()]);
+    waiters_leave_the_looking_to_the_sweep(&deployment, &[deployment.server()], |_| 1);
 }
 
 /// The same on a Cluster: each node sweeps the names of its slots, one
@@ -303,13 +303,27 @@ fn parked_waiters_leave_the_looking_to_one_sweep_per_max_park() {
 #[test]
 fn on_a_cluster_parked_waiters_leave_the_looking_to_each_nodes_sweep() {
     let deployment = Deployment::start(Topology::Cluster);
-    let masters: Vec<&RedisServer> = deployment.cluster().masters().iter().collect();
-    waiters_leave_the_looking_to_the_sweep(&deployment, &masters);
+    let cluster = deployment.cluster();
+    let masters: Vec<&RedisServer> = cluster.masters().iter().collect();
+    // One EXISTS per slot of the names.
+    let per_sweep = |names: &[String]| {
+        let slots: std::collections::BTreeSet<u16> = names
+            .iter()
+            .map(|name| cluster.slot_of(&crate::support::lock_key(name)))
+            .collect();
+        slots.len() as u64
+    };
+    waiters_leave_the_looking_to_the_sweep(&deployment, &masters, per_sweep);
 }
 
 /// The body of the tests above, on `deployment`, whose masters are
-/// `servers`.
-fn waiters_leave_the_looking_to_the_sweep(deployment: &Deployment, servers: &[&RedisServer]) {
+/// `servers`; a sweep sends `per_sweep(names)` `EXISTS` (one on one
+/// server).
+fn waiters_leave_the_looking_to_the_sweep(
+    deployment: &Deployment,
+    servers: &[&RedisServer],
+    per_sweep: impl Fn(&[String]) -> u64,
+) {
     const WAITERS: usize = 32;
     const MAX_PARK: Duration = Duration::from_millis(200);
     const WINDOW: Duration = Duration::from_millis(1_500);
@@ -378,21 +392,7 @@ fn waiters_leave_the_looking_to_the_sweep(deployment: &Deployment, servers: &[&R
         scripts <= 2 * WAITERS as u64,
         "{scripts} script calls: the waiters look on their own ({during:?})"
     );
-    // One EXISTS per sweep on one server; one per slot of the names on a
-    // Cluster.
-    let per_sweep = if servers.len() == 1 {
-        1
-    } else {
-        let slots: std::collections::BTreeSet<u16> = names
-            .iter()
-            .map(|name| {
-                deployment
-                    .cluster()
-                    .slot_of(&crate::support::lock_key(name))
-            })
-            .collect();
-        slots.len() as u64
-    };
+    let per_sweep = per_sweep(&names);
     let most_sweeps = (WINDOW.as_millis() / MAX_PARK.as_millis()) as u64 + 2;
     assert!(
         (1..=most_sweeps * per_sweep).contains(&sweeps),
