@@ -301,7 +301,12 @@ local function wake(st, now, ttl, failed, waiters, tokens)
       left = left - k
     end
   end
-  if everyone then
+  -- A caller that failed may have popped the token of a waiter it does not
+  -- know, and a token it passes on goes to whichever client pops first
+  -- again (the failed one, parked anew, as likely as any): passed on one
+  -- at a time, the passes could run out before it reached the waiter that
+  -- can use it. So a failed caller, too, gives every live waiter one.
+  if (everyone or failed) and wanted > 0 then
     wanted = math.max(wanted, #members)
   end
   if wanted == 0 then
