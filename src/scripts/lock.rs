@@ -10,6 +10,46 @@ use super::{
 };
 use crate::keys::{FairKeys, LockKeys};
 
+/// How long a lock freed while someone waited for it stays shut to
+/// newcomers, for the waiter its baton woke to come and take it
+/// (`lib/hand_over.lua`): a few of that waiter's round trips, with room for
+/// a loaded machine. A woken waiter that never comes (its process died)
+/// costs newcomers at most this.
+pub(crate) const HAND_OVER_WINDOW: Duration = Duration::from_millis(100);
+
+/// How the caller of an acquisition asks, as the scripts tell it
+/// (`lock/acquire.lua`'s ARGV[7]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Asking {
+    /// The first attempt of a call that waits if it must: a newcomer, kept
+    /// out of a lock in its hand-over window.
+    First,
+    /// An attempt of a call that has been asking this long (others may
+    /// wait behind it). It takes a lock in its hand-over window only if it
+    /// was asking before the window opened (`lib/hand_over.lua`).
+    Waited(Duration),
+    /// The one attempt of a call that never waits (`try_lock`): it takes a
+    /// lock in its hand-over window, which nobody may be left to take.
+    Once,
+}
+
+impl Asking {
+    /// Whether the caller has been waiting.
+    fn waited(self) -> bool {
+        matches!(self, Asking::Waited(_))
+    }
+
+    /// The plain lock scripts' encoding: -1 once, 0 first, else the
+    /// microseconds the caller has been asking (at least 1).
+    fn arg(self) -> i64 {
+        match self {
+            Asking::First => 0,
+            Asking::Waited(asked) => i64::try_from(asked.as_micros()).unwrap_or(i64::MAX).max(1),
+            Asking::Once => -1,
+        }
+    }
+}
+
 /// What [`acquire`] asks for.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AcquireArgs<'a> {
@@ -23,8 +63,8 @@ pub(crate) struct AcquireArgs<'a> {
     pub(crate) fence_ttl: Duration,
     /// The request's number, for undoing it if its reply is lost.
     pub(crate) request: u64,
-    /// Whether the caller has been waiting (others may wait behind it).
-    pub(crate) waited: bool,
+    /// Whether the caller has been waiting, or never will.
+    pub(crate) asking: Asking,
     /// A fair lock's: how long a waiter's place in the queue lives unless
     /// the waiter comes back.
     pub(crate) place_ttl: Duration,
@@ -60,12 +100,14 @@ pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
     .arg(args.held_fence)
     .arg(args.depth)
     .arg(millis(args.fence_ttl))
-    .arg(args.request)
-    .arg(if args.waited { "1" } else { "0" });
+    .arg(args.request);
     if keys.fair.is_some() {
+        // The fair lock's waiters queue in Redis: no hand-over window.
+        let call = call.arg(if args.asking.waited() { "1" } else { "0" });
         call.arg(millis(args.place_ttl)).arg(args.arrival)
     } else {
-        call.arg(args.proposed_token)
+        call.arg(args.asking.arg())
+            .arg(args.proposed_token)
             .arg(args.reserve)
             .arg(if args.free_only { "1" } else { "0" })
     }
@@ -96,8 +138,8 @@ pub(crate) struct ManyArgs<'a> {
     pub(crate) fence_ttl: Duration,
     /// The request's number, for undoing each name if the reply is lost.
     pub(crate) request: u64,
-    /// Whether the caller has been waiting (others may wait behind it).
-    pub(crate) waited: bool,
+    /// Whether the caller has been waiting, or never will.
+    pub(crate) asking: Asking,
     /// A quorum's proposed fencing token (0: none): every name taken
     /// afresh gets a token at least this.
     pub(crate) proposed_token: u64,
@@ -116,7 +158,7 @@ pub(crate) fn acquire_many(names: &[ManyName<'_>], args: ManyArgs<'_>) -> Call {
         .arg(args.identity)
         .arg(millis(args.fence_ttl))
         .arg(args.request)
-        .arg(if args.waited { "1" } else { "0" })
+        .arg(args.asking.arg())
         .arg(args.proposed_token)
         .arg(args.reserve);
     for name in names {
@@ -178,6 +220,7 @@ pub(crate) fn release(
         .arg(guards_left)
         .arg(millis(lease))
         .arg(millis(baton_ttl))
+        .arg(millis(HAND_OVER_WINDOW))
 }
 
 /// Each release of `batch` (plain locks of one cluster slot, or on one
@@ -191,7 +234,7 @@ pub(crate) fn release_many(
     for (keys, ..) in batch {
         call = call.key(&keys.lock).key(&keys.baton);
     }
-    call = call.arg(millis(baton_ttl));
+    call = call.arg(millis(baton_ttl)).arg(millis(HAND_OVER_WINDOW));
     for &(_, identity, fence, guards_left, lease) in batch {
         call = call
             .arg(identity)

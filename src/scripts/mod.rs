@@ -42,16 +42,20 @@ macro_rules! scripts {
 
 scripts! {
     /// Take, re-enter, or report the holder's remaining lease.
-    ACQUIRE => "lock/acquire.lua" with ["lib/next_fence.lua", "lib/lease.lua"];
+    ACQUIRE => "lock/acquire.lua"
+        with ["lib/next_fence.lua", "lib/lease.lua", "lib/hand_over.lua"];
     /// Take several locks of one slot at once, all or none (the multi-lock).
-    ACQUIRE_MANY => "lock/acquire_many.lua" with ["lib/next_fence.lua", "lib/lease.lua"];
+    ACQUIRE_MANY => "lock/acquire_many.lua"
+        with ["lib/next_fence.lua", "lib/lease.lua", "lib/hand_over.lua"];
     /// The last release of a holder, handing the lock to a local waiter.
     HANDOFF => "lock/handoff.lua" with ["lib/next_fence.lua"];
     /// Undo one level; the last level deletes the lock and pushes the baton.
-    RELEASE => "lock/release.lua" with ["lib/lease.lua", "lib/baton.lua"];
+    RELEASE => "lock/release.lua"
+        with ["lib/lease.lua", "lib/baton.lua", "lib/hand_over.lua"];
     /// A Redlock quorum's releases of a multi-lock's names on one master,
     /// each as `RELEASE` does it.
-    RELEASE_MANY => "lock/release_many.lua" with ["lib/lease.lua", "lib/baton.lua"];
+    RELEASE_MANY => "lock/release_many.lua"
+        with ["lib/lease.lua", "lib/baton.lua", "lib/hand_over.lua"];
     /// Undo the ownership a request whose reply was lost may have created.
     RELEASE_REQUEST => "lock/release_request.lua" with ["lib/baton.lua"];
     /// Administrative release of whoever holds the lock.

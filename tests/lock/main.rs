@@ -6,6 +6,7 @@
 mod support;
 
 mod at_scale;
+mod barging;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod errors;

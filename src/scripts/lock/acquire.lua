@@ -13,8 +13,10 @@
 -- ARGV[5]  TTL of the fence counter in milliseconds
 -- ARGV[6]  this request's number, unique within the caller's client: lets a
 --          request whose reply was lost be undone (release_request.lua)
--- ARGV[7]  "1" when the caller has been waiting for the lock (others may
---          wait behind it), else "0"
+-- ARGV[7]  how the caller asks: the microseconds it has been asking when
+--          it has been waiting for the lock (others may wait behind it),
+--          "-1" when it will not wait (a try_lock), else "0" (the first
+--          attempt of a call that waits if it must); see lib/hand_over.lua
 -- ARGV[8]  a quorum's proposed fencing token ("0": none), see next_fence
 -- ARGV[9]  tokens to set aside above a fresh ownership's for the caller's
 --          process to number in-memory hand-offs with ("0": none), see
@@ -36,7 +38,9 @@
 -- the uncontended cycle does not pay for waking nobody. The mark is never
 -- cleared while the key lives. `seen` marks only the former (another caller
 -- found this ownership in its way): a quorum's undo of a minority grant
--- wakes a waiter only then (release_request.lua).
+-- wakes a waiter only then (release_request.lua). `queued` marks an
+-- ownership a caller that has waited found in its way: its release opens
+-- the hand-over window (lib/hand_over.lua).
 --
 -- The depth is set from ARGV, not incremented, so the stored count always
 -- mirrors the caller's live guards. Re-entry never shortens the lease
@@ -44,11 +48,15 @@
 -- token of a live guard is a leftover (a release whose reply was lost): it
 -- is taken afresh with a new token instead of being re-entered.
 --
+-- A lock in its hand-over window (`handover`, see lib/hand_over.lua) is
+-- free to a caller that asked before it opened (or will not wait), and
+-- held for its time left to anyone else.
+--
 -- Errors come before any write: HMGET fails with WRONGTYPE when the lock key
 -- is not a hash, next_fence when the fence key is not an integer.
--- next_fence and extend_lease come from lib/, prepended when the script is
--- built.
-local held = redis.call('HMGET', KEYS[1], 'flag', 'fence')
+-- next_fence, extend_lease and may_take come from lib/, prepended when the
+-- script is built.
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'handover')
 
 if held[1] == ARGV[1] and held[2] == ARGV[3] then
   redis.call('HSET', KEYS[1], 'count', ARGV[4])
@@ -56,12 +64,20 @@ if held[1] == ARGV[1] and held[2] == ARGV[3] then
   return {1, tonumber(held[2]), tonumber(ARGV[4])}
 end
 
+local asking = tonumber(ARGV[7])
+if held[3] and not may_take(held[3], asking) then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+
 if held[1] == false or (held[1] == ARGV[1] and ARGV[10] ~= '1') then
   local fence, err, token = next_fence(KEYS[2], ARGV[5], ARGV[8], ARGV[9])
   if err then
     return err
   end
-  if ARGV[7] == '1' then
+  if held[3] then
+    redis.call('DEL', KEYS[1])
+  end
+  if asking > 0 then
     redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6], 'waited', '1')
   else
     redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6])
@@ -70,5 +86,9 @@ if held[1] == false or (held[1] == ARGV[1] and ARGV[10] ~= '1') then
   return {1, fence, 1}
 end
 
-redis.call('HSET', KEYS[1], 'waited', 1, 'seen', 1)
+if asking > 0 then
+  redis.call('HSET', KEYS[1], 'waited', 1, 'seen', 1, 'queued', 1)
+else
+  redis.call('HSET', KEYS[1], 'waited', 1, 'seen', 1)
+end
 return {0, redis.call('PTTL', KEYS[1])}

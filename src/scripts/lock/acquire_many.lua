@@ -9,7 +9,7 @@
 -- ARGV[2]     TTL of the fence counters in milliseconds
 -- ARGV[3]     this request's number (release_request.lua undoes each name
 --             it took, by name, if the reply is lost)
--- ARGV[4]     "1" when the caller has been waiting, else "0"
+-- ARGV[4]     how the caller asks, as acquire.lua's ARGV[7]
 -- ARGV[5]     a Redlock quorum's proposed fencing token ("0": none), for
 --             every name the caller has no live guards of (see acquire.lua
 --             and next_fence): when each master of a majority issues the
@@ -34,24 +34,36 @@
 -- An error (WRONGTYPE on a lock or a fence key) comes before any lock is
 -- written, so it leaves every name as it was (a fence counter may have
 -- moved ahead): all or none holds for errors too.
--- Only the first name in the way gets the `waited` and `seen` marks (see
--- acquire.lua): the caller parks on that name's baton, and a mark on the
--- others would make their releases push batons nobody waits for.
--- next_fence and extend_lease come from lib/, prepended when the script is
--- built.
+-- Only the first name in the way gets the `waited`, `seen` and `queued`
+-- marks (see acquire.lua): the caller parks on that name's baton, and a mark
+-- on the others would make their releases push batons nobody waits for.
+-- A name in its hand-over window is taken as acquire.lua takes it.
+-- next_fence, extend_lease and may_take come from lib/, prepended when the
+-- script is built.
 local identity = ARGV[1]
+local asking = tonumber(ARGV[4])
 local names = #KEYS / 2
 local reenter = {}
+-- The names in their hand-over window.
+local window = {}
 
 for i = 1, names do
   local lock = KEYS[2 * i - 1]
-  local held = redis.call('HMGET', lock, 'flag', 'fence')
+  local held = redis.call('HMGET', lock, 'flag', 'fence', 'handover')
   local mine = ARGV[5 * i + 3]
   if mine ~= '0' and held[1] == ARGV[5 * i + 5] and held[2] == mine then
     reenter[i] = true
-  elseif held[1] ~= false and (held[1] ~= identity or ARGV[5 * i + 6] == '1') then
-    redis.call('HSET', lock, 'waited', 1, 'seen', 1)
+  elseif held[3] and not may_take(held[3], asking) then
     return {0, i, redis.call('PTTL', lock)}
+  elseif held[1] ~= false and (held[1] ~= identity or ARGV[5 * i + 6] == '1') then
+    if asking > 0 then
+      redis.call('HSET', lock, 'waited', 1, 'seen', 1, 'queued', 1)
+    else
+      redis.call('HSET', lock, 'waited', 1, 'seen', 1)
+    end
+    return {0, i, redis.call('PTTL', lock)}
+  elseif held[3] then
+    window[i] = true
   end
 end
 
@@ -92,7 +104,10 @@ for i = 1, names do
     reply[#reply + 1] = tonumber(depth)
   else
     local token = tokens[i][2]
-    if ARGV[4] == '1' then
+    if window[i] then
+      redis.call('DEL', lock)
+    end
+    if asking > 0 then
       redis.call('HSET', lock, 'flag', identity, 'count', '1', 'fence', token, 'req', ARGV[3], 'waited', '1')
     else
       redis.call('HSET', lock, 'flag', identity, 'count', '1', 'fence', token, 'req', ARGV[3])

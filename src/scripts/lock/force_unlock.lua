@@ -14,6 +14,10 @@ end
 if lock_type ~= 'hash' then
   return redis.error_reply('WRONGTYPE lock key ' .. KEYS[1] .. ' holds a ' .. lock_type .. ', not a hash')
 end
+-- A lock in its hand-over window (lib/hand_over.lua) is held by nobody.
+if redis.call('HEXISTS', KEYS[1], 'flag') == 0 then
+  return 0
+end
 local err = baton_error(KEYS[2])
 if err then
   return err

@@ -9,6 +9,8 @@
 -- ARGV[4]  the ownership's lease in milliseconds: an inner release makes
 --          the lock live at least this long (never shorter than it would)
 -- ARGV[5]  baton TTL in milliseconds
+-- ARGV[6]  the hand-over window in milliseconds ("0": none), opened when
+--          a waiter found this ownership in its way (lib/hand_over.lua)
 --
 -- Returns -1     the caller does not own the lock (its lease ran out, or it was
 --                force-unlocked); nothing was changed. The fence is part of
@@ -21,8 +23,8 @@
 --
 -- The depth is set from ARGV, not decremented, so sending the same release
 -- twice leaves the same state: a release never takes off two levels.
--- extend_lease, baton_error and push_baton come from lib/.
-local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'waited')
+-- extend_lease, baton_error, push_baton and hand_over come from lib/.
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'waited', 'queued')
 if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
   return -1
 end
@@ -43,5 +45,8 @@ if err then
   return err
 end
 redis.call('DEL', KEYS[1])
+if held[4] then
+  hand_over(KEYS[1], ARGV[6])
+end
 push_baton(KEYS[2], ARGV[5])
 return 0

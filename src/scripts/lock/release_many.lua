@@ -8,11 +8,12 @@
 -- KEYS[2i-1]  lock key of name i   (hash: flag, count, fence, req, waited)
 -- KEYS[2i]    baton key of name i  (list holding at most one "ok" token)
 -- ARGV[1]     baton TTL in milliseconds
--- then per name i, from ARGV[2]:
--- ARGV[4i-2]  identity of the caller
--- ARGV[4i-1]  fencing token of the caller's ownership of name i
--- ARGV[4i]    the caller's live guards of name i after this release
--- ARGV[4i+1]  the ownership's lease in milliseconds
+-- ARGV[2]     the hand-over window in milliseconds, as release.lua's
+-- then per name i, from ARGV[3]:
+-- ARGV[4i-1]  identity of the caller
+-- ARGV[4i]    fencing token of the caller's ownership of name i
+-- ARGV[4i+1]  the caller's live guards of name i after this release
+-- ARGV[4i+2]  the ownership's lease in milliseconds
 --
 -- Returns one reply per name, in order: release.lua's (-1 not the owner,
 -- depth > 0 an inner release, 0 freed), or, when the name's baton key is
@@ -20,14 +21,14 @@
 -- an error reply inside the array would fail the whole reply, and with it
 -- the other names' answers.
 --
--- Keep in step with release.lua. extend_lease, baton_error and push_baton
--- come from lib/.
+-- Keep in step with release.lua. extend_lease, baton_error, push_baton and
+-- hand_over come from lib/.
 local reply = {}
 for i = 1, #KEYS / 2 do
   local lock, baton = KEYS[2 * i - 1], KEYS[2 * i]
-  local identity, fence = ARGV[4 * i - 2], ARGV[4 * i - 1]
-  local depth, lease = tonumber(ARGV[4 * i]), ARGV[4 * i + 1]
-  local held = redis.call('HMGET', lock, 'flag', 'fence', 'waited')
+  local identity, fence = ARGV[4 * i - 1], ARGV[4 * i]
+  local depth, lease = tonumber(ARGV[4 * i + 1]), ARGV[4 * i + 2]
+  local held = redis.call('HMGET', lock, 'flag', 'fence', 'waited', 'queued')
   if held[1] ~= identity or held[2] ~= fence then
     reply[i] = -1
   elseif depth > 0 then
@@ -43,6 +44,9 @@ for i = 1, #KEYS / 2 do
       reply[i] = err['err']
     else
       redis.call('DEL', lock)
+      if held[4] then
+        hand_over(lock, ARGV[2])
+      end
       push_baton(baton, ARGV[1])
       reply[i] = 0
     end

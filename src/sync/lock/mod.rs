@@ -22,7 +22,7 @@ use crate::keys::LockKeys;
 use crate::lease::{earlier, Claim, Grant, LeaseMode, Leased, RenewLeases};
 use crate::observe::{Acquisition, Event, HoldKind, LostSignal};
 use crate::parking::{self, Attempt, Waited};
-use crate::scripts::lock::AcquireArgs;
+use crate::scripts::lock::{AcquireArgs, Asking};
 use crate::scripts::reply::AcquireReply;
 
 pub use guard::LockGuard;
@@ -228,7 +228,7 @@ impl Lock {
             .context
             .identity()
             .map_err(|err| self.failed(start, err))?;
-        let attempt = self.attempt(&identity, false, &mut 0);
+        let attempt = self.attempt(&identity, Asking::Once, &mut 0);
         match attempt.map_err(|err| self.failed(start, err))? {
             Attempt::Acquired(guard) => {
                 Ok(Some(self.acquired(guard, start, Acquisition::FirstAttempt)))
@@ -325,7 +325,7 @@ impl Lock {
         Ok(value)
     }
 
-    /// Whether anyone holds the lock right now. One `EXISTS`; the answer may
+    /// Whether anyone holds the lock right now. One `HEXISTS`; the answer may
     /// be stale by the time it arrives.
     ///
     /// # Errors
@@ -403,6 +403,9 @@ impl Lock {
         last: bool,
         start: Option<Instant>,
     ) -> Result<Option<LockGuard>, Error> {
+        // When this call started asking: a lock in its hand-over window is
+        // taken only by a caller that asked before the window opened.
+        let asked = Instant::now();
         let context = &self.context;
         let identity =
             parking::ride_out(deadline, context.config.io_timeout, || context.identity())
@@ -415,7 +418,7 @@ impl Lock {
             .held(&self.keys.lock, &identity)
             .is_some();
         if holds || !context.lock_room.has_waiters(&self.keys.baton) {
-            match self.attempt(&identity, false, &mut 0) {
+            match self.attempt(&identity, Asking::First, &mut 0) {
                 Ok(Attempt::Acquired(guard)) => {
                     return Ok(Some(self.acquired(guard, start, Acquisition::FirstAttempt)))
                 }
@@ -438,7 +441,7 @@ impl Lock {
         let wait_key = self.wait_key(&identity);
         // A fair waiter keeps its place by coming back every park.
         let watch = self.keys.fair.is_none().then_some(self.keys.lock.as_str());
-        let attempt = || self.attempt(&identity, true, &mut arrival);
+        let attempt = || self.attempt(&identity, Asking::Waited(asked.elapsed()), &mut arrival);
         let room = &context.lock_room;
         let waited = match deadline {
             Some(until) if !last => {
@@ -568,7 +571,7 @@ impl Lock {
     fn attempt(
         &self,
         identity: &Arc<str>,
-        waited: bool,
+        asking: Asking,
         arrival: &mut u64,
     ) -> Result<Attempt<LockGuard>, Error> {
         // Re-entry is granted only to the ownership this thread's live guards
@@ -590,7 +593,7 @@ impl Lock {
             depth: guards + 1,
             fence_ttl: self.context.config.fence_ttl,
             request,
-            waited,
+            asking,
             place_ttl: self.context.config.place_ttl(),
             arrival: *arrival,
             proposed_token: 0,

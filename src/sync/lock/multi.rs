@@ -21,7 +21,7 @@ use crate::error::Error;
 use crate::lease::{earlier, Claim, Held, LeaseMode};
 use crate::observe::{Acquisition, Event};
 use crate::parking::{self, Attempt, Waited};
-use crate::scripts::lock::{ManyArgs, ManyName};
+use crate::scripts::lock::{Asking, ManyArgs, ManyName};
 use crate::scripts::reply::ManyReply;
 
 /// A handle on several distributed locks taken together, made by
@@ -224,7 +224,7 @@ impl MultiLock {
             .context
             .identity()
             .map_err(|err| self.failed(start, err))?;
-        let attempt = self.attempt(&identity, false);
+        let attempt = self.attempt(&identity, Asking::Once);
         match attempt.map_err(|err| self.failed(start, err))? {
             Tried::Acquired(guard) => {
                 if let Some(start) = start {
@@ -338,6 +338,8 @@ impl MultiLock {
         deadline: Option<Instant>,
         first_attempt: &mut bool,
     ) -> Result<Option<MultiLockGuard>, Error> {
+        // When this call started asking (see `Lock::acquire_from`).
+        let asked = Instant::now();
         let context = &self.context;
         let identity =
             parking::ride_out(deadline, context.config.io_timeout, || context.identity())?;
@@ -353,7 +355,7 @@ impl MultiLock {
         });
         let mut index = match queued {
             Some(index) => index,
-            None => match self.attempt(&identity, false) {
+            None => match self.attempt(&identity, Asking::First) {
                 Ok(Tried::Acquired(guard)) => return Ok(Some(guard)),
                 Ok(Tried::Held { index, .. }) => index,
                 // The wait loop rides out a failing Redis within the
@@ -379,20 +381,23 @@ impl MultiLock {
                 takes_passed: false,
             };
             let attempt = || {
-                Ok(match self.attempt(&identity, true)? {
+                let asking = Asking::Waited(asked.elapsed());
+                Ok(match self.attempt(&identity, asking)? {
                     Tried::Acquired(guard) => Attempt::Acquired(Step::Done(guard)),
                     Tried::Held {
                         index: other,
                         lease_left,
                     } if other == index => Attempt::Held { lease_left },
                     Tried::Held { index: other, .. } => {
-                        if other > index {
-                            // This name was free (the set's names are
-                            // tried in order) and its release's one baton
-                            // may have woken this waiter: pass it on to
-                            // the name's other waiters.
-                            lock.raw.pass_baton(&lock.keys);
-                        }
+                        // This waiter leaves this name for another, and the
+                        // name's release's one baton may have woken it:
+                        // pass it on to the name's other waiters (in other
+                        // processes, for whom the release may have opened
+                        // a hand-over window). A name before `other` in the
+                        // set's order was free; one after it was not
+                        // tried, and the baton may wake a waiter who finds
+                        // it held and parks again.
+                        lock.raw.pass_baton(&lock.keys);
                         Attempt::Acquired(Step::Moved(other))
                     }
                 })
@@ -423,7 +428,7 @@ impl MultiLock {
                     // handed-over guard go, leaving the set's guard, or
                     // nothing, behind.
                     let granted = lock.granted(&identity, grant);
-                    let tried = self.attempt(&identity, true);
+                    let tried = self.attempt(&identity, Asking::Waited(asked.elapsed()));
                     drop(granted);
                     match tried {
                         Ok(Tried::Acquired(guard)) => return Ok(Some(guard)),
@@ -537,7 +542,7 @@ impl MultiLock {
     /// One attempt at the whole set: slot group after slot group in the
     /// global order; a group that finds a name held undoes the groups
     /// taken before it (released in reverse order).
-    fn attempt(&self, identity: &Arc<str>, waited: bool) -> Result<Tried, Error> {
+    fn attempt(&self, identity: &Arc<str>, asking: Asking) -> Result<Tried, Error> {
         // Dropped on the way out when a group fails: the groups taken
         // before it are released, last first.
         let mut taken = MultiLockGuard {
@@ -546,7 +551,7 @@ impl MultiLock {
             groups: Vec::with_capacity(self.groups.len()),
         };
         for group in &self.groups {
-            if let Some(held) = self.attempt_group(identity, waited, group, &mut taken.guards)? {
+            if let Some(held) = self.attempt_group(identity, asking, group, &mut taken.guards)? {
                 return Ok(held);
             }
             taken.groups.push(group.len());
@@ -560,7 +565,7 @@ impl MultiLock {
     fn attempt_group(
         &self,
         identity: &Arc<str>,
-        waited: bool,
+        asking: Asking,
         group: &[usize],
         taken: &mut Vec<LockGuard>,
     ) -> Result<Option<Tried>, Error> {
@@ -604,7 +609,7 @@ impl MultiLock {
             identity,
             fence_ttl: context.config.fence_ttl,
             request,
-            waited,
+            asking,
             proposed_token: 0,
             reserve: super::guard::reserve(context, &**raw),
         };

@@ -706,7 +706,9 @@ impl RawLock for DeploymentLock {
 
     fn is_locked(&self, keys: &LockKeys) -> Result<bool, Error> {
         self.backend.run(&keys.lock, &keys.name, |c| {
-            redis::cmd("EXISTS").arg(&keys.lock).query(c)
+            // The field, not the key: a lock in its hand-over window
+            // (`lib/hand_over.lua`) is a key without a holder.
+            redis::cmd("HEXISTS").arg(&keys.lock).arg("flag").query(c)
         })
     }
 
