@@ -61,8 +61,15 @@ pub(crate) enum Attempt<T> {
     /// Ours.
     Acquired(T),
     /// Someone else holds it; their lease ends in `lease_left` (`None`: no
-    /// expiry, so only a release will free it).
-    Held { lease_left: Option<Duration> },
+    /// expiry, so only a release will free it). `handing_over`: nobody
+    /// holds it, but it is kept for `lease_left` for a waiter that asked
+    /// before this caller (a plain lock's hand-over window): the caller
+    /// sleeps that long without parking, so as not to take the baton
+    /// meant for that waiter.
+    Held {
+        lease_left: Option<Duration>,
+        handing_over: bool,
+    },
 }
 
 /// How a wait ended.
@@ -273,9 +280,29 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
                     member.end_unconfirmed_run();
                     return Ok(Waited::Acquired(value));
                 }
-                Ok(Attempt::Held { lease_left }) => {
+                Ok(Attempt::Held {
+                    lease_left,
+                    handing_over,
+                }) => {
                     if let Err(err) = failures.answered(deadline) {
                         return Err(*err);
+                    }
+                    if handing_over {
+                        // Parked, this waiter could pop the baton that
+                        // wakes the waiter the lock is kept for, and not
+                        // use it. The window is short (the lock's
+                        // `HAND_OVER_WINDOW`); the sleep ends at the
+                        // deadline at the latest, and a look after it
+                        // comes as after any park.
+                        let now = Instant::now();
+                        if deadline.is_some_and(|deadline| now >= deadline) {
+                            return Ok(Waited::TimedOut);
+                        }
+                        let left = lease_left.unwrap_or(Duration::ZERO);
+                        let until =
+                            deadline.map_or(now + left, |deadline| deadline.min(now + left));
+                        std::thread::sleep(until.saturating_duration_since(now));
+                        continue;
                     }
                     lease_left
                 }

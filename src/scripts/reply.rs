@@ -13,10 +13,13 @@ pub(crate) enum AcquireReply {
     /// Held by another identity, whose lease ends in `lease_left` (`None`:
     /// the key has no expiry). `arrival`: a fair lock's waiter's arrival
     /// in the queue (server µs; 0 for none, and for the plain lock), sent
-    /// back with its next attempts.
+    /// back with its next attempts. `handing_over`: nobody holds the plain
+    /// lock, which is kept for `lease_left` for a waiter that asked before
+    /// the caller (its hand-over window).
     Held {
         lease_left: Option<Duration>,
         arrival: u64,
+        handing_over: bool,
     },
 }
 
@@ -28,9 +31,17 @@ impl FromRedisValue for AcquireReply {
                 fence: fence.unsigned_abs(),
                 depth: depth.unsigned_abs(),
             }),
+            // A plain lock's hand-over window: `-1` where a fair lock's
+            // arrival goes.
+            [0, pttl, -1] => Ok(AcquireReply::Held {
+                lease_left: u64::try_from(pttl).ok().map(Duration::from_millis),
+                arrival: 0,
+                handing_over: true,
+            }),
             [0, pttl] | [0, pttl, _] => Ok(AcquireReply::Held {
                 lease_left: u64::try_from(pttl).ok().map(Duration::from_millis),
                 arrival: reply.get(2).map_or(0, |arrival| arrival.unsigned_abs()),
+                handing_over: false,
             }),
             _ => Err(unexpected("lock/acquire.lua", &reply)),
         }
@@ -44,10 +55,13 @@ pub(crate) enum ManyReply {
     /// order of the call's names.
     Acquired(Vec<(u64, u64)>),
     /// The name at `index` (0-based) is held by another identity, whose
-    /// lease ends in `lease_left` (`None`: no expiry). Nothing was taken.
+    /// lease ends in `lease_left` (`None`: no expiry), or (`handing_over`)
+    /// kept that long in its hand-over window for a waiter that asked
+    /// before the caller. Nothing was taken.
     Held {
         index: usize,
         lease_left: Option<Duration>,
+        handing_over: bool,
     },
 }
 
@@ -55,9 +69,10 @@ impl FromRedisValue for ManyReply {
     fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
         let reply: Vec<i64> = FromRedisValue::from_redis_value(value)?;
         match reply[..] {
-            [0, index, pttl] if index >= 1 => Ok(ManyReply::Held {
+            [0, index, pttl] | [0, index, pttl, -1] if index >= 1 => Ok(ManyReply::Held {
                 index: usize::try_from(index - 1).unwrap_or(usize::MAX),
                 lease_left: u64::try_from(pttl).ok().map(Duration::from_millis),
+                handing_over: reply.len() == 4,
             }),
             [1, ref pairs @ ..] if !pairs.is_empty() && pairs.len() % 2 == 0 => {
                 Ok(ManyReply::Acquired(
@@ -260,14 +275,24 @@ mod tests {
             AcquireReply::from_redis_value(ints(&[0, -1])).unwrap(),
             AcquireReply::Held {
                 lease_left: None,
-                arrival: 0
+                arrival: 0,
+                handing_over: false
+            }
+        );
+        assert_eq!(
+            AcquireReply::from_redis_value(ints(&[0, 80, -1])).unwrap(),
+            AcquireReply::Held {
+                lease_left: Some(Duration::from_millis(80)),
+                arrival: 0,
+                handing_over: true
             }
         );
         assert_eq!(
             AcquireReply::from_redis_value(ints(&[0, 5, 1_700_000_000_000_000])).unwrap(),
             AcquireReply::Held {
                 lease_left: Some(Duration::from_millis(5)),
-                arrival: 1_700_000_000_000_000
+                arrival: 1_700_000_000_000_000,
+                handing_over: false
             }
         );
         let fair = |head: &str| {
@@ -298,17 +323,34 @@ mod tests {
             ManyReply::from_redis_value(ints(&[0, 2, 900])).unwrap(),
             ManyReply::Held {
                 index: 1,
-                lease_left: Some(Duration::from_millis(900))
+                lease_left: Some(Duration::from_millis(900)),
+                handing_over: false
+            }
+        );
+        assert_eq!(
+            ManyReply::from_redis_value(ints(&[0, 2, 60, -1])).unwrap(),
+            ManyReply::Held {
+                index: 1,
+                lease_left: Some(Duration::from_millis(60)),
+                handing_over: true
             }
         );
         assert_eq!(
             ManyReply::from_redis_value(ints(&[0, 1, -1])).unwrap(),
             ManyReply::Held {
                 index: 0,
-                lease_left: None
+                lease_left: None,
+                handing_over: false
             }
         );
-        for bad in [&[1][..], &[1, 42], &[0, 0, 5], &[0, 1], &[2, 1, 1]] {
+        for bad in [
+            &[1][..],
+            &[1, 42],
+            &[0, 0, 5],
+            &[0, 1],
+            &[2, 1, 1],
+            &[0, 1, 5, 3],
+        ] {
             assert!(ManyReply::from_redis_value(ints(bad)).is_err(), "{bad:?}");
         }
         assert_eq!(

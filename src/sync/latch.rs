@@ -237,7 +237,10 @@ impl CountDownLatch {
                     Look::Open => Attempt::Acquired(()),
                     // Nothing expires: wait for the token (or the maximum
                     // park time).
-                    Look::Counting { .. } => Attempt::Held { lease_left: None },
+                    Look::Counting { .. } => Attempt::Held {
+                        lease_left: None,
+                        handing_over: false,
+                    },
                 })
             },
         )?;

@@ -152,6 +152,72 @@ fn a_waiter_that_moves_on_passes_the_wake_up_it_took_on() {
     assert!(waiting.joined(), "the set got both");
 }
 
+/// A thread that releases a name and asks for it again at once queues
+/// behind a set waiter of its own client parked on that name. The set,
+/// woken, finds its other name held and moves on, passing the baton on;
+/// the releasing thread, now first in its client's queue, must not take
+/// the name ahead of another client's waiter that was parked for it all
+/// along (it asked after the release's hand-over window opened), nor,
+/// refused, take the baton passed on to that waiter (it sleeps out the
+/// window instead of parking). Without the first rule it takes the name
+/// whenever its own client's look pops the baton first, about one round
+/// in two; without the second, about one round in twenty.
+#[test]
+fn a_releaser_queued_behind_its_own_set_waiter_does_not_take_the_name_from_another_clients_waiter()
+{
+    const ROUNDS: usize = 10;
+    let server = RedisServer::start();
+    let (home, away, blocker) = (patient(&server), patient(&server), client(&server));
+    for round in 0..ROUNDS {
+        let (a, b) = (format!("turn-a-{round}"), format!("turn-b-{round}"));
+        let base = parked(&server);
+        let again = home.lock(&b).unwrap();
+        let held_b = again.lock().unwrap();
+        // `a` free, `b` held: the set parks on `b`.
+        let set = home
+            .multi_lock([a.as_str(), b.as_str()])
+            .unwrap()
+            .hold_back_after(Duration::MAX);
+        let set_waiter =
+            thread::spawn(move || set.try_lock_for(Duration::from_secs(20)).unwrap().is_some());
+        eventually(Duration::from_secs(5), "the set parks on b", || {
+            parked(&server) == base + 1
+        });
+        let (tx, order) = mpsc::channel();
+        let away_lock = away.lock(&b).unwrap();
+        let away_tx = tx.clone();
+        let away_waiter = thread::spawn(move || {
+            let guard = away_lock.try_lock_for(Duration::from_secs(20)).unwrap();
+            away_tx.send(("away", Instant::now())).unwrap();
+            thread::sleep(Duration::from_millis(20));
+            guard.is_some()
+        });
+        eventually(
+            Duration::from_secs(5),
+            "the other client parks on b",
+            || parked(&server) == base + 2,
+        );
+        let held_a = blocker.lock(&a).unwrap().lock().unwrap();
+        let released = Instant::now();
+        held_b.unlock().unwrap();
+        let taken_again = again.try_lock_for(Duration::from_secs(20)).unwrap();
+        tx.send(("home", Instant::now())).unwrap();
+        assert!(taken_again.is_some());
+        drop(taken_again);
+        assert!(away_waiter.joined(), "the other client's waiter got b");
+        let (first, at) = order.recv().unwrap();
+        drop(held_a);
+        assert!(set_waiter.joined(), "the set got both");
+        assert_eq!(
+            first,
+            "away",
+            "round {round}: the releasing thread took b again, {:?} after its release, ahead \
+             of the waiter parked for it",
+            at - released
+        );
+    }
+}
+
 /// A waiter whose deadline passes returns `None` holding nothing.
 #[test]
 fn a_deadline_ends_the_wait_with_nothing_held() {

@@ -7,15 +7,17 @@
 -- would starve. For `ms` after such a release the lock key holds only
 -- `handover` (no `flag`: nobody holds it), the server time (µs) the window
 -- opened. A caller that has been asking since before then takes it as a
--- free lock. A caller that started asking later (a newcomer, or a thread
--- that queued behind its own process's waiters after the release) is told
--- it is held for what is left of the window, and parks: by causality, a
--- call that began after its thread saw the release reply has asked for less
--- time than the window has been open when its attempt arrives. A `try_lock`,
--- which would not wait, takes the lock in its window. A woken waiter that
--- never comes (its process died, or its wait ended) costs the others at most
--- the window. A first attempt or a `try_lock` that finds the lock held does
--- not mark it `queued`: a lock nobody has parked for is free at its release.
+-- free lock; by causality, a call that began after its thread saw the
+-- release reply has asked for less time than the window has been open when
+-- its attempt arrives. A caller that started asking later (a newcomer, or a
+-- thread that queued behind its own process's waiters after the release) is
+-- told what is left of the window ({0, pttl, -1}) and sleeps that long
+-- without parking, so as not to pop the baton meant for the waiter. A
+-- `try_lock`, which would not wait, takes the lock in its window. A woken
+-- waiter that never comes (its process died, or its wait ended) costs the
+-- others at most the window. A first attempt or a `try_lock` that finds the
+-- lock held does not mark it `queued`: a lock nobody has parked for is free
+-- at its release.
 --
 -- The scripts tell callers apart by one number, `asking`: -1 a try_lock, 0
 -- a first attempt, else the microseconds the caller has been asking.

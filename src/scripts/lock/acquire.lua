@@ -30,6 +30,8 @@
 -- Returns {1, fence, depth}  acquired: fresh (depth 1) or re-entered
 --         {0, pttl}          held by another identity; pttl is the lock key's
 --                            remaining lease in ms (-1 when it has none)
+--         {0, pttl, -1}      in its hand-over window for pttl ms more, kept
+--                            for a caller that asked before this one
 --
 -- `waited` marks an ownership whose release must push a baton: an attempt
 -- that finds the lock held sets it (the caller may park next), and so does
@@ -66,7 +68,7 @@ end
 
 local asking = tonumber(ARGV[7])
 if held[3] and not may_take(held[3], asking) then
-  return {0, redis.call('PTTL', KEYS[1])}
+  return {0, redis.call('PTTL', KEYS[1]), -1}
 end
 
 if held[1] == false or (held[1] == ARGV[1] and ARGV[10] ~= '1') then

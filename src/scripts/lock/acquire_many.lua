@@ -30,6 +30,8 @@
 -- Returns {1, fence1, depth1, fence2, depth2, ...}  every name acquired
 --         {0, i, pttl}  name i (1-based) is held by another identity, with
 --                       pttl ms of lease left (-1: none); nothing was taken
+--         {0, i, pttl, -1}  name i is in its hand-over window for pttl ms
+--                       more, kept for a caller that asked before this one
 --
 -- An error (WRONGTYPE on a lock or a fence key) comes before any lock is
 -- written, so it leaves every name as it was (a fence counter may have
@@ -54,7 +56,7 @@ for i = 1, names do
   if mine ~= '0' and held[1] == ARGV[5 * i + 5] and held[2] == mine then
     reenter[i] = true
   elseif held[3] and not may_take(held[3], asking) then
-    return {0, i, redis.call('PTTL', lock)}
+    return {0, i, redis.call('PTTL', lock), -1}
   elseif held[1] ~= false and (held[1] ~= identity or ARGV[5 * i + 6] == '1') then
     if asking > 0 then
       redis.call('HSET', lock, 'waited', 1, 'seen', 1, 'queued', 1)

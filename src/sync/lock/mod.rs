@@ -612,11 +612,15 @@ impl Lock {
             Ok(AcquireReply::Held {
                 lease_left,
                 arrival: queued,
+                handing_over,
             }) => {
                 if *arrival == 0 {
                     *arrival = queued;
                 }
-                Ok(Attempt::Held { lease_left })
+                Ok(Attempt::Held {
+                    lease_left,
+                    handing_over,
+                })
             }
             Err(failed) => {
                 if failed.outcome_unknown {

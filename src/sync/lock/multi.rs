@@ -78,10 +78,12 @@ const HOLD_BACK_AFTER: Duration = Duration::from_millis(100);
 /// What one attempt at the whole set found.
 enum Tried {
     Acquired(MultiLockGuard),
-    /// `locks[index]` is held by another; nothing of the set is held.
+    /// `locks[index]` is held by another (or kept in its hand-over window
+    /// for a waiter that asked first); nothing of the set is held.
     Held {
         index: usize,
         lease_left: Option<Duration>,
+        handing_over: bool,
     },
 }
 
@@ -387,7 +389,11 @@ impl MultiLock {
                     Tried::Held {
                         index: other,
                         lease_left,
-                    } if other == index => Attempt::Held { lease_left },
+                        handing_over,
+                    } if other == index => Attempt::Held {
+                        lease_left,
+                        handing_over,
+                    },
                     Tried::Held { index: other, .. } => {
                         // This waiter leaves this name for another, and the
                         // name's release's one baton may have woken it:
@@ -624,9 +630,14 @@ impl MultiLock {
                 }
                 Ok(None)
             }
-            Ok(ManyReply::Held { index, lease_left }) => Ok(Some(Tried::Held {
+            Ok(ManyReply::Held {
+                index,
+                lease_left,
+                handing_over,
+            }) => Ok(Some(Tried::Held {
                 index: group[index],
                 lease_left,
+                handing_over,
             })),
             Err(failed) => {
                 if failed.outcome_unknown {

@@ -575,9 +575,12 @@ impl RawLock for QuorumLock {
                 .get(self.quorum() - 1)
                 .copied()
                 .filter(|l| *l != Duration::MAX);
+            // A window refused on some masters is waited out as a hold
+            // (a quorum's waiters park; see `lib/hand_over.lua`).
             return Ok(AcquireReply::Held {
                 lease_left,
                 arrival: 0,
+                handing_over: false,
             });
         }
         if granted.len() + errors.len() < self.quorum() || errors.is_empty() {
@@ -586,6 +589,7 @@ impl RawLock for QuorumLock {
             return Ok(AcquireReply::Held {
                 lease_left: Some(tie_break_delay()),
                 arrival: 0,
+                handing_over: false,
             });
         }
         Err(Failed {
@@ -673,7 +677,9 @@ impl RawLock for QuorumLock {
                     may_hold[master] = true;
                     granted.push(pairs);
                 }
-                Ok(ManyReply::Held { index, lease_left }) if index < count => {
+                Ok(ManyReply::Held {
+                    index, lease_left, ..
+                }) if index < count => {
                     held[index].push((master, lease_left.unwrap_or(Duration::MAX)));
                 }
                 Ok(_) => {
@@ -781,7 +787,11 @@ impl RawLock for QuorumLock {
                     .get(quorum - 1)
                     .copied()
                     .filter(|l| *l != Duration::MAX);
-                return Ok(ManyReply::Held { index, lease_left });
+                return Ok(ManyReply::Held {
+                    index,
+                    lease_left,
+                    handing_over: false,
+                });
             }
         }
         if granted.len() + errors.len() < quorum || errors.is_empty() {
@@ -790,6 +800,7 @@ impl RawLock for QuorumLock {
             return Ok(ManyReply::Held {
                 index: in_way.unwrap_or(0),
                 lease_left: Some(tie_break_delay()),
+                handing_over: false,
             });
         }
         let errors: Vec<&Error> = errors.iter().collect();

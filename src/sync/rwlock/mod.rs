@@ -526,7 +526,13 @@ impl RwLock {
         self.settle(Kind::Read, identity, mode, request, sent, reply)
             .map(|attempt| match attempt {
                 Attempt::Acquired(hold) => Attempt::Acquired(ReadGuard::new(hold)),
-                Attempt::Held { lease_left } => Attempt::Held { lease_left },
+                Attempt::Held {
+                    lease_left,
+                    handing_over,
+                } => Attempt::Held {
+                    lease_left,
+                    handing_over,
+                },
             })
     }
 
@@ -561,7 +567,13 @@ impl RwLock {
         self.settle(Kind::Write, identity, mode, request, sent, reply)
             .map(|attempt| match attempt {
                 Attempt::Acquired(hold) => Attempt::Acquired(WriteGuard::new(hold)),
-                Attempt::Held { lease_left } => Attempt::Held { lease_left },
+                Attempt::Held {
+                    lease_left,
+                    handing_over,
+                } => Attempt::Held {
+                    lease_left,
+                    handing_over,
+                },
             })
     }
 
@@ -599,7 +611,10 @@ impl RwLock {
                     acquired: self.context.observer().is_set().then(Instant::now),
                 }))
             }
-            Ok(RwAcquireReply::Held { lease_left }) => Ok(Attempt::Held { lease_left }),
+            Ok(RwAcquireReply::Held { lease_left }) => Ok(Attempt::Held {
+                lease_left,
+                handing_over: false,
+            }),
             Ok(RwAcquireReply::UpgradeRefused) => Err(self.upgrade_refused()),
             Ok(RwAcquireReply::NotHeld) => Err(Error::LockLost {
                 name: self.keys.name.clone(),

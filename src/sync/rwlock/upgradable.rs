@@ -201,7 +201,13 @@ impl RwLock {
                 Attempt::Acquired(hold) => {
                     Attempt::Acquired(UpgradableReadGuard::new(hold, self.clone()))
                 }
-                Attempt::Held { lease_left } => Attempt::Held { lease_left },
+                Attempt::Held {
+                    lease_left,
+                    handing_over,
+                } => Attempt::Held {
+                    lease_left,
+                    handing_over,
+                },
             })
     }
 
@@ -294,7 +300,13 @@ impl RwLock {
         self.settle(Kind::Write, identity, mode, request, sent, reply)
             .map(|attempt| match attempt {
                 Attempt::Acquired(hold) => Attempt::Acquired(WriteGuard::new(hold)),
-                Attempt::Held { lease_left } => Attempt::Held { lease_left },
+                Attempt::Held {
+                    lease_left,
+                    handing_over,
+                } => Attempt::Held {
+                    lease_left,
+                    handing_over,
+                },
             })
     }
 

@@ -452,8 +452,11 @@ impl Semaphore {
                 // Back when it may reserve, not at the end of a long park:
                 // a waiter for many permits is woken only when they are
                 // all free, which may be never until it reserves them.
-                Attempt::Held { lease_left } if !claim && until_claim < context.config.max_park => {
+                Attempt::Held { lease_left, .. }
+                    if !claim && until_claim < context.config.max_park =>
+                {
                     Attempt::Held {
+                        handing_over: false,
                         lease_left: Some(
                             lease_left.map_or(until_claim, |left| left.min(until_claim)),
                         ),
@@ -595,7 +598,10 @@ impl Semaphore {
                     held,
                 )))
             }
-            Ok(AcquireReply::Short { lease_left, .. }) => Ok(Attempt::Held { lease_left }),
+            Ok(AcquireReply::Short { lease_left, .. }) => Ok(Attempt::Held {
+                lease_left,
+                handing_over: false,
+            }),
             Ok(AcquireReply::Refused(refusal)) => Err(raw::refused(&self.keys, refusal, permits)),
             Err(failed) => {
                 if failed.outcome_unknown {
