@@ -227,10 +227,11 @@ fn a_token_for_a_waiter_that_has_gone_does_not_make_the_others_spin() {
     let during = server.commands_since(&before);
     let scripts = during.get("evalsha").copied().unwrap_or(0);
     println!("during 2 s: {during:?}");
-    // The release (and its script's load), the waiter's attempt after each
-    // of the two tokens passed on and after the first, and its first two
-    // attempts if a loaded machine delayed them: a handful, not thousands.
-    assert!(scripts <= 8, "{scripts} script calls in 2 s: {during:?}");
+    // The release (and its script's load), the waiter's attempt after the
+    // first token and after each token passed on (at most three per live
+    // place: six), and its first two attempts if a loaded machine delayed
+    // them: a handful, not thousands.
+    assert!(scripts <= 12, "{scripts} script calls in 2 s: {during:?}");
     assert!(!handle.joined(), "three never became free");
     drop(held);
 }

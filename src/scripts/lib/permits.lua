@@ -29,6 +29,10 @@ local function int(x)
   return string.format('%d', x)
 end
 
+-- How many tokens per live waiter failed callers may pass on between two
+-- releases (see wake).
+local PASS_ROUNDS = 3
+
 -- The type each of the five keys holds.
 local SEM_KINDS = {'hash', 'zset', 'hash', 'zset', 'list'}
 
@@ -251,10 +255,12 @@ end
 --
 -- `failed`: the caller could not get its permits, and may have taken a token
 -- meant for another waiter (tokens go to whoever pops first). It passes the
--- token on, but at most as many tokens in all as there are live waiters until
--- the next release, acquisition or expiry resets st.passes: a token never
--- circles between waiters that cannot use it while the place of a waiter
--- that has gone still counts.
+-- token on, but at most PASS_ROUNDS tokens per live waiter in all until the
+-- next release, acquisition or expiry resets st.passes: a token never
+-- circles for long between waiters that cannot use it while the place of a
+-- waiter that has gone still counts. More than one per waiter, because the
+-- failed caller, parked again, may pop the tokens it passed on before the
+-- waiter they are for does (its client's look races the other's).
 --
 -- `waiters` and `tokens`: the waiters' places with their ends (as ZRANGE
 -- WITHSCORES gives them) and the baton's length, when the caller has them
@@ -315,7 +321,7 @@ local function wake(st, now, ttl, failed, waiters, tokens)
   end
   local push = wanted - (tokens or redis.call('LLEN', KEYS[5]))
   if failed then
-    push = math.min(push, #members - st.passes)
+    push = math.min(push, PASS_ROUNDS * #members - st.passes)
   end
   if push <= 0 then
     return 0
