@@ -43,10 +43,17 @@ fn a_fair_lock_rides_out_a_slot_migration_and_its_waiters_keep_their_places() {
         .iter()
         .find(|m| m.port() != from.port())
         .unwrap();
+    // While the slot's keys are split between the two nodes (after the
+    // release deleted the lock key, until they move), every fair-lock
+    // script on the slot is refused with TRYAGAIN, so no waiter can come
+    // back to keep its place. A place lasts 1.5 `max_park` + 500 ms: with
+    // a 1 s park, 2 s, well past the 500 ms split even on a loaded
+    // machine (with 200 ms, 800 ms, which a loaded CI machine overran
+    // once: the head's place ended and the second waiter went first).
     let builder = || {
         deployment
             .builder()
-            .max_park(Duration::from_millis(200))
+            .max_park(Duration::from_secs(1))
             .build()
             .unwrap()
     };
