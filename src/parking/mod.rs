@@ -72,6 +72,23 @@ pub(crate) enum Attempt<T> {
     },
 }
 
+impl<T> Attempt<T> {
+    /// The same attempt with what an acquisition gives made into another
+    /// thing (a synchronizer's own guard).
+    pub(crate) fn map<U>(self, acquired: impl FnOnce(T) -> U) -> Attempt<U> {
+        match self {
+            Attempt::Acquired(value) => Attempt::Acquired(acquired(value)),
+            Attempt::Held {
+                lease_left,
+                handing_over,
+            } => Attempt::Held {
+                lease_left,
+                handing_over,
+            },
+        }
+    }
+}
+
 /// How a wait ended.
 #[derive(Debug)]
 pub(crate) enum Waited<T, G> {

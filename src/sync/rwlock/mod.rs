@@ -524,16 +524,7 @@ impl RwLock {
         let sent = Instant::now();
         let reply = self.raw.read(&self.keys, args);
         self.settle(Kind::Read, identity, mode, request, sent, reply)
-            .map(|attempt| match attempt {
-                Attempt::Acquired(hold) => Attempt::Acquired(ReadGuard::new(hold)),
-                Attempt::Held {
-                    lease_left,
-                    handing_over,
-                } => Attempt::Held {
-                    lease_left,
-                    handing_over,
-                },
-            })
+            .map(|attempt| attempt.map(ReadGuard::new))
     }
 
     /// One run of the write script; `queue` when the caller will wait if
@@ -565,16 +556,7 @@ impl RwLock {
         let sent = Instant::now();
         let reply = self.raw.write(&self.keys, args);
         self.settle(Kind::Write, identity, mode, request, sent, reply)
-            .map(|attempt| match attempt {
-                Attempt::Acquired(hold) => Attempt::Acquired(WriteGuard::new(hold)),
-                Attempt::Held {
-                    lease_left,
-                    handing_over,
-                } => Attempt::Held {
-                    lease_left,
-                    handing_over,
-                },
-            })
+            .map(|attempt| attempt.map(WriteGuard::new))
     }
 
     /// What an acquisition of `kind` sent at `sent` as request `request`

@@ -197,18 +197,7 @@ impl RwLock {
         let sent = Instant::now();
         let reply = self.raw.upgradable(&self.keys, args);
         self.settle(Kind::Upgradable, identity, mode, request, sent, reply)
-            .map(|attempt| match attempt {
-                Attempt::Acquired(hold) => {
-                    Attempt::Acquired(UpgradableReadGuard::new(hold, self.clone()))
-                }
-                Attempt::Held {
-                    lease_left,
-                    handing_over,
-                } => Attempt::Held {
-                    lease_left,
-                    handing_over,
-                },
-            })
+            .map(|attempt| attempt.map(|hold| UpgradableReadGuard::new(hold, self.clone())))
     }
 
     /// The upgrade of `identity`'s upgradable hold, waiting until
@@ -298,16 +287,7 @@ impl RwLock {
         let sent = Instant::now();
         let reply = self.raw.upgrade(&self.keys, args);
         self.settle(Kind::Write, identity, mode, request, sent, reply)
-            .map(|attempt| match attempt {
-                Attempt::Acquired(hold) => Attempt::Acquired(WriteGuard::new(hold)),
-                Attempt::Held {
-                    lease_left,
-                    handing_over,
-                } => Attempt::Held {
-                    lease_left,
-                    handing_over,
-                },
-            })
+            .map(|attempt| attempt.map(WriteGuard::new))
     }
 
     fn upgradable_lost(&self) -> Error {
