@@ -205,6 +205,10 @@ pub(crate) struct SemaphoreKeys {
     pub(crate) waiters: String,
     /// List: batons, one per permit released, up to the number waiting.
     pub(crate) baton: String,
+    /// List: the baton of the waiter that holds newcomers back (the
+    /// reservation), pushed when the permits it needs are free. Its own
+    /// list, so that no waiter that cannot use it pops it first.
+    pub(crate) reserved_baton: String,
     /// Sorted set: the ids of recent adds and reductions → when each is
     /// forgotten (server ms), so that one sent twice is applied once.
     pub(crate) adjusted: String,
@@ -222,6 +226,7 @@ impl SemaphoreKeys {
             counts: format!("{sem}:counts"),
             waiters: format!("{sem}:waiters"),
             baton: format!("{sem}:baton"),
+            reserved_baton: format!("{sem}:rbaton"),
             adjusted: format!("{sem}:adjusted"),
         })
     }
@@ -320,7 +325,8 @@ pub(crate) fn kind_waited_on(prefix: &str, name: &str, baton_key: &str) -> Optio
     if rw.upgradable_baton == baton_key {
         return Some(HoldKind::Upgradable);
     }
-    if SemaphoreKeys::new(prefix, name).ok()?.baton == baton_key {
+    let sem = SemaphoreKeys::new(prefix, name).ok()?;
+    if sem.baton == baton_key || sem.reserved_baton == baton_key {
         return Some(HoldKind::Permits);
     }
     None
@@ -540,6 +546,7 @@ mod tests {
             sem.counts,
             sem.waiters,
             sem.baton,
+            sem.reserved_baton,
             sem.adjusted,
             latch.baton("r"),
             latch.count,
@@ -614,6 +621,7 @@ mod tests {
             (rw.upgrade_baton, Some(HoldKind::Write)),
             (rw.upgradable_baton, Some(HoldKind::Upgradable)),
             (sem.baton, Some(HoldKind::Permits)),
+            (sem.reserved_baton, Some(HoldKind::Permits)),
             (latch.baton("r"), None),
             // Not batons, or another name's.
             (fair.baton, None),

@@ -22,7 +22,7 @@ use scheduled_thread_pool::ScheduledThreadPool;
 use super::classify::{describe_io, ScriptTracer};
 use super::pool::set_client_name;
 use super::single::{SendError, Single};
-use super::{addrs_of, client_at, slot, Failed, NodeParked, Parked, Sent};
+use super::{addrs_of, client_at, slot, Failed, NodeParked, ParkHow, Parked, Sent};
 use crate::config::Config;
 use crate::error::Error;
 use crate::observe::Event;
@@ -264,15 +264,14 @@ impl Cluster {
         name: &str,
         list: &str,
         park: Duration,
-        precise: bool,
-        watch: Option<&str>,
+        how: ParkHow<'_>,
     ) -> Result<Parked, Error> {
         let park_until = Instant::now() + park;
         let (mut node, mut generation) = self.master_of(list, name)?;
         let mut asking = false;
         let mut reloaded = false;
         for _ in 0..MAX_REDIRECTS {
-            let err = match node.park_node(name, list, park_until, precise, watch, asking)? {
+            let err = match node.park_node(name, list, park_until, how, asking)? {
                 NodeParked::Parked(parked) => {
                     if let Parked::ConnectionFailed(_) = &parked {
                         // Killed, failed over, or `UNBLOCKED` by a demotion.

@@ -22,7 +22,11 @@
 //!   popped by it, one pushed after is announced, and an announcement that
 //!   arrives while the look is on its way calls for another look (and,
 //!   with or without waiters then, unregisters the key: it may have used
-//!   the look's read up).
+//!   the look's read up). A waiter whose attempt has just passed the
+//!   tokens of its list on to other clients' waiters (a semaphore's) has
+//!   its key's first look only read it: its own look, sent at once, would
+//!   otherwise pop them before theirs, sent on the announcement; it pops
+//!   at the key's next change.
 //! - **Cost**: one `LLEN` + `LPOP` per waited key when it is first waited
 //!   on and per change of it; nothing while nothing changes. Time is
 //!   local: a waiter's park ends by its own timer (a condition variable
@@ -84,7 +88,7 @@ use super::classify::{
     self, breaks_connection, describe_io, is_permission_failure, is_redirection, ScriptTracer,
 };
 use super::pool::{Pool, PooledConn};
-use super::{NodeParked, Parked};
+use super::{NodeParked, ParkHow, Parked};
 use crate::error::Error;
 
 /// The connections the hub of one server keeps: the listener and the
@@ -187,6 +191,13 @@ struct State {
     tracked: HashSet<String>,
     /// Keys to look at.
     dirty: HashSet<String>,
+    /// Keys of `dirty` whose look only reads (registers) the key: their
+    /// waiter has just passed the tokens there on to other clients'
+    /// waiters (see [`ParkHow::after_change`]), and takes one only after
+    /// the key's next change.
+    read_only: HashSet<String>,
+    /// Keys whose read-only look is on its way.
+    reading: HashSet<String>,
     /// Keys whose look is on its way, and whether their change was
     /// announced meanwhile. Such an announcement may have used up the
     /// look's own registration (the change came after the look's read), so
@@ -276,16 +287,21 @@ impl Hub {
     /// Parks the calling thread until a token of `list` comes to it, or
     /// `park` has passed (at least [`IMPRECISE_FLOOR`] unless `precise`),
     /// or a link it relies on fails, or (with a `watch` key) a sweep finds
-    /// `watch` gone. `None`: the server refused tracking, so this hub
-    /// parks nobody; park another way.
+    /// `watch` gone. With `after_change`, the key's first look only
+    /// registers it, leaving its tokens to other clients. `None`: the
+    /// server refused tracking, so this hub parks nobody; park another way.
     pub(super) fn park(
         &self,
         name: &str,
         list: &str,
         park: Duration,
-        precise: bool,
-        watch: Option<&str>,
+        how: ParkHow<'_>,
     ) -> Result<Option<NodeParked>, Error> {
+        let ParkHow {
+            precise,
+            watch,
+            after_change,
+        } = how;
         let inner = &self.inner;
         let mut park = if precise {
             park
@@ -351,8 +367,18 @@ impl Hub {
                 wake: Arc::clone(&wake),
                 watch: watch.map(Arc::from),
             });
-        if !state.tracked.contains(list) && state.dirty.insert(list.to_owned()) {
-            inner.tracker.notify_one();
+        if !state.tracked.contains(list) {
+            let fresh = state.dirty.insert(list.to_owned());
+            // A look already due for another waiter of the key pops as it
+            // would have.
+            if after_change && fresh {
+                state.read_only.insert(list.to_owned());
+            } else if !after_change {
+                state.read_only.remove(list);
+            }
+            if fresh {
+                inner.tracker.notify_one();
+            }
         }
         if state.listener_id.is_none() {
             inner.listener.notify_one();
@@ -437,6 +463,8 @@ impl State {
         self.link += 1;
         self.tracked.clear();
         self.dirty.clear();
+        self.read_only.clear();
+        self.reading.clear();
         self.looking.clear();
         if let Some(error) = failed {
             self.end_all(|_| Outcome::ConnectionFailed(error.clone()));
@@ -464,6 +492,7 @@ impl State {
         match keys {
             None => {
                 self.tracked.clear();
+                self.read_only.clear();
                 self.looking
                     .values_mut()
                     .for_each(|announced| *announced = true);
@@ -473,6 +502,8 @@ impl State {
             Some(keys) => {
                 for key in keys {
                     self.tracked.remove(&key);
+                    // It changed: its next look may take a token.
+                    self.read_only.remove(&key);
                     if let Some(announced) = self.looking.get_mut(&key) {
                         *announced = true;
                     }
@@ -500,11 +531,23 @@ impl State {
         }
         for key in &seen {
             self.dirty.remove(key);
+            if self.read_only.remove(key) && self.keys.contains_key(key) {
+                self.reading.insert(key.clone());
+            }
         }
         for key in &batch {
             self.looking.insert(key.clone(), false);
         }
         batch
+    }
+
+    /// For each key of `batch` ([`State::take_batch`]'s), whether its look
+    /// pops a token (else it only reads the key).
+    fn pops(&self, batch: &[String]) -> Vec<bool> {
+        batch
+            .iter()
+            .map(|key| !self.reading.contains(key))
+            .collect()
     }
 
     /// What a look at `key` (sent under `link`) found: a `token` it
@@ -523,8 +566,10 @@ impl State {
     ) -> Option<(String, Vec<u8>)> {
         // Unknown (the links changed meanwhile): announced, to be safe.
         let announced = self.looking.remove(&key).unwrap_or(true);
+        // A read-only look leaves the tokens it saw to others.
+        let read_only = self.reading.remove(&key);
         let Some(token) = token else {
-            if left > 0 && self.keys.contains_key(&key) {
+            if left > 0 && self.keys.contains_key(&key) && (!read_only || announced) {
                 // A token came between the two reads.
                 self.dirty.insert(key);
             } else if !announced && !self.dirty.contains(&key) && self.link == link {
@@ -904,8 +949,9 @@ impl Inner {
                 conn = Some((tracking, tracking_link));
                 continue;
             }
+            let pops = state.pops(&batch);
             drop(state);
-            let mut result = self.look(&mut tracking, &batch).map(|looked| {
+            let mut result = self.look(&mut tracking, &batch, &pops).map(|looked| {
                 let given_back = self.found(&mut self.state.lock(), link, batch, looked);
                 (!given_back.is_empty()).then_some(given_back)
             });
@@ -962,16 +1008,36 @@ impl Inner {
     /// A pop that takes a token is a write of the tracker's own, which
     /// unregisters the key without an announcement (`NOLOOP`): a key whose
     /// last waiter got its token is then registered no more; one whose
-    /// list was empty stays registered.
-    fn look(&self, conn: &mut PooledConn, keys: &[String]) -> RedisResult<Vec<Looked>> {
+    /// list was empty stays registered. A key whose `pops` is false is only
+    /// read (`LLEN`), and found with no token.
+    fn look(
+        &self,
+        conn: &mut PooledConn,
+        keys: &[String],
+        pops: &[bool],
+    ) -> RedisResult<Vec<Looked>> {
         let mut pipe = redis::pipe();
-        for key in keys {
-            pipe.cmd("LLEN").arg(key).cmd("LPOP").arg(key);
+        for (key, pops) in keys.iter().zip(pops) {
+            pipe.cmd("LLEN").arg(key);
+            if *pops {
+                pipe.cmd("LPOP").arg(key);
+            }
         }
         let replies: Vec<Value> = pipe.ignore_errors().query(conn.keep())?;
         let mut replies = replies.into_iter();
         let mut looked = Vec::with_capacity(keys.len());
-        while let (Some(length), Some(popped)) = (replies.next(), replies.next()) {
+        for pops in pops {
+            let Some(length) = replies.next() else {
+                break;
+            };
+            let popped = if *pops {
+                replies.next()
+            } else {
+                Some(Value::Nil)
+            };
+            let Some(popped) = popped else {
+                break;
+            };
             looked.push(match (length, popped) {
                 (Value::ServerError(err), _) | (_, Value::ServerError(err)) => {
                     Looked::Failed(err.into())
@@ -1003,6 +1069,7 @@ impl Inner {
         for (key, looked) in batch.into_iter().zip(looked) {
             if matches!(looked, Looked::Failed(_)) {
                 state.looking.remove(&key);
+                state.reading.remove(&key);
             }
             match looked {
                 Looked::Found(token, left) => {
@@ -1279,6 +1346,41 @@ mod tests {
         state.announced(None);
         assert!(state.settle(KEY.to_owned(), None, 0, link).is_none());
         assert!(!state.tracked.contains(KEY));
+    }
+
+    /// A waiter that passed the tokens on parks: the look only reads the
+    /// key, leaves the tokens it saw (nothing is looked at again) and
+    /// registers the key; its next change calls for a look that pops.
+    #[test]
+    fn a_read_only_look_leaves_the_tokens_and_registers_the_key() {
+        let mut state = State::default();
+        state
+            .keys
+            .entry(KEY.to_owned())
+            .or_default()
+            .push_back(Waiter {
+                id: 7,
+                name: "k".into(),
+                wake: Arc::new(Condvar::new()),
+                watch: None,
+            });
+        state.dirty.insert(KEY.to_owned());
+        state.read_only.insert(KEY.to_owned());
+        let batch = state.take_batch();
+        assert_eq!(state.pops(&batch), [false]);
+        let link = state.link;
+        assert!(state.settle(KEY.to_owned(), None, 2, link).is_none());
+        assert!(state.tracked.contains(KEY));
+        assert!(state.dirty.is_empty() && state.outcomes.is_empty());
+        state.announced(Some(vec![KEY.to_owned()]));
+        let batch = state.take_batch();
+        assert_eq!(state.pops(&batch), [true]);
+        // Announced while the read was on its way: the tokens may be new.
+        let mut state = looking_with_a_waiter();
+        state.reading.insert(KEY.to_owned());
+        state.announced(Some(vec![KEY.to_owned()]));
+        assert!(state.settle(KEY.to_owned(), None, 1, link).is_none());
+        assert!(state.dirty.contains(KEY) && !state.read_only.contains(KEY));
     }
 
     #[test]

@@ -86,6 +86,25 @@ pub(crate) struct Failed {
     pub(crate) outcome_unknown: bool,
 }
 
+/// How a waiter parks, besides on which list and for how long.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ParkHow<'a> {
+    /// Ended on time by the client's timer; the others may last up to the
+    /// server's timer tick longer, as a blocked call's did.
+    pub(crate) precise: bool,
+    /// A key whose absence means the object is free, checked by the
+    /// parking sweeper within `max_park` where [`Backend::watches`] says
+    /// so (elsewhere ignored).
+    pub(crate) watch: Option<&'a str>,
+    /// Leave the tokens on the list now to the other waiters: this
+    /// waiter's attempt has just passed them on, and its own look, on its
+    /// way at once, would take them back before theirs (which waits for
+    /// the server's announcement). It takes one only once the list has
+    /// changed since (where a hub parks it; a blocked call takes one at
+    /// once).
+    pub(crate) after_change: bool,
+}
+
 /// How one park ended.
 #[derive(Debug)]
 pub(crate) enum Parked {
@@ -414,30 +433,25 @@ impl Backend {
     }
 
     /// Parks until a token of `list` comes, for at most `park`, on a
-    /// parking connection (never one a releasing holder needs). Whether a token
-    /// came does not matter to the caller: either way it looks again. A
-    /// `precise` park is ended on time by the client's timer, at the cost
-    /// of one command; the others end on the server's timer tick. `watch`:
-    /// a key whose absence means the object is free, checked by the
-    /// parking sweeper within `max_park` where [`Backend::watches`] says
-    /// so (elsewhere ignored).
+    /// parking connection (never one a releasing holder needs), as `how`
+    /// says. Whether a token came does not matter to the caller: either
+    /// way it looks again.
     pub(crate) fn park(
         &self,
         name: &str,
         list: &str,
         park: Duration,
-        precise: bool,
-        watch: Option<&str>,
+        how: ParkHow<'_>,
     ) -> Result<Parked, Error> {
         self.check_process()?;
         match &self.flavor {
-            Flavor::Single(single) => single.park(name, list, park, precise, watch),
+            Flavor::Single(single) => single.park(name, list, park, how),
             #[cfg(feature = "cluster")]
-            Flavor::Cluster(cluster) => cluster.park(name, list, park, precise, watch),
+            Flavor::Cluster(cluster) => cluster.park(name, list, park, how),
             #[cfg(feature = "sentinel")]
-            Flavor::Sentinel(sentinel) => sentinel.park(name, list, park, precise, watch),
+            Flavor::Sentinel(sentinel) => sentinel.park(name, list, park, how),
             #[cfg(feature = "redlock")]
-            Flavor::Quorum(quorum) => quorum.park(name, list, park, precise),
+            Flavor::Quorum(quorum) => quorum.park(name, list, park, how),
         }
     }
 }

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use super::pool::PooledConn;
 use super::single::{SendError, Single};
-use super::{Backend, Failed, Flavor, Parked};
+use super::{Backend, Failed, Flavor, ParkHow, Parked};
 use crate::error::Error;
 use crate::observe::{Event, Observer};
 
@@ -270,10 +270,12 @@ impl Quorum {
         name: &str,
         list: &str,
         park: Duration,
-        precise: bool,
+        how: ParkHow<'_>,
     ) -> Result<Parked, Error> {
+        // No master is swept for a quorum's waiters.
+        let how = ParkHow { watch: None, ..how };
         if let Some(index) = self.preferred() {
-            return match self.masters[index].park(name, list, park, precise, None) {
+            return match self.masters[index].park(name, list, park, how) {
                 Err(err) if err.is_transient() || err.is_timeout() => {
                     Ok(Parked::ConnectionFailed(err))
                 }
@@ -299,7 +301,7 @@ impl Quorum {
             );
             Ok(Parked::ConnectionFailed(err))
         };
-        match self.masters[index].park(name, list, park, precise, None) {
+        match self.masters[index].park(name, list, park, how) {
             Ok(Parked::ConnectionFailed(err)) => moved_on(err),
             Err(err) if err.is_transient() || err.is_timeout() => moved_on(err),
             other => other,

@@ -22,7 +22,7 @@ use scheduled_thread_pool::ScheduledThreadPool;
 use super::classify::{describe_io, is_auth_failure, ScriptTracer};
 use super::pool::set_client_name;
 use super::single::{SendError, Single};
-use super::{addrs_of, client_at, Failed, Parked, Sent};
+use super::{addrs_of, client_at, Failed, ParkHow, Parked, Sent};
 use crate::config::Config;
 use crate::error::Error;
 use crate::observe::{Event, Observer};
@@ -163,11 +163,10 @@ impl Sentinel {
         name: &str,
         list: &str,
         park: Duration,
-        precise: bool,
-        watch: Option<&str>,
+        how: ParkHow<'_>,
     ) -> Result<Parked, Error> {
         let master = self.master()?;
-        let parked = master.server.park(name, list, park, precise, watch)?;
+        let parked = master.server.park(name, list, park, how)?;
         if let Parked::ConnectionFailed(_) = &parked {
             // Killed, or `UNBLOCKED` when it was demoted.
             self.shared.forget(Some(master.generation));

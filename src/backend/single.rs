@@ -14,7 +14,7 @@ use super::hub::{self, Hub};
 use super::pool::{Pool, PooledConn};
 use super::unblock::Unblocker;
 use super::version;
-use super::{Failed, NodeParked, Parked, Sent};
+use super::{Failed, NodeParked, ParkHow, Parked, Sent};
 use crate::config::Config;
 use crate::error::Error;
 
@@ -317,11 +317,10 @@ impl Single {
         name: &str,
         list: &str,
         park: Duration,
-        precise: bool,
-        watch: Option<&str>,
+        how: ParkHow<'_>,
     ) -> Result<Parked, Error> {
         let park_until = Instant::now() + park;
-        match self.park_node(name, list, park_until, precise, watch, false)? {
+        match self.park_node(name, list, park_until, how, false)? {
             NodeParked::Parked(parked) => Ok(parked),
             NodeParked::Redirected(err) => Err(self.classify(err, name)),
         }
@@ -337,13 +336,12 @@ impl Single {
         name: &str,
         list: &str,
         park_until: Instant,
-        precise: bool,
-        watch: Option<&str>,
+        how: ParkHow<'_>,
         asking: bool,
     ) -> Result<NodeParked, Error> {
         if !asking {
             let park = park_until.saturating_duration_since(Instant::now());
-            if let Some(parked) = self.hub.park(name, list, park, precise, watch)? {
+            if let Some(parked) = self.hub.park(name, list, park, how)? {
                 return Ok(parked);
             }
         }
@@ -351,7 +349,7 @@ impl Single {
         // the hub) is swept by nobody, so a watched park is as short as any
         // other (an unwatched one lasts `max_park` at most anyway).
         let park_until = park_until.min(Instant::now() + self.max_park);
-        self.park_on(name, list, park_until, precise, asking)
+        self.park_on(name, list, park_until, how.precise, asking)
     }
 
     /// Ends every park on this server: its waiters look again (a Redlock

@@ -38,7 +38,7 @@ mod park;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::{Backend, Parked};
+use crate::backend::{Backend, ParkHow, Parked};
 use crate::config::Config;
 use crate::error::Error;
 use crate::keys;
@@ -65,10 +65,18 @@ pub(crate) enum Attempt<T> {
     /// holds it, but it is kept for `lease_left` for a waiter that asked
     /// before this caller (a plain lock's hand-over window): the caller
     /// sleeps that long without parking, so as not to take the baton
-    /// meant for that waiter.
+    /// meant for that waiter. `park_on`: a list to park on instead of the
+    /// wait's baton (`None`: the baton), which only this caller's token
+    /// goes to (a semaphore's waiter that holds newcomers back); this
+    /// thread stays in its place in the process's queue for the baton.
+    /// `passed_on`: the attempt passed the tokens of the list on to other
+    /// waiters, so the park leaves them there
+    /// ([`ParkHow::after_change`](crate::backend::ParkHow)).
     Held {
         lease_left: Option<Duration>,
         handing_over: bool,
+        park_on: Option<String>,
+        passed_on: bool,
     },
 }
 
@@ -81,9 +89,13 @@ impl<T> Attempt<T> {
             Attempt::Held {
                 lease_left,
                 handing_over,
+                park_on,
+                passed_on,
             } => Attempt::Held {
                 lease_left,
                 handing_over,
+                park_on,
+                passed_on,
             },
         }
     }
@@ -292,7 +304,7 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
         loop {
             // The previous parker may have left because it acquired, so
             // look before parking.
-            let lease_left = match attempt() {
+            let (lease_left, park_on, passed_on) = match attempt() {
                 Ok(Attempt::Acquired(value)) => {
                     member.end_unconfirmed_run();
                     return Ok(Waited::Acquired(value));
@@ -300,6 +312,8 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
                 Ok(Attempt::Held {
                     lease_left,
                     handing_over,
+                    park_on,
+                    passed_on,
                 }) => {
                     if let Err(err) = failures.answered(deadline) {
                         return Err(*err);
@@ -321,7 +335,7 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
                         std::thread::sleep(until.saturating_duration_since(now));
                         continue;
                     }
-                    lease_left
+                    (lease_left, park_on, passed_on)
                 }
                 Err(err) if err.is_transient() => {
                     let counted = failures.back_off(err, deadline);
@@ -334,9 +348,13 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
             let Some(park) = park_duration(Instant::now(), lease_left, deadline, max_park) else {
                 return Ok(Waited::TimedOut);
             };
-            let parked = self
-                .backend
-                .park(name, baton_key, park.duration, park.precise, watch)?;
+            let park_key = park_on.as_deref().unwrap_or(baton_key);
+            let how = ParkHow {
+                precise: park.precise,
+                watch,
+                after_change: passed_on,
+            };
+            let parked = self.backend.park(name, park_key, park.duration, how)?;
             if let Parked::ConnectionFailed(err) = parked {
                 // A killed or reset parked connection: look again at once,
                 // on a fresh connection.

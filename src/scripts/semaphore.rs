@@ -10,7 +10,7 @@ use redis::{FromRedisValue, ParsingError, Value};
 use super::{millis, Call, SEM_ACQUIRE, SEM_ADJUST, SEM_RELEASE, SEM_RENEW, SEM_SET, SEM_STATE};
 use crate::keys::SemaphoreKeys;
 
-/// A call of `script` on the five keys of `keys`, in the order every
+/// A call of `script` on the six keys of `keys`, in the order every
 /// semaphore script but renew.lua takes them.
 fn on(script: &'static std::sync::LazyLock<redis::Script>, keys: &SemaphoreKeys) -> Call {
     Call::new(script)
@@ -19,6 +19,7 @@ fn on(script: &'static std::sync::LazyLock<redis::Script>, keys: &SemaphoreKeys)
         .key(&keys.counts)
         .key(&keys.waiters)
         .key(&keys.baton)
+        .key(&keys.reserved_baton)
 }
 
 /// Sets the total to `total` unless one is in force.
@@ -168,10 +169,14 @@ pub(crate) enum AcquireReply {
         permits: u64,
     },
     /// Not enough permits; the first holder's lease ends in `lease_left`
-    /// (`None`: no holder).
+    /// (`None`: no holder). `reserving`: the caller's place holds
+    /// newcomers back, and its baton is the reserved one. `passed_on`: the
+    /// call pushed tokens for other waiters.
     Short {
         available: u64,
         lease_left: Option<Duration>,
+        reserving: bool,
+        passed_on: bool,
     },
     Refused(Refusal),
 }
@@ -183,9 +188,11 @@ impl FromRedisValue for AcquireReply {
             [1, permits] => Ok(AcquireReply::Acquired {
                 permits: permits.unsigned_abs(),
             }),
-            [0, available, left] => Ok(AcquireReply::Short {
+            [0, available, left, reserving, passed] => Ok(AcquireReply::Short {
                 available: available.unsigned_abs(),
                 lease_left: u64::try_from(left).ok().map(Duration::from_millis),
+                reserving: reserving == 1,
+                passed_on: passed > 0,
             }),
             _ => refused(&reply, AcquireReply::Refused),
         }
@@ -261,10 +268,21 @@ mod tests {
             AcquireReply::Acquired { permits: 3 }
         );
         assert_eq!(
-            AcquireReply::from_redis_value(ints(&[0, 1, -1])).unwrap(),
+            AcquireReply::from_redis_value(ints(&[0, 1, -1, 0, 0])).unwrap(),
             AcquireReply::Short {
                 available: 1,
-                lease_left: None
+                lease_left: None,
+                reserving: false,
+                passed_on: false,
+            }
+        );
+        assert_eq!(
+            AcquireReply::from_redis_value(ints(&[0, 0, 250, 1, 2])).unwrap(),
+            AcquireReply::Short {
+                available: 0,
+                lease_left: Some(Duration::from_millis(250)),
+                reserving: true,
+                passed_on: true,
             }
         );
         assert_eq!(

@@ -240,6 +240,8 @@ impl CountDownLatch {
                     Look::Counting { .. } => Attempt::Held {
                         lease_left: None,
                         handing_over: false,
+                        park_on: None,
+                        passed_on: false,
                     },
                 })
             },

@@ -14,7 +14,7 @@ use crate::support::{self, JoinWithin};
 
 /// Places among the waiters now.
 fn places(server: &RedisServer, name: &str) -> u64 {
-    let [_, _, _, waiters, _] = sem_keys(name);
+    let [_, _, _, waiters, ..] = sem_keys(name);
     redis::cmd("ZCARD")
         .arg(&waiters)
         .query(&mut server.connection())

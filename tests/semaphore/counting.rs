@@ -51,7 +51,7 @@ across_topologies! { but_masters;
         drop(one);
         assert_eq!(sem.available_permits().unwrap(), 3);
         // Nothing is left of the holders once all have released.
-        let [_, holders, counts, _, _] = sem_keys("counted");
+        let [_, holders, counts, ..] = sem_keys("counted");
         let node = deployment.server_for(&holders);
         let mut raw = node.connection();
         let left: u32 = redis::cmd("EXISTS").arg(&holders).arg(&counts).query(&mut raw).unwrap();
@@ -73,7 +73,7 @@ across_topologies! { but_masters;
         assert!(waiting.try_acquire_for(Duration::from_millis(300)).unwrap().is_none());
         let waited = started.elapsed();
         assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(2), "{waited:?}");
-        let [_, _, _, waiters, _] = sem_keys("one");
+        let [_, _, _, waiters, ..] = sem_keys("one");
         let mut raw = deployment.server_for(&waiters).connection();
         let places: u32 = redis::cmd("ZCARD").arg(&waiters).query(&mut raw).unwrap();
         assert_eq!(places, 0, "a waiter that gave up left its place");

@@ -33,8 +33,8 @@ fn child_entry() {
 
 /// The keys of semaphore `name` under the default prefix, as docs/how-it-works.md
 /// documents them (names used in tests contain no `%`, `{` or `}`):
-/// state, holders, counts, waiters, baton.
-pub(crate) fn sem_keys(name: &str) -> [String; 5] {
-    ["state", "holders", "counts", "waiters", "baton"]
+/// state, holders, counts, waiters, baton, reserved baton.
+pub(crate) fn sem_keys(name: &str) -> [String; 6] {
+    ["state", "holders", "counts", "waiters", "baton", "rbaton"]
         .map(|part| format!("redbaton:{{{}}}:sem:{part}", support::hash_tag(name)))
 }

@@ -41,7 +41,7 @@ fn adjusted_key(name: &str) -> String {
 fn adjust(raw: &mut redis::Connection, name: &str, way: &str, n: u64, id: &str) -> Vec<i64> {
     redis::cmd("EVAL")
         .arg(ADJUST)
-        .arg(6)
+        .arg(7)
         .arg(&sem_keys(name))
         .arg(adjusted_key(name))
         .arg(way)
@@ -124,7 +124,7 @@ fn an_acquisition_sent_twice_holds_its_permits_once() {
     let acquire = |raw: &mut redis::Connection| -> Vec<i64> {
         redis::cmd("EVAL")
             .arg(ACQUIRE)
-            .arg(5)
+            .arg(6)
             .arg(&sem_keys("taken"))
             .arg("t:1")
             .arg(2)
@@ -169,7 +169,7 @@ fn a_release_sent_twice_returns_the_permits_once() {
     sem.try_set_permits(3).unwrap();
     let one = sem.acquire().unwrap();
     let two = sem.acquire_many(2).unwrap();
-    let [_, holders, counts, _, _] = sem_keys("returned");
+    let [_, holders, counts, ..] = sem_keys("returned");
     let mut raw = server.connection();
     let ids: Vec<String> = redis::cmd("ZRANGE")
         .arg(&holders)
@@ -192,7 +192,7 @@ fn a_release_sent_twice_returns_the_permits_once() {
     let release = |raw: &mut redis::Connection| -> Vec<i64> {
         redis::cmd("EVAL")
             .arg(RELEASE)
-            .arg(5)
+            .arg(6)
             .arg(&sem_keys("returned"))
             .arg(&id_of_one)
             .arg(5_000)

@@ -173,13 +173,14 @@ fn ten_waiters_during_a_three_second_hold_send_a_bounded_number_of_commands() {
     let bound = 2 * WAITERS + 2 * CLIENTS * (parks + 2);
     println!("commands sent during the hold: {total} (bound {bound}); all: {during:?}");
     assert!(total <= bound, "{total} commands > {bound}: {during:?}");
-    // One blocked call per client, issued again only when a list joins
-    // it, at a waiter's return or at the backstop: Redis 7.0 counts a
-    // BLPOP when it blocks, Valkey 8 when it returns, so the count has an
-    // upper bound only.
+    // One parked list per client (a tracked key, or a blocked call where
+    // tracking is refused), and one more for the waiter that reserved the
+    // permit after waiting its 100 ms: it parks on the reserved baton.
+    // Redis 7.0 counts a BLPOP when it blocks, Valkey 8 when it returns, so
+    // the count has an upper bound only.
     assert!(
-        (1..=CLIENTS).contains(&parked),
-        "{parked} blocked connections during the hold"
+        (1..=CLIENTS + 1).contains(&parked),
+        "{parked} parked lists during the hold"
     );
     let blpops = during.get("blpop").copied().unwrap_or(0);
     assert!(
@@ -214,7 +215,7 @@ fn a_token_for_a_waiter_that_has_gone_does_not_make_the_others_spin() {
     thread::sleep(Duration::from_millis(300));
     let mut raw = server.connection();
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut raw).unwrap();
-    let [_, _, _, waiters, _] = crate::sem_keys("ghost");
+    let [_, _, _, waiters, ..] = crate::sem_keys("ghost");
     redis::cmd("ZADD")
         .arg(&waiters)
         .arg(secs * 1000 + micros / 1000 + 10_000)
@@ -381,7 +382,7 @@ fn a_waiter_that_gives_up_its_reservation_lets_the_waiters_it_held_back_in() {
     });
     // The waiter for one was refused and waits (its place is there) while
     // the waiter for two still reserves.
-    let [_, _, _, waiters, _] = sem_keys("reserve");
+    let [_, _, _, waiters, ..] = sem_keys("reserve");
     support::eventually(Duration::from_secs(5), "the waiter for one's place", || {
         let places: Vec<String> = redis::cmd("ZRANGE")
             .arg(&waiters)

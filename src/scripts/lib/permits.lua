@@ -1,8 +1,8 @@
 -- Helpers of the semaphore's scripts (semaphore/*.lua), prepended to each.
 --
--- Every semaphore script but renew.lua takes the same five keys, in this
+-- Every semaphore script but renew.lua takes the same six keys, in this
 -- order (all under one hash tag, so they share a cluster slot; adjust.lua
--- takes a sixth, its recent request ids):
+-- takes a seventh, its recent request ids):
 --
 -- KEYS[1]  state    (hash: total = permits in force, used = permits held by
 --                    live holders, passes = tokens passed on by waiters that
@@ -16,6 +16,9 @@
 --                    place, server ms; TTL: its longest place)
 -- KEYS[5]  baton    (list of "ok" tokens, one per waiter that may be served
 --                    now; TTL: the baton TTL)
+-- KEYS[6]  reserved baton (list: one "ok" token for the waiter that holds
+--                    newcomers back, pushed when the permits it needs are
+--                    free; only that waiter parks on it; TTL: the baton TTL)
 --
 -- Time is the server's TIME, never the client's: no ARGV holds a timestamp.
 -- holders and counts have no TTL: a holder whose lease ended is removed, and
@@ -33,8 +36,8 @@ end
 -- releases (see wake).
 local PASS_ROUNDS = 3
 
--- The type each of the five keys holds.
-local SEM_KINDS = {'hash', 'zset', 'hash', 'zset', 'list'}
+-- The type each of the six keys holds.
+local SEM_KINDS = {'hash', 'zset', 'hash', 'zset', 'list', 'list'}
 
 -- sem_wrong(i, kind): the error reply for KEYS[i], which holds a `kind`
 -- (read here when nil) instead of its own type.
@@ -199,7 +202,9 @@ end
 -- their first write, one of each key, in key order: the state's fields
 -- (stored), the first holders whose lease ended (expired, for purge), the
 -- permits `id` holds (held: a string, or false), the waiters' places with
--- their ends (waiters, for wake), the baton's tokens (tokens). Or nil and
+-- their ends (waiters, for wake), the baton's tokens (tokens) and, while a
+-- waiter holds newcomers back, the reserved baton's (reserved_tokens: only
+-- wake pushes it, and only then; nil otherwise). Or nil and
 -- the error reply for the first key that holds another type: every key is
 -- read, so that error comes before anything changed, with no TYPE call
 -- while all is well.
@@ -224,6 +229,12 @@ local function sem_look(id, now)
   look.tokens, err = sem_read(5, 'LLEN')
   if err then
     return nil, err
+  end
+  if look.stored[4] then
+    look.reserved_tokens, err = sem_read(6, 'LLEN')
+    if err then
+      return nil, err
+    end
   end
   return look
 end
@@ -250,24 +261,30 @@ end
 -- now), then in place order (earliest place end first): each waiter whose k
 -- fits in the permits still uncounted, and each whose k is over the total
 -- (its next attempt reports that). A waiter that cannot get its k is not
--- woken for nothing, except when the reserving waiter's k fits: then every
--- live waiter is (see below).
+-- woken for nothing. The reserving waiter's token goes on its own list
+-- (KEYS[6]), when its k fits: which parked client pops a shared token is
+-- not known (each pops on the server's announcement of the push, the
+-- fastest first), and a waiter of one that cannot use it would pass it on,
+-- while others kept popping it first, until the passes ran out.
 --
--- `failed`: the caller could not get its permits, and may have taken a token
--- meant for another waiter (tokens go to whoever pops first). It passes the
--- token on, but at most PASS_ROUNDS tokens per live waiter in all until the
--- next release, acquisition or expiry resets st.passes: a token never
--- circles for long between waiters that cannot use it while the place of a
--- waiter that has gone still counts. More than one per waiter, because the
--- failed caller, parked again, may pop the tokens it passed on before the
--- waiter they are for does (its client's look races the other's).
+-- `failed`: false, or the place of a caller that could not get its permits
+-- ('' for one that does not wait), which may have taken a token meant for
+-- another waiter (tokens go to whoever pops first). It passes the token on
+-- (its client parks without taking back what is on the list, see
+-- ParkHow::after_change), but at most PASS_ROUNDS tokens per other live
+-- waiter in all until the next release, acquisition or expiry resets
+-- st.passes: a token never circles for long between waiters that cannot
+-- use it while the place of a waiter that has gone still counts. More than
+-- one per waiter: a token passed on may be popped first by another waiter
+-- that cannot use it either, and passed on again.
 --
--- `waiters` and `tokens`: the waiters' places with their ends (as ZRANGE
--- WITHSCORES gives them) and the baton's length, when the caller has them
--- (sem_look) and changed neither since; read here when nil.
+-- `waiters`, `tokens` and `reserved_tokens`: the waiters' places with their
+-- ends (as ZRANGE WITHSCORES gives them) and the lengths of the baton and
+-- of the reserved baton, when the caller has them (sem_look) and changed
+-- none since; read here when nil.
 --
--- Returns how many tokens were pushed.
-local function wake(st, now, ttl, failed, waiters, tokens)
+-- Returns how many tokens were pushed on the shared baton.
+local function wake(st, now, ttl, failed, waiters, tokens, reserved_tokens)
   waiters = waiters or redis.call('ZRANGE', KEYS[4], '0', '-1', 'WITHSCORES')
   local members, ended = {}, false
   for i = 1, #waiters, 2 do
@@ -283,21 +300,22 @@ local function wake(st, now, ttl, failed, waiters, tokens)
   local left = math.max(0, st.total - st.used)
   local wanted = 0
   local first, first_k = reservation(st, now)
-  local everyone = false
+  -- The live waiters that park on the shared baton, but a failed caller.
+  local sharing = #members
   if first then
-    if first_k <= left then
-      wanted = wanted + 1
-      -- Which parked client pops a token is not known (each client pops
-      -- on the server's announcement of the push, the fastest first), so
-      -- a lone token could go to others, be passed on, and never reach
-      -- the reserving waiter before the passes run out: every live
-      -- waiter gets one, the reserving one among them.
-      everyone = true
+    if first_k <= left and (reserved_tokens or redis.call('LLEN', KEYS[6])) == 0 then
+      redis.call('RPUSH', KEYS[6], 'ok')
+      redis.call('PEXPIRE', KEYS[6], ttl)
     end
     left = math.max(0, left - first_k)
   end
   for _, member in ipairs(members) do
     local k = tonumber(string.match(member, '^(%d+):'))
+    if member == first or member == failed then
+      -- Woken on its own list (above), or the caller that passes tokens
+      -- on: none for it.
+      sharing = sharing - 1
+    end
     if member == first then
       -- counted above
     elseif k and k > st.total then
@@ -308,12 +326,12 @@ local function wake(st, now, ttl, failed, waiters, tokens)
     end
   end
   -- A caller that failed may have popped the token of a waiter it does not
-  -- know, and a token it passes on goes to whichever client pops first
-  -- again (the failed one, parked anew, as likely as any): passed on one
-  -- at a time, the passes could run out before it reached the waiter that
-  -- can use it. So a failed caller, too, gives every live waiter one.
-  if (everyone or failed) and wanted > 0 then
-    wanted = math.max(wanted, #members)
+  -- know, and a token it passes on goes to whichever other client pops
+  -- first: passed on one at a time, the passes could run out before it
+  -- reached the waiter that can use it. So a failed caller gives every
+  -- other live waiter one.
+  if failed and wanted > 0 then
+    wanted = math.max(wanted, sharing)
   end
   if wanted == 0 then
     -- Nothing to push, whatever the baton holds.
@@ -321,7 +339,7 @@ local function wake(st, now, ttl, failed, waiters, tokens)
   end
   local push = wanted - (tokens or redis.call('LLEN', KEYS[5]))
   if failed then
-    push = math.min(push, PASS_ROUNDS * #members - st.passes)
+    push = math.min(push, PASS_ROUNDS * sharing - st.passes)
   end
   if push <= 0 then
     return 0

@@ -1,7 +1,8 @@
 -- acquire: take k permits under a new permit id with a lease, or say how
 -- many are available and when the first holder's lease ends.
 --
--- KEYS[1..5]  state, holders, counts, waiters, baton (see lib/permits.lua)
+-- KEYS[1..6]  state, holders, counts, waiters, baton, reserved baton (see
+--             lib/permits.lua)
 -- ARGV[1]     the permit id: "<thread identity>:<request number>", unique
 --             per attempt
 -- ARGV[2]     k, the permits wanted (1 to 10^12)
@@ -19,9 +20,14 @@
 -- Returns {1, k}                 acquired; also when this permit id holds
 --                                its permits already (the same request,
 --                                sent again after its reply was lost)
---         {0, available, left}   not enough permits; nothing held; `left`
+--         {0, available, left, reserving, passed}
+--                                not enough permits; nothing held; `left`
 --                                is the time in ms until the first holder's
---                                lease ends (-1: no holder)
+--                                lease ends (-1: no holder); `reserving` 1
+--                                when the caller's place holds newcomers
+--                                back (it parks on KEYS[6]), else 0;
+--                                `passed`: how many tokens it pushed for
+--                                other waiters (see wake)
 --         {-1}                   no total was ever set
 --         {-2, total}            k is over the total: waiting would never end
 --         {-3, field}            the state is damaged (1: total, 2: used)
@@ -33,9 +39,10 @@
 -- is short passes on a token it may have taken from another (see wake).
 -- Not first-come first-served: whoever asks when permits are free gets them,
 -- except those set aside for a waiter that has waited long (the
--- reservation, one at a time, made here by such a waiter that is short):
--- a try_acquire, a newcomer and every other waiter take only permits beyond
--- the reserving waiter's k.
+-- reservation, one at a time, made here by such a waiter that is short,
+-- or taken over by one that wants more permits): a try_acquire, a newcomer
+-- and every other waiter take only permits beyond the reserving waiter's
+-- k.
 local id = ARGV[1]
 local k = tonumber(ARGV[2])
 local place = ARGV[4]
@@ -81,9 +88,14 @@ if k <= free then
   leave_place(look, place)
   if first == place then
     st.reserved = false
+    -- A token pushed for it while it was on its way is of no use to the
+    -- next waiter to reserve.
+    if (look.reserved_tokens or 0) > 0 then
+      redis.call('DEL', KEYS[6])
+    end
   end
   st.passes = 0
-  wake(st, now, ARGV[6], false, look.waiters, look.tokens)
+  wake(st, now, ARGV[6], false, look.waiters, look.tokens, look.reserved_tokens)
   save(st)
   return {1, k}
 end
@@ -95,7 +107,12 @@ if place ~= '' then
     redis.call('PEXPIRE', KEYS[4], ttl)
   end
   local hold = tonumber(ARGV[7])
-  if hold > 0 and (not first or first == place) then
+  -- A waiter for more permits than the reserving one takes the
+  -- reservation over: takers of fewer, waiting their turn as long, would
+  -- otherwise hand it on among themselves (they are woken whenever a
+  -- permit is freed) while it stays parked, woken only when all its
+  -- permits are free, which is never until it reserves them.
+  if hold > 0 and (not first or first == place or k > first_k) then
     st.reserved = place
     st.reserved_end = now + hold
   end
@@ -109,11 +126,16 @@ local waiters = look.waiters
 if place ~= '' then
   waiters = nil
 end
-wake(st, now, ARGV[6], true, waiters, look.tokens)
+local passed = wake(st, now, ARGV[6], place, waiters, look.tokens, look.reserved_tokens)
 save(st)
 local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 local left = -1
 if first[2] then
   left = math.max(0, tonumber(first[2]) - now)
 end
-return {0, available, left}
+-- Whether the caller holds newcomers back: it parks on the reserved baton.
+local reserving = 0
+if place ~= '' and st.reserved == place then
+  reserving = 1
+end
+return {0, available, left, reserving, passed}

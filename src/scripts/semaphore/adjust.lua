@@ -1,7 +1,8 @@
 -- adjust: add permits to the total, or take them off it.
 --
--- KEYS[1..5]  state, holders, counts, waiters, baton (see lib/permits.lua)
--- KEYS[6]     adjusted (sorted set: the ids of recent adjustments -> when
+-- KEYS[1..6]  state, holders, counts, waiters, baton, reserved baton (see
+--             lib/permits.lua)
+-- KEYS[7]     adjusted (sorted set: the ids of recent adjustments -> when
 --             each is forgotten, server ms; TTL: the longest of them)
 -- ARGV[1]     "add" or "reduce"
 -- ARGV[2]     how many (1 to 10^12)
@@ -30,8 +31,8 @@ if not st then
   return reply
 end
 local now = server_ms()
-redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
-if redis.call('ZSCORE', KEYS[6], ARGV[3]) then
+redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)
+if redis.call('ZSCORE', KEYS[7], ARGV[3]) then
   return {1, st.total}
 end
 local n = tonumber(ARGV[2])
@@ -50,8 +51,8 @@ save(st)
 -- The field the previous version kept (one id only).
 redis.call('HDEL', KEYS[1], 'adjusted')
 local remembered = tonumber(ARGV[5])
-redis.call('ZADD', KEYS[6], int(now + remembered), ARGV[3])
-if redis.call('PTTL', KEYS[6]) < remembered then
-  redis.call('PEXPIRE', KEYS[6], remembered)
+redis.call('ZADD', KEYS[7], int(now + remembered), ARGV[3])
+if redis.call('PTTL', KEYS[7]) < remembered then
+  redis.call('PEXPIRE', KEYS[7], remembered)
 end
 return {1, st.total}

@@ -1,6 +1,7 @@
 -- release: return the permits of one permit id.
 --
--- KEYS[1..5]  state, holders, counts, waiters, baton (see lib/permits.lua)
+-- KEYS[1..6]  state, holders, counts, waiters, baton, reserved baton (see
+--             lib/permits.lua)
 -- ARGV[1]     the permit id
 -- ARGV[2]     baton TTL in milliseconds
 --
@@ -41,6 +42,6 @@ local k = tonumber(look.held)
 redis.call('HDEL', KEYS[3], id)
 st.used = math.max(0, st.used - (k or 0))
 st.passes = 0
-wake(st, now, ARGV[2], false, look.waiters, look.tokens)
+wake(st, now, ARGV[2], false, look.waiters, look.tokens, look.reserved_tokens)
 save(st)
 return {1, k or 0}

@@ -1,7 +1,8 @@
 -- set: give the semaphore its total of permits, unless it has one already
 -- (the first writer wins).
 --
--- KEYS[1..5]  state, holders, counts, waiters, baton (see lib/permits.lua)
+-- KEYS[1..6]  state, holders, counts, waiters, baton, reserved baton (see
+--             lib/permits.lua)
 -- ARGV[1]     the total (1 to 10^12)
 -- ARGV[2]     baton TTL in milliseconds
 --

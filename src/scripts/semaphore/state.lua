@@ -3,7 +3,8 @@
 -- waiter has gone (the only writes; they wake the waiters those permits may
 -- serve). A waiter that reserved and gives up calls it after leaving.
 --
--- KEYS[1..5]  state, holders, counts, waiters, baton (see lib/permits.lua)
+-- KEYS[1..6]  state, holders, counts, waiters, baton, reserved baton (see
+--             lib/permits.lua)
 -- ARGV[1]     baton TTL in milliseconds
 --
 -- Returns {1, total, available}

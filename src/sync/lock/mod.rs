@@ -620,6 +620,8 @@ impl Lock {
                 Ok(Attempt::Held {
                     lease_left,
                     handing_over,
+                    park_on: None,
+                    passed_on: false,
                 })
             }
             Err(failed) => {

@@ -393,6 +393,8 @@ impl MultiLock {
                     } if other == index => Attempt::Held {
                         lease_left,
                         handing_over,
+                        park_on: None,
+                        passed_on: false,
                     },
                     Tried::Held { index: other, .. } => {
                         // This waiter leaves this name for another, and the

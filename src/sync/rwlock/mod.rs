@@ -596,6 +596,8 @@ impl RwLock {
             Ok(RwAcquireReply::Held { lease_left }) => Ok(Attempt::Held {
                 lease_left,
                 handing_over: false,
+                park_on: None,
+                passed_on: false,
             }),
             Ok(RwAcquireReply::UpgradeRefused) => Err(self.upgrade_refused()),
             Ok(RwAcquireReply::NotHeld) => Err(Error::LockLost {

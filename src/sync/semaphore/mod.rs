@@ -54,7 +54,7 @@ const HOLD_BACK_AFTER: Duration = Duration::from_millis(100);
 /// process that dies return when their lease ends.
 ///
 /// A thread that finds too few permits waits without spinning: one thread
-/// per process parks in `BLPOP` on the semaphore's baton list, and a
+/// per process parks on the semaphore's baton list, and a
 /// release pushes a token for each waiter the returned permits may serve.
 /// Waiting is not first-come first-served between processes, and a waiter
 /// asking for many permits can be overtaken by waiters asking for few, but
@@ -170,8 +170,10 @@ impl Semaphore {
     /// needs: from then until it gets them, gives up, or its process stops
     /// trying, every other caller of any process (waiters, newcomers and
     /// `try_acquire`) takes only permits beyond that number. One waiter
-    /// reserves at a time per semaphore; the next one to have waited long
-    /// enough reserves once it is served. A shorter `after` is closer to
+    /// reserves at a time per semaphore, and a waiter for more permits
+    /// takes the reservation over from one for fewer; the next one to have
+    /// waited long enough reserves once it is served. A shorter `after` is
+    /// closer to
     /// first-come first-served; [`Duration::MAX`] never reserves (the
     /// fastest for waiters of one permit, but no bound for the others).
     ///
@@ -317,10 +319,8 @@ impl Semaphore {
             .map_err(|err| self.failed(start, err))?;
         let attempt = self.attempt(&identity, permits, None, false);
         match attempt.map_err(|err| self.failed(start, err))? {
-            Attempt::Acquired(permit) => {
-                Ok(Some(permit.announced(start, Acquisition::FirstAttempt)))
-            }
-            Attempt::Held { .. } => Ok(None),
+            Tried::Acquired(permit) => Ok(Some(permit.announced(start, Acquisition::FirstAttempt))),
+            Tried::Short { .. } => Ok(None),
         }
     }
 
@@ -446,23 +446,35 @@ impl Semaphore {
             let waited = since.elapsed();
             let claim = waited >= self.hold_back_after;
             reserved.set(reserved.get() || claim);
-            let attempt = self.attempt(&identity, permits, Some(&place), claim)?;
+            let (lease_left, reserving, passed_on) =
+                match self.attempt(&identity, permits, Some(&place), claim)? {
+                    Tried::Acquired(permit) => return Ok(Attempt::Acquired(permit)),
+                    Tried::Short {
+                        lease_left,
+                        reserving,
+                        passed_on,
+                    } => (lease_left, reserving, passed_on),
+                };
             let until_claim = self.hold_back_after.saturating_sub(waited);
-            Ok::<_, Error>(match attempt {
-                // Back when it may reserve, not at the end of a long park:
-                // a waiter for many permits is woken only when they are
-                // all free, which may be never until it reserves them.
-                Attempt::Held { lease_left, .. }
-                    if !claim && until_claim < context.config.max_park =>
-                {
-                    Attempt::Held {
-                        handing_over: false,
-                        lease_left: Some(
-                            lease_left.map_or(until_claim, |left| left.min(until_claim)),
-                        ),
-                    }
-                }
-                attempt => attempt,
+            // Back when it may reserve, not at the end of a long park: a
+            // waiter for many permits is woken only when they are all free,
+            // which may be never until it reserves them.
+            let lease_left = if !claim && until_claim < context.config.max_park {
+                Some(lease_left.map_or(until_claim, |left| left.min(until_claim)))
+            } else {
+                lease_left
+            };
+            Ok::<_, Error>(Attempt::Held {
+                lease_left,
+                handing_over: false,
+                // Its token goes on the reserved baton while its place
+                // holds newcomers back, where no waiter that cannot use it
+                // pops it first.
+                park_on: reserving.then(|| self.keys.reserved_baton.clone()),
+                // The tokens it passed on are for others: it leaves them
+                // to them rather than take them back first (its own token
+                // comes on the reserved baton, if it parks there).
+                passed_on: passed_on && !reserving,
             })
         };
         // A newcomer queues behind waiting threads of this process instead
@@ -564,7 +576,7 @@ impl Semaphore {
         permits: u64,
         place: Option<&str>,
         claim: bool,
-    ) -> Result<Attempt<SemaphorePermit>, Error> {
+    ) -> Result<Tried, Error> {
         let context = &self.context;
         let id: Arc<str> = format!("{identity}:{}", context.next_request()).into();
         let mode = self.mode();
@@ -591,16 +603,22 @@ impl Semaphore {
                     mode,
                     status,
                 };
-                Ok(Attempt::Acquired(SemaphorePermit::new(
+                Ok(Tried::Acquired(SemaphorePermit::new(
                     Arc::clone(context),
                     Arc::clone(&self.raw),
                     Arc::clone(&self.keys),
                     held,
                 )))
             }
-            Ok(AcquireReply::Short { lease_left, .. }) => Ok(Attempt::Held {
+            Ok(AcquireReply::Short {
                 lease_left,
-                handing_over: false,
+                reserving,
+                passed_on,
+                ..
+            }) => Ok(Tried::Short {
+                lease_left,
+                reserving,
+                passed_on,
             }),
             Ok(AcquireReply::Refused(refusal)) => Err(raw::refused(&self.keys, refusal, permits)),
             Err(failed) => {
@@ -615,6 +633,20 @@ impl Semaphore {
             }
         }
     }
+}
+
+/// What one attempt at permits found.
+enum Tried {
+    /// The permits.
+    Acquired(SemaphorePermit),
+    /// Too few free; the first holder's lease ends in `lease_left` (`None`:
+    /// no holder). `reserving`: the caller's place holds newcomers back.
+    /// `passed_on`: it pushed tokens for other waiters.
+    Short {
+        lease_left: Option<Duration>,
+        reserving: bool,
+        passed_on: bool,
+    },
 }
 
 /// Checks a permit count: at least 1, at most 10¹².
