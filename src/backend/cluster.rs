@@ -247,6 +247,13 @@ impl Cluster {
         Ok(values)
     }
 
+    /// Wakes this client's waiters parked on `list` at any node (a waiter
+    /// parks where the list's slot was served when it parked).
+    pub(super) fn wake_parked(&self, list: &str) -> bool {
+        let routes = Arc::clone(&self.routes.read());
+        routes.masters.iter().any(|node| node.wake_parked(list))
+    }
+
     /// Parks on the node serving `list`: one socket on one node.
     ///
     /// A redirection is followed as a command's is: `ASK` (the list's slot

@@ -284,6 +284,18 @@ impl Hub {
         state.end_all(|_| Outcome::ConnectionFailed(error.clone()));
     }
 
+    /// Ends the park of this client's waiters of `list` as a token would
+    /// (they look again); whether any was parked. No command: a releaser
+    /// whose next waiter is a thread of its own process wakes it so.
+    pub(super) fn wake(&self, list: &str) -> bool {
+        let mut state = self.inner.state.lock();
+        if !state.keys.contains_key(list) {
+            return false;
+        }
+        state.end_key(list, |_| Outcome::Woken);
+        true
+    }
+
     /// Parks the calling thread until a token of `list` comes to it, or
     /// `park` has passed (at least [`IMPRECISE_FLOOR`] unless `precise`),
     /// or a link it relies on fails, or (with a `watch` key) a sweep finds

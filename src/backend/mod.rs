@@ -432,6 +432,22 @@ impl Backend {
         }
     }
 
+    /// Ends the park of this client's waiters parked on `list`, as a token
+    /// pushed there would, with no command; whether any was parked (else
+    /// the caller pushes the token). For a waiter of this process that a
+    /// release names (a fair lock's next waiter).
+    pub(crate) fn wake_parked(&self, list: &str) -> bool {
+        match &self.flavor {
+            Flavor::Single(single) => single.wake_parked(list),
+            #[cfg(feature = "cluster")]
+            Flavor::Cluster(cluster) => cluster.wake_parked(list),
+            #[cfg(feature = "sentinel")]
+            Flavor::Sentinel(sentinel) => sentinel.wake_parked(list),
+            #[cfg(feature = "redlock")]
+            Flavor::Quorum(quorum) => quorum.wake_parked(list),
+        }
+    }
+
     /// Parks until a token of `list` comes, for at most `park`, on a
     /// parking connection (never one a releasing holder needs), as `how`
     /// says. Whether a token came does not matter to the caller: either

@@ -260,6 +260,11 @@ impl Quorum {
         .then_some(index)
     }
 
+    /// Wakes this client's waiters parked on `list` at any master.
+    pub(super) fn wake_parked(&self, list: &str) -> bool {
+        self.masters.iter().any(|master| master.wake_parked(list))
+    }
+
     /// Parks on the master this thread's last round found the lock held on
     /// ([`Quorum::prefer_parking`]), else on the current parking master; a
     /// failure there moves waiters to the next one and counts as a wake-up.

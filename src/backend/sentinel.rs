@@ -157,6 +157,15 @@ impl Sentinel {
         }
     }
 
+    /// Wakes this client's waiters parked on `list` at the current master.
+    pub(super) fn wake_parked(&self, list: &str) -> bool {
+        self.shared
+            .current
+            .read()
+            .as_ref()
+            .is_some_and(|master| master.server.wake_parked(list))
+    }
+
     /// Parks on the master (watching `watch` there, if given).
     pub(super) fn park(
         &self,

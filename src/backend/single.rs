@@ -137,6 +137,12 @@ impl Single {
         self.commands.addr()
     }
 
+    /// Wakes this client's waiters parked on `list` here, with no
+    /// command; whether there were any (see `Backend::wake_parked`).
+    pub(super) fn wake_parked(&self, list: &str) -> bool {
+        self.hub.wake(list)
+    }
+
     /// The crate's error for `err`, met while working on object `name`.
     pub(super) fn classify(&self, err: redis::RedisError, name: &str) -> Error {
         classify::from_redis(err, name, self.addr(), self.trace)

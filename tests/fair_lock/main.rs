@@ -241,6 +241,62 @@ across_topologies! {
     }
 }
 
+/// The fair lock's hand-off inside a process (speed issue, item 1): when
+/// the next waiter in arrival order is a parked thread of the releasing
+/// client, the release wakes it in memory, with no token pushed (no wake
+/// script, no `RPUSH`, no look of the parking hub), and arrival order
+/// holds. Five threads of one client queue behind its holder; each
+/// releases to the next.
+#[test]
+fn a_release_to_a_parked_thread_of_the_same_client_pushes_no_token() {
+    const WAITERS: u64 = 5;
+    let server = RedisServer::start();
+    let client = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let lock = client.fair_lock("inside").unwrap();
+    let held = lock.lock().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|i| {
+            let (lock, tx) = (lock.clone(), tx.clone());
+            let waiter = thread::spawn(move || {
+                let guard = lock
+                    .try_lock_for(Duration::from_secs(20))
+                    .unwrap()
+                    .expect("served");
+                tx.send(i).unwrap();
+                guard.unlock().unwrap();
+            });
+            support::eventually(Duration::from_secs(10), "the waiter's place", || {
+                queue_len(&server, "inside") == i + 1
+            });
+            waiter
+        })
+        .collect();
+    // Every waiter parked: its own list registered with the server.
+    support::eventually(Duration::from_secs(10), "every waiter parked", || {
+        support::parked(&server) == WAITERS
+    });
+    let before = server.command_calls();
+    held.unlock().unwrap();
+    let order: Vec<u64> = (0..WAITERS)
+        .map(|_| rx.recv_timeout(Duration::from_secs(10)).expect("served"))
+        .collect();
+    for waiter in waiters {
+        waiter.joined();
+    }
+    let during = server.commands_since(&before);
+    assert_eq!(order, [0, 1, 2, 3, 4]);
+    assert_eq!(
+        during.get("rpush").copied().unwrap_or(0),
+        0,
+        "a token was pushed: {during:?}"
+    );
+    assert_eq!(queue_len(&server, "inside"), 0);
+}
+
 across_topologies! {
     but_masters;
     /// `try_lock` never takes a place; a waiter that gives up leaves its

@@ -333,6 +333,12 @@ impl DeploymentLock {
         let Some(head) = head else {
             return;
         };
+        // A thread of this client parked now: woken in memory, and it looks
+        // at once (no push, no announcement, no look of the hub's). One
+        // not parked now (between two looks) gets its token as any other.
+        if self.backend.wake_parked(&keys.wake_list(&head)) {
+            return;
+        }
         let call = calls::fair_wake(keys, &head, self.baton_ttl);
         let woken: Result<i64, Error> = self
             .backend
