@@ -40,6 +40,8 @@ fn now_ns() -> u64 {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Peer {
     Redbaton,
+    /// redbaton's fair lock (the contended runs only).
+    Fair,
     Redlock,
 }
 
@@ -47,12 +49,15 @@ impl Peer {
     fn name(self) -> &'static str {
         match self {
             Peer::Redbaton => "redbaton",
+            Peer::Fair => "fair",
             Peer::Redlock => "redlock",
         }
     }
     fn parse(s: &str) -> Peer {
         if s == "redlock" {
             Peer::Redlock
+        } else if s == "fair" {
+            Peer::Fair
         } else {
             Peer::Redbaton
         }
@@ -81,6 +86,7 @@ fn contend(peer: Peer, url: &str, threads: usize, run: Duration, tag: u64) -> Ve
                 (client.clone(), Arc::clone(&redlock), Arc::clone(&start));
             thread::spawn(move || {
                 let lock = client.lock("bench:contended").expect("name");
+                let fair = client.fair_lock("bench:contended:fair").expect("name");
                 let mut events = Vec::new();
                 start.wait();
                 while Instant::now() < end {
@@ -88,6 +94,18 @@ fn contend(peer: Peer, url: &str, threads: usize, run: Duration, tag: u64) -> Ve
                     match peer {
                         Peer::Redbaton => {
                             let guard = lock.lock().expect("lock");
+                            let got = now_ns();
+                            let released = now_ns();
+                            guard.unlock().expect("unlock");
+                            events.push(Event {
+                                holder: tag * 1000 + t,
+                                asked,
+                                got,
+                                released,
+                            });
+                        }
+                        Peer::Fair => {
+                            let guard = fair.lock().expect("lock");
                             let got = now_ns();
                             let released = now_ns();
                             guard.unlock().expect("unlock");
@@ -255,6 +273,7 @@ fn crash_recovery(peer: Peer, url: &str, round: usize, phase: f64) -> Duration {
     let client = Client::open(url).expect("url");
     let name = format!("bench:crash:{round}");
     match peer {
+        Peer::Fair => unreachable!("the fair lock runs in the contended runs only"),
         Peer::Redbaton => drop(client.lock(&name).expect("name").lock().expect("lock")),
         Peer::Redlock => {
             let redlock = redlock::RedLock::new(vec![url]);
@@ -315,6 +334,7 @@ fn waiting_cost(peer: Peer, url: &str, raw: &mut redis::Connection) -> (f64, Dur
     let client = Client::open(url).expect("url");
     let redlock = redlock::RedLock::new(vec![url]);
     let (held_redbaton, held_redlock) = match peer {
+        Peer::Fair => unreachable!("the fair lock runs in the contended runs only"),
         Peer::Redbaton => (
             Some(client.lock(&name).expect("name").lock().expect("lock")),
             None,
@@ -343,6 +363,7 @@ fn waiting_cost(peer: Peer, url: &str, raw: &mut redis::Connection) -> (f64, Dur
     // What the clients sent; commands run inside scripts cost no round trip
     // and are not counted (redbaton's scripts call GET and SET themselves).
     let sent: &[&str] = match peer {
+        Peer::Fair => unreachable!("the fair lock runs in the contended runs only"),
         Peer::Redbaton => &[
             "evalsha",
             "eval",
@@ -380,6 +401,7 @@ fn run_child(args: &[String]) {
         "hold" => {
             let name = format!("bench:crash:{}", args[3]);
             match peer {
+                Peer::Fair => unreachable!("the fair lock runs in the contended runs only"),
                 Peer::Redbaton => {
                     let client = Client::open(url).expect("url");
                     let lock = client
@@ -418,6 +440,7 @@ fn run_child(args: &[String]) {
                         Arc::clone(&done),
                     );
                     thread::spawn(move || match peer {
+                        Peer::Fair => unreachable!("the fair lock runs in the contended runs only"),
                         Peer::Redbaton => {
                             drop(client.lock(&name).expect("name").lock().expect("lock"))
                         }
@@ -623,7 +646,7 @@ fn contended(url: &str, rtt: Duration) {
     ] {
         println!("\ncontended, {label}, one lock, empty critical section, {CONTENDED_RUN:?}:");
         let mut rates = Vec::new();
-        for peer in [Peer::Redbaton, Peer::Redlock] {
+        for peer in [Peer::Redbaton, Peer::Fair, Peer::Redlock] {
             let c = if processes > 1 {
                 contended_across_processes(peer, url, processes)
             } else {

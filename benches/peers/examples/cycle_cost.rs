@@ -1,0 +1,150 @@
+//! Where an uncontended `lock` + `unlock` spends its time, against the
+//! `SET NX PX` + compare-and-delete floor, on a private server: the wall
+//! time and the client thread's CPU time per cycle, and what the server
+//! spent per cycle (`INFO commandstats`: the scripts, and each Redis call
+//! inside them with its own time).
+//!
+//!     cargo run --release --manifest-path benches/peers/Cargo.toml --example cycle_cost
+//!
+//! `CYCLE_COST=redbaton` or `=floor` runs one side only (for `strace -c`).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+const CYCLES: u32 = 20_000;
+const ROUNDS: usize = 3;
+
+/// CPU time of the calling thread (`CLOCK_THREAD_CPUTIME_ID`).
+fn thread_cpu() -> Duration {
+    #[repr(C)]
+    struct Timespec {
+        tv_sec: i64,
+        tv_nsec: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+    }
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
+    let ok = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(ok, 0, "clock_gettime");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// `INFO commandstats`: command → (calls, µs).
+fn command_stats(conn: &mut redis::Connection) -> HashMap<String, (u64, u64)> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(conn)
+        .expect("INFO");
+    info.lines()
+        .filter_map(|line| {
+            let (name, fields) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let field = |key: &str| -> Option<u64> {
+                fields
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))?
+                    .parse()
+                    .ok()
+            };
+            Some((name.to_owned(), (field("calls")?, field("usec")?)))
+        })
+        .filter(|(name, _)| name != "info" && name != "config")
+        .collect()
+}
+
+/// Runs `cycle` CYCLES times; prints the wall and CPU time per cycle and
+/// the server's time per cycle, with each command's calls and µs per call.
+/// `sent`: the commands the client sends (the others run inside them).
+fn measure(label: &str, sent: &[&str], stats: &mut redis::Connection, mut cycle: impl FnMut()) {
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query::<()>(stats)
+        .expect("RESETSTAT");
+    let (start, cpu) = (Instant::now(), thread_cpu());
+    for _ in 0..CYCLES {
+        cycle();
+    }
+    let wall = start.elapsed() / CYCLES;
+    let cpu = (thread_cpu() - cpu) / CYCLES;
+    let server = command_stats(stats);
+    // A script's time includes the calls it makes: only the commands the
+    // client sent count.
+    let server_us: u64 = server
+        .iter()
+        .filter(|(name, _)| sent.contains(&name.as_str()))
+        .map(|(_, (_, us))| us)
+        .sum();
+    let mut each: Vec<String> = server
+        .iter()
+        .filter(|(name, _)| !name.contains('|'))
+        .map(|(name, (calls, us))| {
+            format!(
+                "{name} {:.1}/cycle {:.2} µs",
+                *calls as f64 / f64::from(CYCLES),
+                *us as f64 / (*calls).max(1) as f64
+            )
+        })
+        .collect();
+    each.sort();
+    println!(
+        "{label:<9} wall {:>6.1} µs  client thread CPU {:>5.1} µs  server {:>5.1} µs per cycle; {}",
+        wall.as_secs_f64() * 1e6,
+        cpu.as_secs_f64() * 1e6,
+        server_us as f64 / f64::from(CYCLES),
+        each.join(", ")
+    );
+}
+
+fn main() {
+    let redis = testkit::DemoRedis::from_env().unwrap_or_else(|message| {
+        eprintln!("{message}");
+        std::process::exit(1)
+    });
+    let url = redis.url.clone();
+    let open = || {
+        redis::Client::open(url.as_str())
+            .and_then(|c| c.get_connection())
+            .expect("connect")
+    };
+    let (mut raw, mut stats) = (open(), open());
+    let client = redbaton::Client::open(&url).expect("url");
+    let lock = client.lock("bench:cycle-cost").expect("name");
+    let compare_and_delete = redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    );
+    // Warm up: scripts loaded, connections open, the thread's identity.
+    for _ in 0..2_000 {
+        lock.lock().expect("lock").unlock().expect("unlock");
+    }
+    let only = std::env::var("CYCLE_COST").unwrap_or_default();
+    for _ in 0..ROUNDS {
+        if only != "floor" {
+            measure("redbaton", &["evalsha"], &mut stats, || {
+                lock.lock().expect("lock").unlock().expect("unlock")
+            });
+        }
+        if only != "redbaton" {
+            measure("floor", &["set", "evalsha"], &mut stats, || {
+                let taken: Option<String> = redis::cmd("SET")
+                    .arg("bench:cycle-cost:bare")
+                    .arg("me")
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(30_000)
+                    .query(&mut raw)
+                    .expect("SET");
+                assert!(taken.is_some(), "the bare lock was free");
+                let _: i64 = compare_and_delete
+                    .key("bench:cycle-cost:bare")
+                    .arg("me")
+                    .invoke(&mut raw)
+                    .expect("compare-and-delete");
+            });
+        }
+    }
+}
