@@ -299,15 +299,20 @@ fn scenario(server: &RedisServer) -> (Client, FaultProxy) {
     single.unlock().unwrap();
     waiting.joined();
 
-    // Fair lock: queued waiters woken one at a time, one that gives up,
-    // force_unlock with a waiter.
+    // Fair lock: queued waiters woken one at a time (one of this client,
+    // woken in memory, and one of another client, woken by a token pushed
+    // to its list), one that gives up, force_unlock with a waiter.
     let fair = client.fair_lock("keys-fair").unwrap();
     let held = fair.lock().unwrap();
     let inner = fair.lock().unwrap();
     inner.unlock().unwrap();
-    let queued: Vec<_> = (0..2)
-        .map(|_| {
-            let fair = fair.clone();
+    let another = Client::builder(server.url())
+        .max_park(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let queued: Vec<_> = [fair.clone(), another.fair_lock("keys-fair").unwrap()]
+        .into_iter()
+        .map(|fair| {
             thread::spawn(move || {
                 let guard = fair.try_lock_for(Duration::from_secs(10)).unwrap().unwrap();
                 guard.unlock().unwrap();
