@@ -58,6 +58,9 @@ pub(crate) struct Backend {
     pid: u32,
 }
 
+// One per client, made once and kept behind an `Arc`: its size does not
+// matter, and which variant is the largest depends on the features on.
+#[allow(clippy::large_enum_variant)]
 enum Flavor {
     Single(single::Single),
     #[cfg(feature = "cluster")]

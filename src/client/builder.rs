@@ -620,8 +620,8 @@ impl ClientBuilder {
     /// be quick (count, send on a channel), since that thread waits for it.
     /// A panic of the hook is caught (and logged once): the client goes on.
     /// Each call adds a hook: they are called in the order they were added
-    /// (after or before the sinks of [`metrics`](ClientBuilder::metrics)
-    /// and [`tracing`](ClientBuilder::tracing), as the calls come).
+    /// (after or before the sinks that `metrics` and `tracing`, the methods
+    /// of the features of those names, add, as the calls come).
     ///
     /// [`LostReason`]: crate::LostReason
     ///
