@@ -24,6 +24,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redbaton::Client;
 
+#[path = "floor.rs"]
+mod floor;
+use floor::FloorLock;
+
 const CONTENDED_RUN: Duration = Duration::from_secs(3);
 const WAITERS: usize = 20;
 const HOLD: Duration = Duration::from_secs(5);
@@ -85,27 +89,19 @@ fn contend(peer: Peer, url: &str, threads: usize, run: Duration, tag: u64) -> Ve
             let (client, redlock, start) =
                 (client.clone(), Arc::clone(&redlock), Arc::clone(&start));
             thread::spawn(move || {
-                let lock = client.lock("bench:contended").expect("name");
-                let fair = client.fair_lock("bench:contended:fair").expect("name");
+                // The fair lock is a `Lock` too, on a name of its own.
+                let lock = match peer {
+                    Peer::Fair => client.fair_lock("bench:contended:fair"),
+                    _ => client.lock("bench:contended"),
+                }
+                .expect("name");
                 let mut events = Vec::new();
                 start.wait();
                 while Instant::now() < end {
                     let asked = now_ns();
                     match peer {
-                        Peer::Redbaton => {
+                        Peer::Redbaton | Peer::Fair => {
                             let guard = lock.lock().expect("lock");
-                            let got = now_ns();
-                            let released = now_ns();
-                            guard.unlock().expect("unlock");
-                            events.push(Event {
-                                holder: tag * 1000 + t,
-                                asked,
-                                got,
-                                released,
-                            });
-                        }
-                        Peer::Fair => {
-                            let guard = fair.lock().expect("lock");
                             let got = now_ns();
                             let released = now_ns();
                             guard.unlock().expect("unlock");
@@ -541,24 +537,8 @@ fn main() {
     });
     // The floor of any Redis lock: SET NX PX, then a compare-and-delete
     // script, on one connection.
-    let bare_cycle = median(5_000, || {
-        let taken: Option<String> = redis::cmd("SET")
-            .arg("bench:bare")
-            .arg("me")
-            .arg("NX")
-            .arg("PX")
-            .arg(30_000)
-            .query(&mut raw)
-            .expect("SET");
-        assert!(taken.is_some());
-        let _: i64 = redis::Script::new(
-            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-        )
-        .key("bench:bare")
-        .arg("me")
-        .invoke(&mut raw)
-        .expect("CAD");
-    });
+    let floor = FloorLock::new("bench:bare");
+    let bare_cycle = median(5_000, || floor.cycle(&mut raw));
     println!(
         "uncontended lock + unlock: redbaton {:.1} µs = {:.2} x RTT (target <= 2.2); bare SET NX + compare-and-delete {:.1} µs = {:.2} x RTT; redlock {:.1} µs = {:.2} x RTT",
         cycle.as_secs_f64() * 1e6,

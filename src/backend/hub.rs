@@ -1039,15 +1039,15 @@ impl Inner {
         let mut replies = replies.into_iter();
         let mut looked = Vec::with_capacity(keys.len());
         for pops in pops {
-            let Some(length) = replies.next() else {
-                break;
-            };
-            let popped = if *pops {
-                replies.next()
-            } else {
-                Some(Value::Nil)
-            };
-            let Some(popped) = popped else {
+            // A read-only look has no pop: it found no token.
+            let (Some(length), Some(popped)) = (
+                replies.next(),
+                if *pops {
+                    replies.next()
+                } else {
+                    Some(Value::Nil)
+                },
+            ) else {
                 break;
             };
             looked.push(match (length, popped) {
@@ -1312,8 +1312,8 @@ mod tests {
 
     const KEY: &str = "p:{k}:baton";
 
-    /// A state with one waiter on [`KEY`], whose look has been sent.
-    fn looking_with_a_waiter() -> State {
+    /// A state with one waiter on [`KEY`], due for a look.
+    fn a_waiter_due_for_a_look() -> State {
         let mut state = State::default();
         state
             .keys
@@ -1326,6 +1326,12 @@ mod tests {
                 watch: None,
             });
         state.dirty.insert(KEY.to_owned());
+        state
+    }
+
+    /// A state with one waiter on [`KEY`], whose look has been sent.
+    fn looking_with_a_waiter() -> State {
+        let mut state = a_waiter_due_for_a_look();
         assert_eq!(state.take_batch(), [KEY]);
         state
     }
@@ -1365,18 +1371,7 @@ mod tests {
     /// registers the key; its next change calls for a look that pops.
     #[test]
     fn a_read_only_look_leaves_the_tokens_and_registers_the_key() {
-        let mut state = State::default();
-        state
-            .keys
-            .entry(KEY.to_owned())
-            .or_default()
-            .push_back(Waiter {
-                id: 7,
-                name: "k".into(),
-                wake: Arc::new(Condvar::new()),
-                watch: None,
-            });
-        state.dirty.insert(KEY.to_owned());
+        let mut state = a_waiter_due_for_a_look();
         state.read_only.insert(KEY.to_owned());
         let batch = state.take_batch();
         assert_eq!(state.pops(&batch), [false]);

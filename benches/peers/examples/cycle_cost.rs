@@ -11,6 +11,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+#[path = "../floor.rs"]
+mod floor;
+use floor::FloorLock;
+
 const CYCLES: u32 = 20_000;
 const ROUNDS: usize = 3;
 
@@ -114,9 +118,7 @@ fn main() {
     let (mut raw, mut stats) = (open(), open());
     let client = redbaton::Client::open(&url).expect("url");
     let lock = client.lock("bench:cycle-cost").expect("name");
-    let compare_and_delete = redis::Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-    );
+    let floor = FloorLock::new("bench:cycle-cost:bare");
     // Warm up: scripts loaded, connections open, the thread's identity.
     for _ in 0..2_000 {
         lock.lock().expect("lock").unlock().expect("unlock");
@@ -130,20 +132,7 @@ fn main() {
         }
         if only != "redbaton" {
             measure("floor", &["set", "evalsha"], &mut stats, || {
-                let taken: Option<String> = redis::cmd("SET")
-                    .arg("bench:cycle-cost:bare")
-                    .arg("me")
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(30_000)
-                    .query(&mut raw)
-                    .expect("SET");
-                assert!(taken.is_some(), "the bare lock was free");
-                let _: i64 = compare_and_delete
-                    .key("bench:cycle-cost:bare")
-                    .arg("me")
-                    .invoke(&mut raw)
-                    .expect("compare-and-delete");
+                floor.cycle(&mut raw)
             });
         }
     }

@@ -173,9 +173,9 @@ impl Semaphore {
     /// reserves at a time per semaphore, and a waiter for more permits
     /// takes the reservation over from one for fewer; the next one to have
     /// waited long enough reserves once it is served. A shorter `after` is
-    /// closer to
-    /// first-come first-served; [`Duration::MAX`] never reserves (the
-    /// fastest for waiters of one permit, but no bound for the others).
+    /// closer to first-come first-served; [`Duration::MAX`] never reserves
+    /// (the fastest for waiters of one permit, but no bound for the
+    /// others).
     ///
     /// # Examples
     ///
