@@ -223,11 +223,16 @@ struct Waiter {
     /// A key whose absence means the object is free, if the waiter gave
     /// one: the sweeper wakes the waiter when it is gone.
     watch: Option<Arc<str>>,
+    /// Its next attempt takes the token itself ([`ParkHow::claims`]): an
+    /// announcement of the key ends its park with no look.
+    claims: bool,
 }
 
 enum Outcome {
     /// A token came (or the hub closed, or turned off).
     Woken,
+    /// The key changed: the waiter's attempt takes the token, if any.
+    Rang,
     /// A link failed: look again.
     ConnectionFailed(Error),
     /// The key cannot be waited on (it holds something else).
@@ -313,6 +318,7 @@ impl Hub {
             precise,
             watch,
             after_change,
+            claims,
         } = how;
         let inner = &self.inner;
         let mut park = if precise {
@@ -378,6 +384,7 @@ impl Hub {
                 name: name.into(),
                 wake: Arc::clone(&wake),
                 watch: watch.map(Arc::from),
+                claims,
             });
         if !state.tracked.contains(list) {
             let fresh = state.dirty.insert(list.to_owned());
@@ -426,6 +433,7 @@ impl Outcome {
     fn into_parked(self) -> Result<NodeParked, Error> {
         match self {
             Outcome::Woken => Ok(NodeParked::Parked(Parked::Done)),
+            Outcome::Rang => Ok(NodeParked::Parked(Parked::Rang)),
             Outcome::ConnectionFailed(err) => Ok(NodeParked::Parked(Parked::ConnectionFailed(err))),
             Outcome::Refused(err) => Err(err),
             Outcome::Redirected(err) => Ok(NodeParked::Redirected(err)),
@@ -518,6 +526,8 @@ impl State {
                     self.read_only.remove(&key);
                     if let Some(announced) = self.looking.get_mut(&key) {
                         *announced = true;
+                    } else if self.ring(&key) {
+                        continue;
                     }
                     if self.keys.contains_key(&key) {
                         self.dirty.insert(key);
@@ -525,6 +535,30 @@ impl State {
                 }
             }
         }
+    }
+
+    /// Ends the park of `key`'s oldest waiter at its announcement when
+    /// that waiter takes the token itself ([`ParkHow::claims`]): it
+    /// attempts at once instead of after a look. Whether the key has no
+    /// waiter left (nothing to look at). Not while a look at the key is on
+    /// its way: that look may pop the token, and hands it on as usual.
+    fn ring(&mut self, key: &str) -> bool {
+        let Some(waiters) = self.keys.get_mut(key) else {
+            return false;
+        };
+        if !waiters.front().is_some_and(|waiter| waiter.claims) {
+            return false;
+        }
+        let Some(waiter) = waiters.pop_front() else {
+            return false;
+        };
+        self.outcomes.insert(waiter.id, Outcome::Rang);
+        waiter.wake.notify_one();
+        if waiters.is_empty() {
+            self.keys.remove(key);
+            return true;
+        }
+        false
     }
 
     /// Up to [`BATCH`] keys to look at, each with waiters (keys without
@@ -1324,6 +1358,7 @@ mod tests {
                 name: "k".into(),
                 wake: Arc::new(Condvar::new()),
                 watch: None,
+                claims: false,
             });
         state.dirty.insert(KEY.to_owned());
         state

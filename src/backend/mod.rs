@@ -106,6 +106,12 @@ pub(crate) struct ParkHow<'a> {
     /// changed since (where a hub parks it; a blocked call takes one at
     /// once).
     pub(crate) after_change: bool,
+    /// The waiter's next attempt takes the list's token itself (a plain
+    /// lock's: `lock/acquire.lua` pops it): where a hub parks it, an
+    /// announcement that the list changed ends its park at once
+    /// ([`Parked::Rang`]), without the look that would pop the token for
+    /// it, so a hand-off waits for one round trip less.
+    pub(crate) claims: bool,
 }
 
 /// How one park ended.
@@ -113,6 +119,10 @@ pub(crate) struct ParkHow<'a> {
 pub(crate) enum Parked {
     /// Woken by a token or by the park's timeout.
     Done,
+    /// The list changed (a claiming waiter's park, see
+    /// [`ParkHow::claims`]): a token may be there, for the waiter's next
+    /// attempt to take.
+    Rang,
     /// The parked connection failed; it was closed.
     ConnectionFailed(Error),
 }

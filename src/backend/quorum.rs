@@ -277,8 +277,13 @@ impl Quorum {
         park: Duration,
         how: ParkHow<'_>,
     ) -> Result<Parked, Error> {
-        // No master is swept for a quorum's waiters.
-        let how = ParkHow { watch: None, ..how };
+        // No master is swept for a quorum's waiters, and a quorum's
+        // attempt takes no token (it goes to every master).
+        let how = ParkHow {
+            watch: None,
+            claims: false,
+            ..how
+        };
         if let Some(index) = self.preferred() {
             return match self.masters[index].park(name, list, park, how) {
                 Err(err) if err.is_transient() || err.is_timeout() => {

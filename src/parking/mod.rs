@@ -35,6 +35,7 @@
 mod local_queue;
 mod park;
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -99,6 +100,16 @@ impl<T> Attempt<T> {
             },
         }
     }
+}
+
+/// What a wait waits on (see [`WaitingRoom::wait_until`]).
+#[derive(Clone, Copy)]
+struct Wait<'a> {
+    /// The object waited for, for messages.
+    name: &'a str,
+    baton_key: &'a str,
+    watch: Option<&'a str>,
+    takes_token: Option<&'a Cell<bool>>,
 }
 
 /// How a wait ended.
@@ -169,6 +180,12 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
     /// one, for the I/O timeout of failures in a row); then the last error
     /// is returned rather than `TimedOut`, so that the caller can tell
     /// "Redis was failing" from "someone else held it".
+    ///
+    /// `takes_token`: the caller's attempt can take the baton key's token
+    /// itself (a plain lock's); the wait core sets it before an attempt
+    /// that should, after a park that ended with the list's change
+    /// ([`Parked::Rang`]), and the attempt clears it.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn wait_until<T>(
         &self,
         name: &str,
@@ -176,14 +193,22 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
         watch: Option<&str>,
         claim: C,
         deadline: Option<Instant>,
+        takes_token: Option<&Cell<bool>>,
         attempt: impl FnMut() -> Result<Attempt<T>, Error>,
     ) -> Result<Waited<T, G>, Error> {
-        self.wait_told(name, baton_key, watch, claim, deadline, true, attempt)
+        let wait = Wait {
+            name,
+            baton_key,
+            watch,
+            takes_token,
+        };
+        self.wait_told(wait, claim, deadline, true, attempt)
     }
 
     /// [`wait_until`](WaitingRoom::wait_until) for one stretch of a longer
     /// wait: reaching `until` is not the caller's time out, so the event
     /// hook is not told of one (the caller goes on waiting another way).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn wait_a_stretch<T>(
         &self,
         name: &str,
@@ -191,31 +216,39 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
         watch: Option<&str>,
         claim: C,
         until: Instant,
+        takes_token: Option<&Cell<bool>>,
         attempt: impl FnMut() -> Result<Attempt<T>, Error>,
     ) -> Result<Waited<T, G>, Error> {
-        self.wait_told(name, baton_key, watch, claim, Some(until), false, attempt)
+        let wait = Wait {
+            name,
+            baton_key,
+            watch,
+            takes_token,
+        };
+        self.wait_told(wait, claim, Some(until), false, attempt)
     }
 
     /// A wait, told to the event hook; a time out only when `final_end`.
-    #[allow(clippy::too_many_arguments)]
     fn wait_told<T>(
         &self,
-        name: &str,
-        baton_key: &str,
-        watch: Option<&str>,
+        wait: Wait<'_>,
         claim: C,
         deadline: Option<Instant>,
         final_end: bool,
         attempt: impl FnMut() -> Result<Attempt<T>, Error>,
     ) -> Result<Waited<T, G>, Error> {
-        let watch = watch.filter(|_| self.backend.watches());
+        let wait = Wait {
+            watch: wait.watch.filter(|_| self.backend.watches()),
+            ..wait
+        };
         if !self.observer.is_set() {
-            return self.wait_in_queue(name, baton_key, watch, claim, deadline, attempt);
+            return self.wait_in_queue(wait, claim, deadline, attempt);
         }
-        let kind = keys::kind_waited_on(&self.prefix, name, baton_key);
+        let name = wait.name;
+        let kind = keys::kind_waited_on(&self.prefix, name, wait.baton_key);
         let start = Instant::now();
         self.observer.emit(|| Event::Parked { name, kind });
-        let waited = self.wait_in_queue(name, baton_key, watch, claim, deadline, attempt);
+        let waited = self.wait_in_queue(wait, claim, deadline, attempt);
         let elapsed = start.elapsed();
         self.observer.emit(|| Event::Woken {
             name,
@@ -240,14 +273,12 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
     /// [`wait_until`](WaitingRoom::wait_until)'s work.
     fn wait_in_queue<T>(
         &self,
-        name: &str,
-        baton_key: &str,
-        watch: Option<&str>,
+        wait: Wait<'_>,
         claim: C,
         deadline: Option<Instant>,
         mut attempt: impl FnMut() -> Result<Attempt<T>, Error>,
     ) -> Result<Waited<T, G>, Error> {
-        let member = self.queues.join(baton_key, claim);
+        let member = self.queues.join(wait.baton_key, claim);
         loop {
             match member.next_turn(deadline) {
                 Turn::TimedOut => return Ok(Waited::TimedOut),
@@ -272,10 +303,7 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
                 },
                 // Leaving, whichever way, hands the parker role on
                 // (`Member`'s drop).
-                Turn::Park => {
-                    return self
-                        .park_until_acquired(name, baton_key, watch, &member, deadline, attempt)
-                }
+                Turn::Park => return self.park_until_acquired(wait, &member, deadline, attempt),
             }
         }
     }
@@ -283,9 +311,7 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
     /// The parker's loop: attempt, park in Redis, attempt again.
     fn park_until_acquired<T>(
         &self,
-        name: &str,
-        baton_key: &str,
-        watch: Option<&str>,
+        wait: Wait<'_>,
         member: &Member<'_, C, G>,
         deadline: Option<Instant>,
         mut attempt: impl FnMut() -> Result<Attempt<T>, Error>,
@@ -297,6 +323,12 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
         if let Err(err) = failures.check_unconfirmed(deadline) {
             return Err(*err);
         }
+        let Wait {
+            name,
+            baton_key,
+            watch,
+            takes_token,
+        } = wait;
         let max_park = match watch {
             Some(_) => self.max_park.saturating_mul(WATCHED_PARK_FACTOR),
             None => self.max_park,
@@ -349,16 +381,28 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
                 return Ok(Waited::TimedOut);
             };
             let park_key = park_on.as_deref().unwrap_or(baton_key);
+            // Only on its own list: a list the attempt named is another's.
+            let claims = takes_token.filter(|_| park_on.is_none());
             let how = ParkHow {
                 precise: park.precise,
                 watch,
                 after_change: passed_on,
+                claims: claims.is_some(),
             };
-            let parked = self.backend.park(name, park_key, park.duration, how)?;
-            if let Parked::ConnectionFailed(err) = parked {
+            match self.backend.park(name, park_key, park.duration, how)? {
+                Parked::Done => {}
+                // The list changed: its token, if there, is this waiter's
+                // to take, as a look would have popped it for it.
+                Parked::Rang => {
+                    if let Some(takes) = claims {
+                        takes.set(true);
+                    }
+                }
                 // A killed or reset parked connection: look again at once,
                 // on a fresh connection.
-                failures.count(err, deadline)?;
+                Parked::ConnectionFailed(err) => {
+                    failures.count(err, deadline)?;
+                }
             }
         }
     }

@@ -80,6 +80,10 @@ pub(crate) struct AcquireArgs<'a> {
     /// Take the lock only if it is free: another thread of this client
     /// holds what the caller took under its identity (passed in memory).
     pub(crate) free_only: bool,
+    /// Pop the baton first: the caller's park ended when the baton list
+    /// changed, without a look that would have popped its token for it
+    /// (a plain lock's only).
+    pub(crate) takes_token: bool,
 }
 
 /// The acquisition script of `keys`'s lock (a fair lock's takes or keeps
@@ -106,10 +110,17 @@ pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
         let call = call.arg(if args.asking.waited() { "1" } else { "0" });
         call.arg(millis(args.place_ttl)).arg(args.arrival)
     } else {
-        call.arg(args.asking.arg())
+        let call = call
+            .arg(args.asking.arg())
             .arg(args.proposed_token)
             .arg(args.reserve)
-            .arg(if args.free_only { "1" } else { "0" })
+            .arg(if args.free_only { "1" } else { "0" });
+        // Only then: the usual attempt names two keys and ten arguments.
+        if args.takes_token {
+            call.key(&keys.baton).arg("1")
+        } else {
+            call
+        }
     }
 }
 

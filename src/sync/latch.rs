@@ -232,6 +232,8 @@ impl CountDownLatch {
             None,
             (),
             deadline,
+            // Attempts take no token: a look pops it for them.
+            None,
             || {
                 Ok(match self.look(Some(&round))? {
                     Look::Open => Attempt::Acquired(()),

@@ -317,3 +317,47 @@ fn mutual_exclusion_holds_across_hand_offs_and_global_releases() {
     assert_eq!(entries.load(Ordering::SeqCst), 12 * 40);
     assert_eq!(lock.holder().unwrap(), None);
 }
+
+/// A waiter of another client is woken by its parking hub at the baton
+/// list's announcement and pops the baton in its own attempt: no look
+/// (`LLEN` + `LPOP`) comes between the release and that attempt, which
+/// is what a hand-off between processes waited a round trip for.
+#[test]
+fn a_waiter_of_another_client_takes_the_baton_in_its_attempt_without_a_look() {
+    let deployment = Deployment::start(Topology::Single);
+    let server = deployment.server();
+    let holder = deployment.client();
+    let waiting = deployment
+        .builder()
+        .max_park(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let held = holder.lock("rung").unwrap().lock().unwrap();
+    let lock = waiting.lock("rung").unwrap();
+    let waiter = thread::spawn(move || {
+        let guard = lock
+            .try_lock_for(Duration::from_secs(30))
+            .unwrap()
+            .expect("woken by the release");
+        guard.unlock().unwrap();
+    });
+    eventually(Duration::from_secs(10), "the waiter parked", || {
+        parked(server) == 1
+    });
+    let before = server.command_calls();
+    held.unlock().unwrap();
+    waiter.joined();
+    let used = server.commands_since(&before);
+    // The release (one script), the waiter's attempt (one script, which
+    // pops the baton) and its release: no look, and no attempt that
+    // found the lock held (HSET: the release's hand-over window aside,
+    // the acquisition only).
+    assert_eq!(used.get("llen"), None, "{used:?}");
+    assert_eq!(used.get("lpop"), Some(&1), "{used:?}");
+    let loads = used.get("script|load").copied().unwrap_or(0);
+    assert_eq!(
+        used.get("evalsha").copied().unwrap_or(0) - loads,
+        3,
+        "{used:?}"
+    );
+}

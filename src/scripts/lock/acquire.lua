@@ -26,6 +26,11 @@
 --          took under this identity (it passed the ownership on in
 --          memory), so a lock under the caller's identity is that thread's,
 --          not a leftover of the caller's
+-- KEYS[3], ARGV[11]  only from a waiter whose park ended when the baton
+--          list changed, with no look that popped its token (the parking
+--          hub rings such a waiter at the list's announcement): the baton
+--          key, and "1". The token is popped first, whatever comes of the
+--          attempt, as the look would have popped it for this waiter.
 --
 -- Returns {1, fence, depth}  acquired: fresh (depth 1) or re-entered
 --         {0, pttl}          held by another identity; pttl is the lock key's
@@ -54,10 +59,15 @@
 -- free to a caller that asked before it opened (or will not wait), and
 -- held for its time left to anyone else.
 --
--- Errors come before any write: HMGET fails with WRONGTYPE when the lock key
--- is not a hash, next_fence when the fence key is not an integer.
+-- Errors come before any write but a waiter's pop of its token (which fails
+-- with WRONGTYPE first when the baton key is not a list): HMGET fails with
+-- WRONGTYPE when the lock key is not a hash, next_fence when the fence key
+-- is not an integer.
 -- next_fence, extend_lease and may_take come from lib/, prepended when the
 -- script is built.
+if ARGV[11] == '1' then
+  redis.call('LPOP', KEYS[3])
+end
 local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'handover')
 
 if held[1] == ARGV[1] and held[2] == ARGV[3] then

@@ -10,6 +10,7 @@ mod quorum;
 mod raw;
 
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -228,7 +229,7 @@ impl Lock {
             .context
             .identity()
             .map_err(|err| self.failed(start, err))?;
-        let attempt = self.attempt(&identity, Asking::Once, &mut 0);
+        let attempt = self.attempt(&identity, Asking::Once, &mut 0, false);
         match attempt.map_err(|err| self.failed(start, err))? {
             Attempt::Acquired(guard) => {
                 Ok(Some(self.acquired(guard, start, Acquisition::FirstAttempt)))
@@ -418,7 +419,7 @@ impl Lock {
             .held(&self.keys.lock, &identity)
             .is_some();
         if holds || !context.lock_room.has_waiters(&self.keys.baton) {
-            match self.attempt(&identity, Asking::First, &mut 0) {
+            match self.attempt(&identity, Asking::First, &mut 0, false) {
                 Ok(Attempt::Acquired(guard)) => {
                     return Ok(Some(self.acquired(guard, start, Acquisition::FirstAttempt)))
                 }
@@ -441,13 +442,22 @@ impl Lock {
         let wait_key = self.wait_key(&identity);
         // A fair waiter keeps its place by coming back every park.
         let watch = self.keys.fair.is_none().then_some(self.keys.lock.as_str());
-        let attempt = || self.attempt(&identity, Asking::Waited(asked.elapsed()), &mut arrival);
+        // A plain lock's waiter takes the baton in its attempt after a
+        // park its list's change ended (see `ParkHow::claims`); a fair
+        // lock's waiter is woken on a list of its own.
+        let takes_token = Cell::new(false);
+        let claims = self.keys.fair.is_none().then_some(&takes_token);
+        let attempt = || {
+            let asking = Asking::Waited(asked.elapsed());
+            self.attempt(&identity, asking, &mut arrival, takes_token.take())
+        };
         let room = &context.lock_room;
+        let name = &self.keys.name;
         let waited = match deadline {
             Some(until) if !last => {
-                room.wait_a_stretch(&self.keys.name, &wait_key, watch, claim, until, attempt)
+                room.wait_a_stretch(name, &wait_key, watch, claim, until, claims, attempt)
             }
-            _ => room.wait_until(&self.keys.name, &wait_key, watch, claim, deadline, attempt),
+            _ => room.wait_until(name, &wait_key, watch, claim, deadline, claims, attempt),
         };
         if self.keys.fair.is_some() && !matches!(waited, Ok(Waited::Acquired(_))) {
             // A fair lock's waiter that leaves without the lock gives its
@@ -568,11 +578,14 @@ impl Lock {
         )
     }
 
+    /// One attempt; `takes_token`: it pops the baton too (a park of this
+    /// waiter ended when the list changed, see `ParkHow::claims`).
     fn attempt(
         &self,
         identity: &Arc<str>,
         asking: Asking,
         arrival: &mut u64,
+        takes_token: bool,
     ) -> Result<Attempt<LockGuard>, Error> {
         // Re-entry is granted only to the ownership this thread's live guards
         // belong to; the stored depth is set to theirs + 1, and the lease is
@@ -599,6 +612,7 @@ impl Lock {
             proposed_token: 0,
             reserve: guard::reserve(&self.context, &*self.raw),
             free_only: guards == 0 && registry.lent(&self.keys.lock, identity),
+            takes_token,
         };
         let sent = Instant::now();
         match self.raw.attempt(&self.keys, args) {

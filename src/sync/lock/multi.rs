@@ -415,8 +415,9 @@ impl MultiLock {
             // Until the deadline, or a stretch until it is time to take the
             // names one at a time (reaching that is no time out).
             let waited = match patient_at.filter(|at| deadline.is_none_or(|d| *at < d)) {
-                Some(at) => room.wait_a_stretch(name, baton, watch, claim, at, attempt)?,
-                None => room.wait_until(name, baton, watch, claim, deadline, attempt)?,
+                // Its attempts take no token: a look pops it for them.
+                Some(at) => room.wait_a_stretch(name, baton, watch, claim, at, None, attempt)?,
+                None => room.wait_until(name, baton, watch, claim, deadline, None, attempt)?,
             };
             match waited {
                 Waited::Acquired(Step::Done(guard)) => return Ok(Some(guard)),

@@ -452,10 +452,12 @@ impl RawLock for QuorumLock {
         }
         let fresh = args.held_fence == 0;
         let proposal = if fresh { first_proposal() } else { 0 };
-        // Nothing passes in memory on a quorum: no tokens set aside.
+        // Nothing passes in memory on a quorum: no tokens set aside; and
+        // its waiters' parks end by a look (`Quorum::park`), which pops.
         let args = AcquireArgs {
             proposed_token: proposal,
             reserve: 0,
+            takes_token: false,
             ..args
         };
         let started = Instant::now();

@@ -371,6 +371,8 @@ impl RwLock {
                 None,
                 (),
                 deadline,
+                // Attempts take no token: a look pops it for them.
+                None,
                 || self.attempt_read(&identity, true),
             )?;
             match waited {
@@ -434,6 +436,8 @@ impl RwLock {
                 None,
                 (),
                 deadline,
+                // Attempts take no token: a look pops it for them.
+                None,
                 || {
                     placed = true;
                     self.attempt_write(&identity, true)

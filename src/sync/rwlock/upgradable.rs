@@ -163,6 +163,8 @@ impl RwLock {
                 None,
                 (),
                 deadline,
+                // Attempts take no token: a look pops it for them.
+                None,
                 || self.attempt_upgradable(&identity, true),
             )?;
             match waited {
@@ -232,6 +234,8 @@ impl RwLock {
                 None,
                 (),
                 deadline,
+                // Attempts take no token: a look pops it for them.
+                None,
                 || {
                     marked = true;
                     self.attempt_upgrade(identity, true)

@@ -497,6 +497,8 @@ impl Semaphore {
             None,
             (),
             deadline,
+            // Attempts take no token: a look pops it for them.
+            None,
             attempt,
         );
         match waited {

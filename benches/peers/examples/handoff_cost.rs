@@ -1,0 +1,105 @@
+//! What a hand-off of the plain lock to a waiter of another client costs,
+//! parked the usual way (the client's parking hub, woken by the server's
+//! announcements) and parked in `BLPOP` (a user whose ACL refuses
+//! `CLIENT TRACKING`, so that the hub turns itself off), on a private
+//! server, over the `PING` of the same run.
+//!
+//!     cargo run --release --manifest-path benches/peers/Cargo.toml --example handoff_cost
+//!
+//! (`REDIS_URL`: a server of your own, given without a user, where the
+//! bench may run `ACL SETUSER no-tracking`.)
+//!
+//! Each round: the holder takes the lock, tells the waiter's thread to
+//! ask, gives it 5 ms to park, sends one `PING` (timed), then releases;
+//! the hand-off is the time from just before the release to just after
+//! the waiter's acquisition returned, median of `ROUNDS`. Both clients
+//! live in this process, each with its own connections and hub, as two
+//! processes would have.
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+const ROUNDS: usize = 200;
+/// Runs of each way of parking, interleaved.
+const RUNS: usize = 3;
+
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+/// The median hand-off and the median `PING` of `ROUNDS` rounds, both
+/// clients connecting to `url`.
+fn handoffs(label: &str, url: &str) -> (Duration, Duration) {
+    let holder = redbaton::Client::open(url).expect("holder");
+    let waiting = redbaton::Client::open(url).expect("waiter");
+    let name = format!("bench:handoff-cost:{label}");
+    let (ask, asked) = mpsc::channel::<()>();
+    let (took, taken) = mpsc::channel::<Instant>();
+    let lock = waiting.lock(&name).expect("name");
+    let waiter = thread::spawn(move || {
+        for () in asked {
+            let guard = lock.lock().expect("lock");
+            let at = Instant::now();
+            guard.unlock().expect("unlock");
+            took.send(at).expect("the holder waits");
+        }
+    });
+    let lock = holder.lock(&name).expect("name");
+    let mut raw = redis::Client::open(url)
+        .and_then(|client| client.get_connection())
+        .expect("connect");
+    let (mut times, mut pings) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        let guard = lock.lock().expect("lock");
+        ask.send(()).expect("the waiter listens");
+        thread::sleep(Duration::from_millis(5));
+        let ping = Instant::now();
+        redis::cmd("PING").query::<String>(&mut raw).expect("PING");
+        pings.push(ping.elapsed());
+        let released = Instant::now();
+        guard.unlock().expect("unlock");
+        times.push(taken.recv().expect("the waiter took it") - released);
+    }
+    drop(ask);
+    waiter.join().expect("the waiter's thread");
+    (median(times), median(pings))
+}
+
+fn main() {
+    let redis = testkit::DemoRedis::from_env().unwrap_or_else(|message| {
+        eprintln!("{message}");
+        std::process::exit(1)
+    });
+    let url = redis.url.clone();
+    let mut admin = redis::Client::open(url.as_str())
+        .and_then(|client| client.get_connection())
+        .expect("connect");
+    // The same rights, but no tracking: each waiter parks in BLPOP.
+    redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "no-tracking",
+            "on",
+            "nopass",
+            "~*",
+            "&*",
+            "+@all",
+        ])
+        .arg("-client|tracking")
+        .query::<()>(&mut admin)
+        .expect("ACL SETUSER");
+    let blpop_url = url.replacen("redis://", "redis://no-tracking:x@", 1);
+    for _ in 0..RUNS {
+        for (label, url) in [("hub", url.as_str()), ("blpop", blpop_url.as_str())] {
+            let (handoff, ping) = handoffs(label, url);
+            println!(
+                "{label:<6} hand-off p50 {:>6.1} µs, PING {:>5.1} µs: {:.2} × PING",
+                handoff.as_secs_f64() * 1e6,
+                ping.as_secs_f64() * 1e6,
+                handoff.as_secs_f64() / ping.as_secs_f64()
+            );
+        }
+    }
+}
