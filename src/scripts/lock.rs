@@ -80,9 +80,9 @@ pub(crate) struct AcquireArgs<'a> {
     /// Take the lock only if it is free: another thread of this client
     /// holds what the caller took under its identity (passed in memory).
     pub(crate) free_only: bool,
-    /// Pop the baton first: the caller's park ended when the baton list
-    /// changed, without a look that would have popped its token for it
-    /// (a plain lock's only).
+    /// Pop the token first: the caller's park ended when its list (the
+    /// baton; a fair lock's waiter's own list) changed, without a look
+    /// that would have popped its token for it.
     pub(crate) takes_token: bool,
 }
 
@@ -108,7 +108,12 @@ pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
     if keys.fair.is_some() {
         // The fair lock's waiters queue in Redis: no hand-over window.
         let call = call.arg(if args.asking.waited() { "1" } else { "0" });
-        call.arg(millis(args.place_ttl)).arg(args.arrival)
+        let call = call.arg(millis(args.place_ttl)).arg(args.arrival);
+        if args.takes_token {
+            call.key(&keys.wake_list(args.identity)).arg("1")
+        } else {
+            call
+        }
     } else {
         let call = call
             .arg(args.asking.arg())

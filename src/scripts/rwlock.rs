@@ -29,6 +29,9 @@ pub(crate) struct ReadArgs<'a> {
     /// Whether the caller comes from waiting (it passes a baton on).
     pub(crate) waited: bool,
     pub(crate) baton_ttl: Duration,
+    /// Pop the read baton first: the caller's park ended when the list
+    /// changed, without a look that would have popped its token for it.
+    pub(crate) takes_token: bool,
 }
 
 pub(crate) fn read(keys: &RwKeys, args: ReadArgs<'_>) -> Call {
@@ -46,6 +49,7 @@ pub(crate) fn read(keys: &RwKeys, args: ReadArgs<'_>) -> Call {
         .arg(args.request)
         .arg(if args.waited { "1" } else { "0" })
         .arg(millis(args.baton_ttl))
+        .arg(if args.takes_token { "1" } else { "0" })
 }
 
 /// What [`write`] asks for.
@@ -66,10 +70,13 @@ pub(crate) struct WriteArgs<'a> {
     pub(crate) place: Option<Duration>,
     /// The token of the caller's live read guards, 0 when it has none.
     pub(crate) read_token: u64,
+    /// Pop the write baton first: the caller's park ended when the list
+    /// changed, without a look that would have popped its token for it.
+    pub(crate) takes_token: bool,
 }
 
 pub(crate) fn write(keys: &RwKeys, args: WriteArgs<'_>) -> Call {
-    Call::new(&RW_WRITE)
+    let call = Call::new(&RW_WRITE)
         .key(&keys.write)
         .key(&keys.readers)
         .key(&keys.read_depths)
@@ -83,7 +90,13 @@ pub(crate) fn write(keys: &RwKeys, args: WriteArgs<'_>) -> Call {
         .arg(millis(args.fence_ttl))
         .arg(args.request)
         .arg(args.place.map_or(0, millis))
-        .arg(args.read_token)
+        .arg(args.read_token);
+    // Only then: the usual attempt names six keys and eight arguments.
+    if args.takes_token {
+        call.key(&keys.write_baton).arg("1")
+    } else {
+        call
+    }
 }
 
 /// Releases one level of the read hold `token` of `identity`, which keeps

@@ -297,6 +297,42 @@ fn a_release_to_a_parked_thread_of_the_same_client_pushes_no_token() {
     assert_eq!(queue_len(&server, "inside"), 0);
 }
 
+/// A release whose next waiter is another client's thread pushes a token
+/// to that waiter's own list, and the waiter, woken by its parking hub at
+/// the list's announcement, pops it in its own attempt: no look (`LLEN` +
+/// `LPOP`) comes between.
+#[test]
+fn another_clients_waiter_takes_its_token_in_its_attempt_without_a_look() {
+    let server = RedisServer::start();
+    let holder = Client::open(&server.url()).unwrap();
+    let waiting = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let held = holder.fair_lock("across").unwrap().lock().unwrap();
+    let lock = waiting.fair_lock("across").unwrap();
+    let waiter = thread::spawn(move || {
+        let guard = lock
+            .try_lock_for(Duration::from_secs(20))
+            .unwrap()
+            .expect("served");
+        guard.unlock().unwrap();
+    });
+    support::eventually(Duration::from_secs(10), "the waiter parked", || {
+        queue_len(&server, "across") == 1 && support::parked(&server) == 1
+    });
+    let before = server.command_calls();
+    held.unlock().unwrap();
+    waiter.joined();
+    let during = server.commands_since(&before);
+    // The release, the wake (one token), the waiter's attempt (which pops
+    // it) and its release.
+    assert_eq!(during.get("llen"), None, "{during:?}");
+    assert_eq!(during.get("lpop"), Some(&1), "{during:?}");
+    assert_eq!(during.get("rpush"), Some(&1), "{during:?}");
+    assert_eq!(queue_len(&server, "across"), 0);
+}
+
 across_topologies! {
     but_masters;
     /// `try_lock` never takes a place; a waiter that gives up leaves its

@@ -123,3 +123,39 @@ across_topologies! {
         }
     }
 }
+
+/// A reader and then a writer of another client, each parked behind a
+/// write, are woken by their parking hub at their baton list's
+/// announcement and pop the baton in their own attempt: no look (`LLEN` +
+/// `LPOP`) comes between the release and the attempt.
+#[test]
+fn another_clients_waiters_take_their_baton_in_their_attempt_without_a_look() {
+    let server = RedisServer::start();
+    let holder = Client::open(&server.url()).unwrap();
+    let waiting = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    for writes in [false, true] {
+        let held = holder.rw_lock("rung").unwrap().write().unwrap();
+        let lock = waiting.rw_lock("rung").unwrap();
+        let waiter = thread::spawn(move || {
+            let wait = Duration::from_secs(20);
+            if writes {
+                drop(lock.try_write_for(wait).unwrap().expect("woken"));
+            } else {
+                drop(lock.try_read_for(wait).unwrap().expect("woken"));
+            }
+        });
+        eventually(Duration::from_secs(10), "the waiter parked", || {
+            parked(&server) == 1
+        });
+        let before = server.command_calls();
+        held.unlock().unwrap();
+        waiter.joined();
+        let used = server.commands_since(&before);
+        let what = if writes { "writer" } else { "reader" };
+        assert_eq!(used.get("llen"), None, "{what}: {used:?}");
+        assert!(used.contains_key("lpop"), "{what}: {used:?}");
+    }
+}

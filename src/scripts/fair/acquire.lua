@@ -12,6 +12,11 @@
 -- ARGV[8]  how long a place lives without being renewed, in ms
 -- ARGV[9]  the caller's arrival (server µs) as an earlier attempt of this
 --          wait returned it, "0" before it has one
+-- KEYS[5], ARGV[10]  only from a waiter whose park ended when its own
+--          list changed, with no look that popped its token (the parking
+--          hub rings such a waiter at the list's announcement): that list
+--          (LockKeys::wake_list), and "1". Its token is popped first,
+--          whatever comes of the attempt, as the look would have popped it.
 --
 -- Returns {1, fence, depth}   acquired: fresh (depth 1) or re-entered
 --         {0, wait, arrival}  not this caller's turn; `wait` is how long, in
@@ -39,6 +44,9 @@ local queue, places = KEYS[3], KEYS[4]
 local err = queue_error(queue, places)
 if err then
   return err
+end
+if ARGV[10] == '1' then
+  redis.call('LPOP', KEYS[5])
 end
 local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'req', 'count')
 

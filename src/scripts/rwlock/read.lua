@@ -19,6 +19,11 @@
 -- ARGV[6]  "1" when the caller has been waiting: it passes a read baton on,
 --          so that a parked reader of another process wakes in turn
 -- ARGV[7]  baton TTL in milliseconds
+-- ARGV[8]  "1" from a waiter whose park ended when the read baton list
+--          changed, with no look that popped its token (the parking hub
+--          rings such a waiter at the list's announcement): the token is
+--          popped first, whatever comes of the attempt, as the look would
+--          have popped it for this waiter; else "0"
 --
 -- Returns {1, token, depth}  acquired: fresh (depth 1) or re-entered, or
 --                            this request's own hold when it is sent again
@@ -36,6 +41,9 @@
 -- `rwait` on the upgradable key, so that their end pushes a read baton.
 -- now_ms, purge, expire_with, read_hold, ms_score (lib/rw.lua), baton_error
 -- and push_baton (lib/baton.lua) are prepended.
+if ARGV[8] == '1' then
+  redis.call('LPOP', KEYS[5])
+end
 local writer = redis.call('HMGET', KEYS[1], 'flag')[1]
 local up = redis.call('HMGET', KEYS[6], 'flag', 'upgrading')
 local now = now_ms()

@@ -21,6 +21,11 @@
 --          many milliseconds (from the server's clock); "0": no place (the
 --          caller will not wait)
 -- ARGV[8]  token of the caller's live read guards, or "0"
+-- KEYS[7], ARGV[9]  only from a waiter whose park ended when the write
+--          baton list changed, with no look that popped its token (the
+--          parking hub rings such a waiter at the list's announcement): the
+--          write baton key, and "1". The token is popped first, whatever
+--          comes of the attempt, as the look would have popped it.
 --
 -- Returns {1, fence, depth}  acquired: fresh (depth 1) or re-entered, or
 --                            this request's own hold when it is sent again
@@ -35,11 +40,15 @@
 -- for readers and upgradable readers may have been refused on its
 -- account: its release pushes their batons. The upgradable reader (even a
 -- leftover of this identity) keeps every writer out: it becomes the writer
--- through upgrade.lua. Errors come before any write: HMGET fails with
--- WRONGTYPE when the write or upgradable key is not a hash, purge when the
--- readers key is not a sorted set.
+-- through upgrade.lua. Errors come before any write (but a waiter's pop of
+-- its token, which fails first when the baton is not a list): HMGET fails
+-- with WRONGTYPE when the write or upgradable key is not a hash, purge when
+-- the readers key is not a sorted set.
 -- now_ms, purge, expire_with, read_hold, ms_score (lib/rw.lua), next_fence
 -- and extend_lease (lib/) are prepended.
+if ARGV[9] == '1' then
+  redis.call('LPOP', KEYS[7])
+end
 local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'req', 'count')
 local upgradable = redis.call('HMGET', KEYS[6], 'flag')[1]
 local now = now_ms()

@@ -442,11 +442,11 @@ impl Lock {
         let wait_key = self.wait_key(&identity);
         // A fair waiter keeps its place by coming back every park.
         let watch = self.keys.fair.is_none().then_some(self.keys.lock.as_str());
-        // A plain lock's waiter takes the baton in its attempt after a
-        // park its list's change ended (see `ParkHow::claims`); a fair
-        // lock's waiter is woken on a list of its own.
+        // The waiter takes its token in its attempt after a park its
+        // list's change ended (see `ParkHow::claims`): the lock's baton,
+        // or a fair lock waiter's own list.
         let takes_token = Cell::new(false);
-        let claims = self.keys.fair.is_none().then_some(&takes_token);
+        let claims = Some(&takes_token);
         let attempt = || {
             let asking = Asking::Waited(asked.elapsed());
             self.attempt(&identity, asking, &mut arrival, takes_token.take())

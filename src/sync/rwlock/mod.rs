@@ -21,6 +21,7 @@ mod guard;
 mod raw;
 mod upgradable;
 
+use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -223,7 +224,7 @@ impl RwLock {
         let start = self.context.observer().is_set().then(Instant::now);
         let failed = |err| self.failed(start, HoldKind::Read, err);
         let identity = self.context.identity().map_err(failed)?;
-        match self.attempt_read(&identity, false).map_err(failed)? {
+        match self.attempt_read(&identity, false, false).map_err(failed)? {
             Attempt::Acquired(guard) => Ok(Some(guard.announced(start, Acquisition::FirstAttempt))),
             Attempt::Held { .. } => Ok(None),
         }
@@ -285,7 +286,10 @@ impl RwLock {
         let start = self.context.observer().is_set().then(Instant::now);
         let failed = |err| self.failed(start, HoldKind::Write, err);
         let identity = self.context.identity().map_err(failed)?;
-        match self.attempt_write(&identity, false).map_err(failed)? {
+        match self
+            .attempt_write(&identity, false, false)
+            .map_err(failed)?
+        {
             Attempt::Acquired(guard) => Ok(Some(guard.announced(start, Acquisition::FirstAttempt))),
             Attempt::Held { .. } => Ok(None),
         }
@@ -350,7 +354,7 @@ impl RwLock {
             .into_iter()
             .any(|kind| self.holds(kind, &identity));
         if holds || !context.room.has_waiters(&self.keys.read_baton) {
-            match self.attempt_read(&identity, false) {
+            match self.attempt_read(&identity, false, false) {
                 Ok(Attempt::Acquired(guard)) => {
                     return Ok(Some((guard, Acquisition::FirstAttempt)))
                 }
@@ -364,6 +368,9 @@ impl RwLock {
                 Err(err) => return Err(self.failed(start, HoldKind::Read, err)),
             }
         }
+        // The waiter takes the read baton in its attempt after a park the
+        // list's change ended (see `ParkHow::claims`).
+        let takes_token = Cell::new(false);
         loop {
             let waited = context.room.wait_until(
                 &self.keys.name,
@@ -371,9 +378,8 @@ impl RwLock {
                 None,
                 (),
                 deadline,
-                // Attempts take no token: a look pops it for them.
-                None,
-                || self.attempt_read(&identity, true),
+                Some(&takes_token),
+                || self.attempt_read(&identity, true, takes_token.take()),
             )?;
             match waited {
                 Waited::Acquired(guard) => return Ok(Some((guard, Acquisition::AfterWaiting))),
@@ -415,7 +421,7 @@ impl RwLock {
             // A writer that will wait takes its place with this attempt.
             let queue = deadline.is_none_or(|deadline| deadline > Instant::now());
             placed = queue;
-            match self.attempt_write(&identity, queue) {
+            match self.attempt_write(&identity, queue, false) {
                 Ok(Attempt::Acquired(guard)) => {
                     return Ok(Some((guard, Acquisition::FirstAttempt)))
                 }
@@ -429,6 +435,9 @@ impl RwLock {
                 Err(err) => return Err(failed(err)),
             }
         }
+        // The waiter takes the write baton in its attempt after a park
+        // the list's change ended (see `ParkHow::claims`).
+        let takes_token = Cell::new(false);
         let waited = loop {
             let waited = context.room.wait_until(
                 &self.keys.name,
@@ -436,11 +445,10 @@ impl RwLock {
                 None,
                 (),
                 deadline,
-                // Attempts take no token: a look pops it for them.
-                None,
+                Some(&takes_token),
                 || {
                     placed = true;
-                    self.attempt_write(&identity, true)
+                    self.attempt_write(&identity, true, takes_token.take())
                 },
             );
             match waited {
@@ -511,8 +519,14 @@ impl RwLock {
     }
 
     /// One run of the read script; `waited` when the caller comes from the
-    /// wait loop (it then passes a read baton on).
-    fn attempt_read(&self, identity: &Arc<str>, waited: bool) -> Result<Attempt<ReadGuard>, Error> {
+    /// wait loop (it then passes a read baton on); `takes_token`: it pops
+    /// the read baton first (see `ParkHow::claims`).
+    fn attempt_read(
+        &self,
+        identity: &Arc<str>,
+        waited: bool,
+        takes_token: bool,
+    ) -> Result<Attempt<ReadGuard>, Error> {
         let held = self.held(Kind::Read, identity);
         let (held_token, guards, mode) = held.unwrap_or((0, 0, self.mode()));
         let request = self.context.next_request();
@@ -524,6 +538,7 @@ impl RwLock {
             request,
             waited,
             baton_ttl: self.raw.baton_ttl(),
+            takes_token,
         };
         let sent = Instant::now();
         let reply = self.raw.read(&self.keys, args);
@@ -532,11 +547,15 @@ impl RwLock {
     }
 
     /// One run of the write script; `queue` when the caller will wait if
-    /// refused (it keeps, or renews, its place among the waiting writers).
+    /// refused (it keeps, or renews, its place among the waiting writers);
+    /// `takes_token`: it pops the write baton first (see
+    /// `ParkHow::claims`; the upgradable reader's upgrade, which waits on
+    /// another list, takes none).
     fn attempt_write(
         &self,
         identity: &Arc<str>,
         queue: bool,
+        takes_token: bool,
     ) -> Result<Attempt<WriteGuard>, Error> {
         self.refuse_upgrade(identity)?;
         let held = self.held(Kind::Write, identity);
@@ -556,6 +575,7 @@ impl RwLock {
             request,
             place: queue.then(|| self.raw.place()),
             read_token,
+            takes_token,
         };
         let sent = Instant::now();
         let reply = self.raw.write(&self.keys, args);
