@@ -76,6 +76,9 @@ pub(crate) struct AcquireArgs<'a> {
     /// reserve the permits it needs when it is short): how long the
     /// reservation lasts unless it comes back.
     pub(crate) reserve_for: Option<Duration>,
+    /// Pop the baton first: the caller's park ended when the list changed,
+    /// without a look that would have popped its token for it.
+    pub(crate) takes_token: bool,
 }
 
 pub(crate) fn acquire(keys: &SemaphoreKeys, args: AcquireArgs<'_>, baton_ttl: Duration) -> Call {
@@ -87,6 +90,7 @@ pub(crate) fn acquire(keys: &SemaphoreKeys, args: AcquireArgs<'_>, baton_ttl: Du
         .arg(millis(args.place_ttl))
         .arg(millis(baton_ttl))
         .arg(args.reserve_for.map_or(0, millis))
+        .arg(if args.takes_token { "1" } else { "0" })
 }
 
 /// Returns the permits of `id`.

@@ -416,3 +416,41 @@ fn a_waiter_that_gives_up_its_reservation_lets_the_waiters_it_held_back_in() {
     assert_eq!(reserved(&server, "reserve"), None);
     drop(held);
 }
+
+/// A waiter of another client, parked for the one permit, is woken by its
+/// parking hub at the baton list's announcement and pops the baton in its
+/// own attempt: no look (`LLEN` + `LPOP`) comes between the release and
+/// the attempt.
+#[test]
+fn another_clients_waiter_takes_the_baton_in_its_attempt_without_a_look() {
+    let server = RedisServer::start();
+    let holder = Client::open(&server.url()).unwrap();
+    let waiting = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let sem = holder.semaphore("rung").unwrap();
+    sem.try_set_permits(1).unwrap();
+    let held = sem.acquire().unwrap();
+    let other = waiting.semaphore("rung").unwrap();
+    let waiter = thread::spawn(move || {
+        let permit = other
+            .try_acquire_for(Duration::from_secs(20))
+            .unwrap()
+            .expect("woken");
+        permit.release().unwrap();
+    });
+    support::eventually(Duration::from_secs(10), "the waiter parked", || {
+        support::parked(&server) == 1
+    });
+    let before = server.command_calls();
+    held.release().unwrap();
+    waiter.joined();
+    let used = server.commands_since(&before);
+    // Every semaphore script reads the baton's length once (sem_look, in
+    // lib/permits.lua): a look would add one.
+    let loads = used.get("script|load").copied().unwrap_or(0);
+    let scripts = used.get("evalsha").copied().unwrap_or(0) - loads;
+    assert_eq!(used.get("llen"), Some(&scripts), "{used:?}");
+    assert_eq!(used.get("lpop"), Some(&1), "{used:?}");
+}

@@ -16,6 +16,12 @@
 --             back (see reservation in lib/permits.lua): how long, in
 --             milliseconds, a reservation it makes or holds lasts unless it
 --             comes back; else "0"
+-- ARGV[8]     "1" from a waiter whose park ended when the baton list
+--             changed, with no look that popped its token (the parking hub
+--             rings such a waiter at the list's announcement): the token is
+--             popped first, whatever comes of the attempt, as the look
+--             would have popped it for this waiter (a list of another type
+--             fails the pop before anything changed); else "0"
 --
 -- Returns {1, k}                 acquired; also when this permit id holds
 --                                its permits already (the same request,
@@ -43,6 +49,9 @@
 -- or taken over by one that wants more permits): a try_acquire, a newcomer
 -- and every other waiter take only permits beyond the reserving waiter's
 -- k.
+if ARGV[8] == '1' then
+  redis.call('LPOP', KEYS[5])
+end
 local id = ARGV[1]
 local k = tonumber(ARGV[2])
 local place = ARGV[4]

@@ -317,7 +317,7 @@ impl Semaphore {
             .context
             .identity()
             .map_err(|err| self.failed(start, err))?;
-        let attempt = self.attempt(&identity, permits, None, false);
+        let attempt = self.attempt(&identity, permits, None, false, false);
         match attempt.map_err(|err| self.failed(start, err))? {
             Tried::Acquired(permit) => Ok(Some(permit.announced(start, Acquisition::FirstAttempt))),
             Tried::Short { .. } => Ok(None),
@@ -441,13 +441,16 @@ impl Semaphore {
         // Whether an attempt may have made this thread's place the one that
         // holds newcomers back: if it gives up, those are woken.
         let reserved = Cell::new(false);
+        // The waiter takes the baton in its attempt after a park the
+        // list's change ended (see `ParkHow::claims`).
+        let takes_token = Cell::new(false);
         let attempt = || {
             placed.set(true);
             let waited = since.elapsed();
             let claim = waited >= self.hold_back_after;
             reserved.set(reserved.get() || claim);
             let (lease_left, reserving, passed_on) =
-                match self.attempt(&identity, permits, Some(&place), claim)? {
+                match self.attempt(&identity, permits, Some(&place), claim, takes_token.take())? {
                     Tried::Acquired(permit) => return Ok(Attempt::Acquired(permit)),
                     Tried::Short {
                         lease_left,
@@ -497,8 +500,7 @@ impl Semaphore {
             None,
             (),
             deadline,
-            // Attempts take no token: a look pops it for them.
-            None,
+            Some(&takes_token),
             attempt,
         );
         match waited {
@@ -578,6 +580,7 @@ impl Semaphore {
         permits: u64,
         place: Option<&str>,
         claim: bool,
+        takes_token: bool,
     ) -> Result<Tried, Error> {
         let context = &self.context;
         let id: Arc<str> = format!("{identity}:{}", context.next_request()).into();
@@ -594,6 +597,7 @@ impl Semaphore {
             // holds others back about one and a half park slices, as a dead
             // waiter holds up a fair lock's queue.
             reserve_for: claim.then(|| context.config.place_ttl()),
+            takes_token,
         };
         let sent = Instant::now();
         match self.raw.attempt(&self.keys, args) {
