@@ -27,6 +27,14 @@
 //!   its key's first look only read it: its own look, sent at once, would
 //!   otherwise pop them before theirs, sent on the announcement; it pops
 //!   at the key's next change.
+//! - **Rung, not looked for**: a waiter whose attempt pops its token
+//!   itself ([`ParkHow::claims`]: the locks', reads', writes' and
+//!   semaphores' waiters) is woken at its key's announcement with no look,
+//!   if it is the key's oldest waiter and no look at the key is on its way
+//!   ([`Parked::Rang`]); a key left without waiters is not looked at
+//!   again. The pop moves from the look into the attempt, so the
+//!   hand-off waits for a round trip less, and nothing else changes: the
+//!   token is the woken waiter's as the look's pop would have made it.
 //! - **Cost**: one `LLEN` + `LPOP` per waited key when it is first waited
 //!   on and per change of it; nothing while nothing changes. Time is
 //!   local: a waiter's park ends by its own timer (a condition variable

@@ -106,8 +106,8 @@ pub(crate) struct ParkHow<'a> {
     /// changed since (where a hub parks it; a blocked call takes one at
     /// once).
     pub(crate) after_change: bool,
-    /// The waiter's next attempt takes the list's token itself (a plain
-    /// lock's: `lock/acquire.lua` pops it): where a hub parks it, an
+    /// The waiter's next attempt takes the list's token itself (its
+    /// acquire script pops it): where a hub parks it, an
     /// announcement that the list changed ends its park at once
     /// ([`Parked::Rang`]), without the look that would pop the token for
     /// it, so a hand-off waits for one round trip less.

@@ -182,9 +182,10 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
     /// "Redis was failing" from "someone else held it".
     ///
     /// `takes_token`: the caller's attempt can take the baton key's token
-    /// itself (a plain lock's); the wait core sets it before an attempt
-    /// that should, after a park that ended with the list's change
-    /// ([`Parked::Rang`]), and the attempt clears it.
+    /// itself (a lock's, a read's, a write's, a semaphore's); the wait
+    /// core sets it before an attempt that should, after a park that ended
+    /// with the list's change ([`Parked::Rang`]), and the attempt clears
+    /// it. `None`: the waiter's tokens are popped for it by a look.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn wait_until<T>(
         &self,
