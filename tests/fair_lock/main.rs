@@ -311,20 +311,14 @@ fn another_clients_waiter_takes_its_token_in_its_attempt_without_a_look() {
         .unwrap();
     let held = holder.fair_lock("across").unwrap().lock().unwrap();
     let lock = waiting.fair_lock("across").unwrap();
-    let waiter = thread::spawn(move || {
+    let wait = move || {
         let guard = lock
             .try_lock_for(Duration::from_secs(20))
             .unwrap()
             .expect("served");
         guard.unlock().unwrap();
-    });
-    support::eventually(Duration::from_secs(10), "the waiter parked", || {
-        queue_len(&server, "across") == 1 && support::parked(&server) == 1
-    });
-    let before = server.command_calls();
-    held.unlock().unwrap();
-    waiter.joined();
-    let during = server.commands_since(&before);
+    };
+    let during = support::hand_off_commands(&server, wait, || held.unlock().unwrap());
     // The release, the wake (one token), the waiter's attempt (which pops
     // it) and its release.
     assert_eq!(during.get("llen"), None, "{during:?}");

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::JoinWithin;
 use crate::support::{eventually, is_asleep, parked, spawn_child, thread_id};
+use crate::support::{hand_off_commands, scripts_run};
 use redbaton::Client;
 use testkit::RedisServer;
 
@@ -334,30 +335,19 @@ fn a_waiter_of_another_client_takes_the_baton_in_its_attempt_without_a_look() {
         .unwrap();
     let held = holder.lock("rung").unwrap().lock().unwrap();
     let lock = waiting.lock("rung").unwrap();
-    let waiter = thread::spawn(move || {
+    let wait = move || {
         let guard = lock
             .try_lock_for(Duration::from_secs(30))
             .unwrap()
             .expect("woken by the release");
         guard.unlock().unwrap();
-    });
-    eventually(Duration::from_secs(10), "the waiter parked", || {
-        parked(server) == 1
-    });
-    let before = server.command_calls();
-    held.unlock().unwrap();
-    waiter.joined();
-    let used = server.commands_since(&before);
+    };
+    let used = hand_off_commands(server, wait, || held.unlock().unwrap());
     // The release (one script), the waiter's attempt (one script, which
     // pops the baton) and its release: no look, and no attempt that
     // found the lock held (HSET: the release's hand-over window aside,
     // the acquisition only).
     assert_eq!(used.get("llen"), None, "{used:?}");
     assert_eq!(used.get("lpop"), Some(&1), "{used:?}");
-    let loads = used.get("script|load").copied().unwrap_or(0);
-    assert_eq!(
-        used.get("evalsha").copied().unwrap_or(0) - loads,
-        3,
-        "{used:?}"
-    );
+    assert_eq!(scripts_run(&used), 3, "{used:?}");
 }

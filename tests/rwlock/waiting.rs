@@ -6,7 +6,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::across_topologies;
-use crate::support::{eventually, parked, JoinWithin};
+use crate::support::{eventually, hand_off_commands, parked, JoinWithin};
 use redbaton::Client;
 use testkit::RedisServer;
 
@@ -139,23 +139,17 @@ fn another_clients_waiters_take_their_baton_in_their_attempt_without_a_look() {
     for writes in [false, true] {
         let held = holder.rw_lock("rung").unwrap().write().unwrap();
         let lock = waiting.rw_lock("rung").unwrap();
-        let waiter = thread::spawn(move || {
+        let wait = move || {
             let wait = Duration::from_secs(20);
             if writes {
                 drop(lock.try_write_for(wait).unwrap().expect("woken"));
             } else {
                 drop(lock.try_read_for(wait).unwrap().expect("woken"));
             }
-        });
-        eventually(Duration::from_secs(10), "the waiter parked", || {
-            parked(&server) == 1
-        });
-        let before = server.command_calls();
-        held.unlock().unwrap();
-        waiter.joined();
-        let used = server.commands_since(&before);
+        };
+        let used = hand_off_commands(&server, wait, || held.unlock().unwrap());
         let what = if writes { "writer" } else { "reader" };
         assert_eq!(used.get("llen"), None, "{what}: {used:?}");
-        assert!(used.contains_key("lpop"), "{what}: {used:?}");
+        assert_eq!(used.get("lpop"), Some(&1), "{what}: {used:?}");
     }
 }

@@ -433,24 +433,17 @@ fn another_clients_waiter_takes_the_baton_in_its_attempt_without_a_look() {
     sem.try_set_permits(1).unwrap();
     let held = sem.acquire().unwrap();
     let other = waiting.semaphore("rung").unwrap();
-    let waiter = thread::spawn(move || {
+    let wait = move || {
         let permit = other
             .try_acquire_for(Duration::from_secs(20))
             .unwrap()
             .expect("woken");
         permit.release().unwrap();
-    });
-    support::eventually(Duration::from_secs(10), "the waiter parked", || {
-        support::parked(&server) == 1
-    });
-    let before = server.command_calls();
-    held.release().unwrap();
-    waiter.joined();
-    let used = server.commands_since(&before);
+    };
+    let used = support::hand_off_commands(&server, wait, || held.release().unwrap());
     // Every semaphore script reads the baton's length once (sem_look, in
     // lib/permits.lua): a look would add one.
-    let loads = used.get("script|load").copied().unwrap_or(0);
-    let scripts = used.get("evalsha").copied().unwrap_or(0) - loads;
+    let scripts = support::scripts_run(&used);
     assert_eq!(used.get("llen"), Some(&scripts), "{used:?}");
     assert_eq!(used.get("lpop"), Some(&1), "{used:?}");
 }

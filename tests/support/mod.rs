@@ -325,6 +325,34 @@ pub fn parked(server: &RedisServer) -> u64 {
     field("clients", "blocked_clients:") + field("stats", "tracking_total_items:")
 }
 
+/// The commands `server` ran for one hand-off to a waiter of another
+/// client: `wait` runs on a thread of its own (it asks, and its client
+/// parks it on `server`); once it is the one waiter parked there,
+/// `release` lets go. Counted from just before the release until the
+/// waiter's thread has finished.
+pub fn hand_off_commands(
+    server: &RedisServer,
+    wait: impl FnOnce() + Send + 'static,
+    release: impl FnOnce(),
+) -> std::collections::BTreeMap<String, u64> {
+    let waiter = std::thread::spawn(wait);
+    eventually(Duration::from_secs(10), "the waiter parked", || {
+        parked(server) == 1
+    });
+    let before = server.command_calls();
+    release();
+    waiter.joined();
+    server.commands_since(&before)
+}
+
+/// The scripts that ran, from [`RedisServer::commands_since`]'s counts:
+/// `EVALSHA` calls but those answered `NOSCRIPT` (one per `SCRIPT LOAD`
+/// that followed).
+pub fn scripts_run(used: &std::collections::BTreeMap<String, u64>) -> u64 {
+    let loads = used.get("script|load").copied().unwrap_or(0);
+    used.get("evalsha").copied().unwrap_or(0) - loads
+}
+
 /// The calling thread's id in `/proc/self/task/`, for [`is_asleep`].
 pub fn thread_id() -> u32 {
     let link = std::fs::read_link("/proc/thread-self").expect("/proc/thread-self");
