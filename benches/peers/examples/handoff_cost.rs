@@ -6,6 +6,9 @@
 //!
 //!     cargo run --release --manifest-path benches/peers/Cargo.toml --example handoff_cost
 //!
+//! `HANDOFF_COST_KIND=fair`, `=semaphore` or `=read` (a read behind a
+//! write) hands off another synchronizer than the plain lock.
+//!
 //! (`REDIS_URL`: a server of your own, given without a user, where the
 //! bench may run `ACL SETUSER no-tracking`.)
 //!
@@ -29,37 +32,110 @@ fn median(mut times: Vec<Duration>) -> Duration {
     times[times.len() / 2]
 }
 
+/// What is handed off: the plain lock, the fair lock, a semaphore's one
+/// permit, or the read-write lock (the holder writes, the waiter reads).
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Lock,
+    Fair,
+    Permit,
+    Read,
+}
+
+impl Kind {
+    fn parse(s: &str) -> Kind {
+        match s {
+            "fair" => Kind::Fair,
+            "semaphore" => Kind::Permit,
+            "read" => Kind::Read,
+            _ => Kind::Lock,
+        }
+    }
+}
+
+/// One side's handle on the object of `kind`, named `name`.
+enum Handle {
+    Lock(redbaton::Lock),
+    Permit(redbaton::Semaphore),
+    Rw(redbaton::RwLock),
+}
+
+/// A hold of a [`Handle`], let go when dropped.
+enum Held {
+    Lock(redbaton::LockGuard),
+    Permit(redbaton::SemaphorePermit),
+    Write(redbaton::WriteGuard),
+    Read(redbaton::ReadGuard),
+}
+
+impl Handle {
+    fn new(client: &redbaton::Client, kind: Kind, name: &str) -> Handle {
+        match kind {
+            Kind::Lock => Handle::Lock(client.lock(name).expect("name")),
+            Kind::Fair => Handle::Lock(client.fair_lock(name).expect("name")),
+            Kind::Permit => {
+                let semaphore = client.semaphore(name).expect("name");
+                semaphore.try_set_permits(1).expect("permits");
+                Handle::Permit(semaphore)
+            }
+            Kind::Read => Handle::Rw(client.rw_lock(name).expect("name")),
+        }
+    }
+
+    /// Takes it: the read-write lock for writing when `holder`, else for
+    /// reading.
+    fn take(&self, holder: bool) -> Held {
+        match self {
+            Handle::Lock(lock) => Held::Lock(lock.lock().expect("lock")),
+            Handle::Permit(semaphore) => Held::Permit(semaphore.acquire().expect("acquire")),
+            Handle::Rw(rw) if holder => Held::Write(rw.write().expect("write")),
+            Handle::Rw(rw) => Held::Read(rw.read().expect("read")),
+        }
+    }
+}
+
+impl Held {
+    fn give(self) {
+        match self {
+            Held::Lock(guard) => guard.unlock().expect("unlock"),
+            Held::Permit(permit) => permit.release().expect("release"),
+            Held::Write(guard) => guard.unlock().expect("unlock"),
+            Held::Read(guard) => guard.unlock().expect("unlock"),
+        }
+    }
+}
+
 /// The median hand-off and the median `PING` of `ROUNDS` rounds, both
 /// clients connecting to `url`.
-fn handoffs(label: &str, url: &str) -> (Duration, Duration) {
+fn handoffs(kind: Kind, label: &str, url: &str) -> (Duration, Duration) {
     let holder = redbaton::Client::open(url).expect("holder");
     let waiting = redbaton::Client::open(url).expect("waiter");
-    let name = format!("bench:handoff-cost:{label}");
+    let name = format!("bench:handoff-cost:{kind:?}:{label}");
     let (ask, asked) = mpsc::channel::<()>();
     let (took, taken) = mpsc::channel::<Instant>();
-    let lock = waiting.lock(&name).expect("name");
+    let handle = Handle::new(&holder, kind, &name);
     let waiter = thread::spawn(move || {
+        let handle = Handle::new(&waiting, kind, &name);
         for () in asked {
-            let guard = lock.lock().expect("lock");
+            let held = handle.take(false);
             let at = Instant::now();
-            guard.unlock().expect("unlock");
+            held.give();
             took.send(at).expect("the holder waits");
         }
     });
-    let lock = holder.lock(&name).expect("name");
     let mut raw = redis::Client::open(url)
         .and_then(|client| client.get_connection())
         .expect("connect");
     let (mut times, mut pings) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        let guard = lock.lock().expect("lock");
+        let held = handle.take(true);
         ask.send(()).expect("the waiter listens");
         thread::sleep(Duration::from_millis(5));
         let ping = Instant::now();
         redis::cmd("PING").query::<String>(&mut raw).expect("PING");
         pings.push(ping.elapsed());
         let released = Instant::now();
-        guard.unlock().expect("unlock");
+        held.give();
         times.push(taken.recv().expect("the waiter took it") - released);
     }
     drop(ask);
@@ -91,11 +167,12 @@ fn main() {
         .query::<()>(&mut admin)
         .expect("ACL SETUSER");
     let blpop_url = url.replacen("redis://", "redis://no-tracking:x@", 1);
+    let kind = Kind::parse(&std::env::var("HANDOFF_COST_KIND").unwrap_or_default());
     for _ in 0..RUNS {
         for (label, url) in [("hub", url.as_str()), ("blpop", blpop_url.as_str())] {
-            let (handoff, ping) = handoffs(label, url);
+            let (handoff, ping) = handoffs(kind, label, url);
             println!(
-                "{label:<6} hand-off p50 {:>6.1} µs, PING {:>5.1} µs: {:.2} × PING",
+                "{kind:?} {label:<6} hand-off p50 {:>6.1} µs, PING {:>5.1} µs: {:.2} × PING",
                 handoff.as_secs_f64() * 1e6,
                 ping.as_secs_f64() * 1e6,
                 handoff.as_secs_f64() / ping.as_secs_f64()

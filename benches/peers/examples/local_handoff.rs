@@ -1,0 +1,99 @@
+//! Hand-offs inside one process: 16 threads of one client take one lock in
+//! turn for a few seconds, on a private server; prints acquisitions per
+//! second, how many went through Redis (`INFO commandstats`), and the
+//! process's CPU time per acquisition. A target for `perf record`:
+//!
+//!     cargo run --release --manifest-path benches/peers/Cargo.toml --example local_handoff
+//!
+//! `LOCAL_HANDOFF_SECS` sets the run's length (default 3), `LOCAL_HANDOFF_THREADS`
+//! the threads (default 16).
+
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// CPU time of the whole process (`CLOCK_PROCESS_CPUTIME_ID`).
+fn process_cpu() -> Duration {
+    #[repr(C)]
+    struct Timespec {
+        tv_sec: i64,
+        tv_nsec: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+    }
+    const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
+    let ok = unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    assert_eq!(ok, 0, "clock_gettime");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+fn evalsha_calls(conn: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(conn)
+        .expect("INFO");
+    testkit::parse_commandstats(&info)
+        .get("evalsha")
+        .copied()
+        .unwrap_or(0)
+}
+
+fn main() {
+    let redis = testkit::DemoRedis::from_env().unwrap_or_else(|message| {
+        eprintln!("{message}");
+        std::process::exit(1)
+    });
+    let run = Duration::from_secs(env_or("LOCAL_HANDOFF_SECS", 3));
+    let threads = env_or("LOCAL_HANDOFF_THREADS", 16) as usize;
+    let mut stats = redis::Client::open(redis.url.as_str())
+        .and_then(|c| c.get_connection())
+        .expect("connect");
+    let client = redbaton::Client::open(&redis.url).expect("url");
+    // Warm up: scripts loaded, connections open.
+    let lock = client.lock("bench:local-handoff").expect("name");
+    lock.lock().expect("lock").unlock().expect("unlock");
+
+    let start = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (client, start) = (client.clone(), Arc::clone(&start));
+            thread::spawn(move || {
+                let lock = client.lock("bench:local-handoff").expect("name");
+                lock.lock().expect("lock").unlock().expect("unlock");
+                start.wait();
+                let (end, mut taken) = (Instant::now() + run, 0u64);
+                while Instant::now() < end {
+                    lock.lock().expect("lock").unlock().expect("unlock");
+                    taken += 1;
+                }
+                taken
+            })
+        })
+        .collect();
+    start.wait();
+    let (began, cpu, scripts) = (Instant::now(), process_cpu(), evalsha_calls(&mut stats));
+    let taken: u64 = handles.into_iter().map(|h| h.join().expect("thread")).sum();
+    let (wall, cpu) = (began.elapsed(), process_cpu() - cpu);
+    let scripts = evalsha_calls(&mut stats) - scripts;
+    println!(
+        "{threads} threads, {:.1} s: {:.0} acquisitions/s, {:.2} scripts per acquisition, \
+         process CPU {:.1} µs per acquisition",
+        wall.as_secs_f64(),
+        taken as f64 / wall.as_secs_f64(),
+        scripts as f64 / taken as f64,
+        cpu.as_secs_f64() * 1e6 / taken as f64,
+    );
+}
