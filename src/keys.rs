@@ -80,6 +80,10 @@ pub(crate) struct FairKeys {
     /// Sorted set: waiter identity, scored by when its place ends unless
     /// it comes back (server ms).
     pub(crate) places: String,
+    /// List: the head's list. The head of the queue parks here while the
+    /// lock is held, so that a release, which names this key, wakes it
+    /// without a second call (see `fair/acquire.lua`).
+    pub(crate) next: String,
 }
 
 impl LockKeys {
@@ -123,6 +127,7 @@ impl LockKeys {
             fair: Some(FairKeys {
                 queue: format!("{lock}:queue"),
                 places: format!("{lock}:places"),
+                next: format!("{lock}:next"),
             }),
             lock,
         })
@@ -309,10 +314,10 @@ pub(crate) fn kind_waited_on(prefix: &str, name: &str, baton_key: &str) -> Optio
         return Some(HoldKind::Lock);
     }
     let fair = LockKeys::fair(prefix, name).ok()?;
-    if baton_key
+    let own_list = baton_key
         .strip_prefix(fair.baton.as_str())
-        .is_some_and(|rest| rest.starts_with(':'))
-    {
+        .is_some_and(|rest| rest.starts_with(':'));
+    if own_list || fair.fair.is_some_and(|queue| queue.next == baton_key) {
         return Some(HoldKind::FairLock);
     }
     let rw = RwKeys::new(prefix, name).ok()?;
@@ -530,7 +535,8 @@ mod tests {
             fair.wake_list("a:1"),
             fair.fence.clone(),
             fair.fair.clone().unwrap().queue,
-            fair.fair.unwrap().places,
+            fair.fair.clone().unwrap().places,
+            fair.fair.unwrap().next,
             rw.write,
             rw.readers,
             rw.read_depths,
@@ -616,6 +622,7 @@ mod tests {
         for (key, kind) in [
             (lock.baton.clone(), Some(HoldKind::Lock)),
             (fair.wake_list("i:1"), Some(HoldKind::FairLock)),
+            (fair.fair.clone().unwrap().next, Some(HoldKind::FairLock)),
             (rw.read_baton, Some(HoldKind::Read)),
             (rw.write_baton, Some(HoldKind::Write)),
             (rw.upgrade_baton, Some(HoldKind::Write)),

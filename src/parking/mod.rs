@@ -68,17 +68,29 @@ pub(crate) enum Attempt<T> {
     /// sleeps that long without parking, so as not to take the baton
     /// meant for that waiter. `park_on`: a list to park on instead of the
     /// wait's baton (`None`: the baton), which only this caller's token
-    /// goes to (a semaphore's waiter that holds newcomers back); this
-    /// thread stays in its place in the process's queue for the baton.
+    /// goes to (a semaphore's waiter that holds newcomers back, a fair
+    /// lock's head); this thread stays in its place in the process's queue
+    /// for the baton.
     /// `passed_on`: the attempt passed the tokens of the list on to other
     /// waiters, so the park leaves them there
     /// ([`ParkHow::after_change`](crate::backend::ParkHow)).
     Held {
         lease_left: Option<Duration>,
         handing_over: bool,
-        park_on: Option<String>,
+        park_on: Option<ParkOn>,
         passed_on: bool,
     },
+}
+
+/// A list a waiter parks on instead of its wait's baton (see
+/// [`Attempt::Held`]).
+#[derive(Debug)]
+pub(crate) struct ParkOn {
+    pub(crate) list: String,
+    /// The waiter's next attempt pops that list's token itself when the
+    /// list's change ended its park ([`ParkHow::claims`](crate::backend::ParkHow)):
+    /// its attempt is given the list. Otherwise a look pops it.
+    pub(crate) claims: bool,
 }
 
 impl<T> Attempt<T> {
@@ -381,9 +393,9 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
             let Some(park) = park_duration(Instant::now(), lease_left, deadline, max_park) else {
                 return Ok(Waited::TimedOut);
             };
-            let park_key = park_on.as_deref().unwrap_or(baton_key);
-            // Only on its own list: a list the attempt named is another's.
-            let claims = takes_token.filter(|_| park_on.is_none());
+            let park_key = park_on.as_ref().map_or(baton_key, |on| on.list.as_str());
+            // On its own list, or on one its attempt pops.
+            let claims = takes_token.filter(|_| park_on.as_ref().is_none_or(|on| on.claims));
             let how = ParkHow {
                 precise: park.precise,
                 watch,

@@ -81,9 +81,12 @@ pub(crate) struct AcquireArgs<'a> {
     /// holds what the caller took under its identity (passed in memory).
     pub(crate) free_only: bool,
     /// Pop the token first: the caller's park ended when its list (the
-    /// baton; a fair lock's waiter's own list) changed, without a look
-    /// that would have popped its token for it.
+    /// baton; a fair lock's waiter's own list or the head's list) changed,
+    /// without a look that would have popped its token for it.
     pub(crate) takes_token: bool,
+    /// A fair lock's: the caller's last park was on the head's list
+    /// ([`FairKeys::next`]), not its own.
+    pub(crate) on_heads_list: bool,
 }
 
 /// The acquisition script of `keys`'s lock (a fair lock's takes or keeps
@@ -105,15 +108,26 @@ pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
     .arg(args.depth)
     .arg(millis(args.fence_ttl))
     .arg(args.request);
-    if keys.fair.is_some() {
+    if let Some(fair) = &keys.fair {
         // The fair lock's waiters queue in Redis: no hand-over window.
         let call = call.arg(if args.asking.waited() { "1" } else { "0" });
         let call = call.arg(millis(args.place_ttl)).arg(args.arrival);
-        if args.takes_token {
-            call.key(&keys.wake_list(args.identity)).arg("1")
-        } else {
-            call
+        if !args.takes_token && !args.on_heads_list {
+            return call.arg("0").arg("0");
         }
+        // The list the caller parked on: popped, or (the head's list)
+        // pushed again for the head; left out while the slot migrates
+        // (see `fair/acquire.lua`).
+        let parked_on = if args.on_heads_list {
+            fair.next.clone()
+        } else {
+            keys.wake_list(args.identity)
+        };
+        let without = call.clone().arg("0").arg("0");
+        call.key(&parked_on)
+            .arg(if args.takes_token { "1" } else { "0" })
+            .arg(if args.on_heads_list { "1" } else { "0" })
+            .or_when_split(without)
     } else {
         let call = call
             .arg(args.asking.arg())
@@ -297,8 +311,9 @@ pub(crate) fn fair_release(
     fence: u64,
     guards_left: usize,
     lease: Duration,
+    baton_ttl: Duration,
 ) -> Call {
-    Call::new(&FAIR_RELEASE)
+    let without = Call::new(&FAIR_RELEASE)
         .key(&keys.lock)
         .key(&fair.queue)
         .key(&fair.places)
@@ -306,6 +321,10 @@ pub(crate) fn fair_release(
         .arg(fence)
         .arg(guards_left)
         .arg(millis(lease))
+        .arg(millis(baton_ttl));
+    // The head's list, mostly empty, is left out while the slot migrates
+    // (see `fair/release.lua`).
+    without.clone().key(&fair.next).or_when_split(without)
 }
 
 /// The fair lock's [`release_request`], naming the waiter to wake.
@@ -339,11 +358,6 @@ pub(crate) fn leave_queue(keys: &LockKeys, fair: &FairKeys, identity: &str) -> C
         .key(&fair.queue)
         .key(&fair.places)
         .arg(identity)
-}
-
-/// Wakes the fair lock's waiter `identity` (the head a release named).
-pub(crate) fn fair_wake(keys: &LockKeys, identity: &str, baton_ttl: Duration) -> Call {
-    push_baton(&keys.wake_list(identity), baton_ttl)
 }
 
 /// One token on the list `baton` (for at most `baton_ttl`): the fair

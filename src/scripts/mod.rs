@@ -6,7 +6,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{ConnectionLike, FromRedisValue, RedisResult, Script};
+use redis::{ConnectionLike, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
 
 pub(crate) mod latch;
 pub(crate) mod lock;
@@ -69,16 +69,19 @@ scripts! {
     ADOPT_FENCE => "lock/adopt_fence.lua";
     /// The fair lock: take it in arrival order, or keep a place in its queue.
     FAIR_ACQUIRE => "fair/acquire.lua"
-        with ["lib/next_fence.lua", "lib/lease.lua", "lib/fair_queue.lua"];
-    /// The fair lock's release, naming the head of its queue to wake.
-    FAIR_RELEASE => "fair/release.lua" with ["lib/lease.lua", "lib/fair_queue.lua"];
+        with ["lib/next_fence.lua", "lib/lease.lua", "lib/fair_queue.lua", "lib/baton.lua"];
+    /// The fair lock's release: wakes the head of its queue parked on the
+    /// head's list, or names the head to wake.
+    FAIR_RELEASE => "fair/release.lua"
+        with ["lib/lease.lua", "lib/fair_queue.lua", "lib/baton.lua"];
     /// The fair lock's undo of a lost request, naming the head to wake.
     FAIR_RELEASE_REQUEST => "fair/release_request.lua" with ["lib/fair_queue.lua"];
     /// The fair lock's administrative release, naming the head to wake.
     FAIR_FORCE_UNLOCK => "fair/force_unlock.lua" with ["lib/fair_queue.lua"];
     /// A fair lock's waiter that gave up leaves the queue.
     FAIR_LEAVE => "fair/leave.lua" with ["lib/fair_queue.lua"];
-    /// Wakes the one fair-lock waiter a release named, on its own list.
+    /// Wakes the one fair-lock waiter a release named, on its own list
+    /// (and on the head's list when it may park there).
     FAIR_WAKE => "fair/wake.lua" with ["lib/baton.lua"];
     /// A count-down latch's new round.
     LATCH_SET_COUNT => "latch/set_count.lua" with ["lib/latch.lua"];
@@ -141,6 +144,9 @@ pub(crate) struct Call {
     script: &'static LazyLock<Script>,
     keys: Vec<String>,
     args: Vec<String>,
+    /// Sent instead when the server refuses this call with `TRYAGAIN`
+    /// (see [`Call::or_when_split`]).
+    when_split: Option<Box<Call>>,
 }
 
 impl Call {
@@ -149,7 +155,19 @@ impl Call {
             script,
             keys: Vec::new(),
             args: Vec::new(),
+            when_split: None,
         }
+    }
+
+    /// `instead` is sent, on the same connection, when the server refuses
+    /// this call with `TRYAGAIN`: its slot migrates, and the node has some
+    /// of the keys it names but not all (a key that may well not exist,
+    /// such as an empty list, beside ones that do). The script did not
+    /// run; `instead` names fewer keys. Only [`invoke`](Call::invoke)
+    /// sends it.
+    pub(crate) fn or_when_split(mut self, instead: Call) -> Self {
+        self.when_split = Some(Box::new(instead));
+        self
     }
 
     pub(crate) fn key(mut self, key: &str) -> Self {
@@ -171,7 +189,14 @@ impl Call {
         for arg in &self.args {
             invocation.arg(arg);
         }
-        invocation.invoke(con)
+        match (invocation.invoke(con), &self.when_split) {
+            (Err(err), Some(instead))
+                if err.kind() == ErrorKind::Server(ServerErrorKind::TryAgain) =>
+            {
+                instead.invoke(con)
+            }
+            (result, _) => result,
+        }
     }
 
     /// Adds the call to a pipeline as a bare `EVALSHA` (the caller loads the

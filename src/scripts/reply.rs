@@ -15,11 +15,14 @@ pub(crate) enum AcquireReply {
     /// in the queue (server µs; 0 for none, and for the plain lock), sent
     /// back with its next attempts. `handing_over`: nobody holds the plain
     /// lock, which is kept for `lease_left` for a waiter that asked before
-    /// the caller (its hand-over window).
+    /// the caller (its hand-over window). `heads_list`: the caller is the
+    /// head of a fair lock's queue behind a holder, and parks on the
+    /// head's list ([`FairKeys::next`](crate::keys::FairKeys::next)).
     Held {
         lease_left: Option<Duration>,
         arrival: u64,
         handing_over: bool,
+        heads_list: bool,
     },
 }
 
@@ -37,11 +40,13 @@ impl FromRedisValue for AcquireReply {
                 lease_left: u64::try_from(pttl).ok().map(Duration::from_millis),
                 arrival: 0,
                 handing_over: true,
+                heads_list: false,
             }),
-            [0, pttl] | [0, pttl, _] => Ok(AcquireReply::Held {
+            [0, pttl] | [0, pttl, _] | [0, pttl, _, 0 | 1] => Ok(AcquireReply::Held {
                 lease_left: u64::try_from(pttl).ok().map(Duration::from_millis),
                 arrival: reply.get(2).map_or(0, |arrival| arrival.unsigned_abs()),
                 handing_over: false,
+                heads_list: reply.get(3) == Some(&1),
             }),
             _ => Err(unexpected("lock/acquire.lua", &reply)),
         }
@@ -118,20 +123,45 @@ impl FromRedisValue for ReleaseReply {
 }
 
 /// What a fair lock's script that may free the lock answered (`fair/`
-/// release, release_request, force_unlock, leave): its own reply, and the
-/// waiter to wake next (`None`: nobody).
+/// release, release_request, force_unlock, leave): its own reply, the
+/// waiter to wake next (`None`: nobody), and the list it parks on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FairReply<T> {
     pub(crate) reply: T,
     pub(crate) wake: Option<String>,
+    pub(crate) parked_on: ParkedOn,
+}
+
+/// Which list the waiter a fair lock's script named to wake parks on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ParkedOn {
+    /// Its own (`LockKeys::wake_list`).
+    Own,
+    /// The head's list (`FairKeys::next`).
+    Heads,
+    /// Not known (a script that does not say, or a lock found free): on
+    /// either.
+    Either,
 }
 
 impl<T: FromRedisValue> FromRedisValue for FairReply<T> {
     fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
-        let (reply, head): (T, String) = FromRedisValue::from_redis_value(value)?;
+        let mut items: Vec<Value> = FromRedisValue::from_redis_value(value)?;
+        let parked_on = match items.len() {
+            2 => ParkedOn::Either,
+            3 => match i64::from_redis_value(items.pop().unwrap_or(Value::Nil))? {
+                0 => ParkedOn::Own,
+                1 => ParkedOn::Heads,
+                _ => ParkedOn::Either,
+            },
+            n => return Err(format!("a fair lock script's reply of {n} elements").into()),
+        };
+        let head = String::from_redis_value(items.pop().unwrap_or(Value::Nil))?;
+        let reply = T::from_redis_value(items.pop().unwrap_or(Value::Nil))?;
         Ok(FairReply {
             reply,
             wake: Some(head).filter(|head| !head.is_empty()),
+            parked_on,
         })
     }
 }
@@ -276,7 +306,8 @@ mod tests {
             AcquireReply::Held {
                 lease_left: None,
                 arrival: 0,
-                handing_over: false
+                handing_over: false,
+                heads_list: false
             }
         );
         assert_eq!(
@@ -284,7 +315,8 @@ mod tests {
             AcquireReply::Held {
                 lease_left: Some(Duration::from_millis(80)),
                 arrival: 0,
-                handing_over: true
+                handing_over: true,
+                heads_list: false
             }
         );
         assert_eq!(
@@ -292,7 +324,17 @@ mod tests {
             AcquireReply::Held {
                 lease_left: Some(Duration::from_millis(5)),
                 arrival: 1_700_000_000_000_000,
-                handing_over: false
+                handing_over: false,
+                heads_list: false
+            }
+        );
+        assert_eq!(
+            AcquireReply::from_redis_value(ints(&[0, 5, 1_700_000_000_000_000, 1])).unwrap(),
+            AcquireReply::Held {
+                lease_left: Some(Duration::from_millis(5)),
+                arrival: 1_700_000_000_000_000,
+                handing_over: false,
+                heads_list: true
             }
         );
         let fair = |head: &str| {
@@ -305,9 +347,22 @@ mod tests {
             FairReply::<ReleaseReply>::from_redis_value(fair("a:1")).unwrap(),
             FairReply {
                 reply: ReleaseReply::Released,
-                wake: Some("a:1".to_owned())
+                wake: Some("a:1".to_owned()),
+                parked_on: ParkedOn::Either
             }
         );
+        for (said, parked_on) in [
+            (0, ParkedOn::Own),
+            (1, ParkedOn::Heads),
+            (2, ParkedOn::Either),
+        ] {
+            let mut told = fair("a:1");
+            if let Value::Array(items) = &mut told {
+                items.push(Value::Int(said));
+            }
+            let told = FairReply::<ReleaseReply>::from_redis_value(told).unwrap();
+            assert_eq!(told.parked_on, parked_on);
+        }
         assert_eq!(
             FairReply::<ReleaseReply>::from_redis_value(fair(""))
                 .unwrap()

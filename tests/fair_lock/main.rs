@@ -297,9 +297,10 @@ fn a_release_to_a_parked_thread_of_the_same_client_pushes_no_token() {
     assert_eq!(queue_len(&server, "inside"), 0);
 }
 
-/// A release whose next waiter is another client's thread pushes a token
-/// to that waiter's own list, and the waiter, woken by its parking hub at
-/// the list's announcement, pops it in its own attempt: no look (`LLEN` +
+/// A release whose next waiter is another client's thread parked as the
+/// head of the queue pushes a token to the head's list itself (no second
+/// call to wake it), and the waiter, woken by its parking hub at the
+/// list's announcement, pops it in its own attempt: no look (`LLEN` +
 /// `LPOP`) comes between.
 #[test]
 fn another_clients_waiter_takes_its_token_in_its_attempt_without_a_look() {
@@ -319,12 +320,185 @@ fn another_clients_waiter_takes_its_token_in_its_attempt_without_a_look() {
         guard.unlock().unwrap();
     };
     let during = support::hand_off_commands(&server, wait, || held.unlock().unwrap());
-    // The release, the wake (one token), the waiter's attempt (which pops
-    // it) and its release.
+    // The release (which pushes one token), the waiter's attempt (which
+    // pops it) and its release: three scripts.
+    assert_eq!(support::scripts_run(&during), 3, "{during:?}");
     assert_eq!(during.get("llen"), None, "{during:?}");
     assert_eq!(during.get("lpop"), Some(&1), "{during:?}");
     assert_eq!(during.get("rpush"), Some(&1), "{during:?}");
     assert_eq!(queue_len(&server, "across"), 0);
+}
+
+/// A waiter parked on the head's list that is no longer the head (another
+/// came back to an earlier place, as a waiter does whose place ended while
+/// it lived) is sent back to look by the next release: else, once it is
+/// the head again, its wake-up would come on its own list while it sleeps
+/// on the head's list, until its park ends (30 s here).
+#[test]
+fn a_head_passed_by_a_waiter_that_came_back_is_still_woken_in_its_turn() {
+    let server = RedisServer::start();
+    let holder = Client::open(&server.url()).unwrap();
+    let held = holder.fair_lock("passed").unwrap().lock().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let waiters: Vec<_> = ["first", "second"]
+        .into_iter()
+        .enumerate()
+        .map(|(i, who)| {
+            let client = Client::builder(server.url())
+                .max_park(Duration::from_secs(30))
+                .build()
+                .unwrap();
+            let tx = tx.clone();
+            let waiter = thread::spawn(move || {
+                let lock = client.fair_lock("passed").unwrap();
+                let guard = lock
+                    .try_lock_for(Duration::from_secs(25))
+                    .unwrap()
+                    .expect("served");
+                tx.send(who).unwrap();
+                guard.unlock().unwrap();
+            });
+            support::eventually(Duration::from_secs(10), "the waiter parked", || {
+                queue_len(&server, "passed") == i as u64 + 1
+                    && support::parked(&server) == i as u64 + 1
+            });
+            waiter
+        })
+        .collect();
+    // The first found itself the head and parks on the head's list; the
+    // second now comes first, as at an earlier arrival.
+    let mut con = server.connection();
+    let queue: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(queue_key("passed"))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(&mut con)
+        .unwrap();
+    let [(_, first), (second, _)] = &queue[..] else {
+        panic!("two places: {queue:?}");
+    };
+    redis::cmd("ZADD")
+        .arg(queue_key("passed"))
+        .arg(first - 1.0)
+        .arg(second)
+        .query::<()>(&mut con)
+        .unwrap();
+    let released = Instant::now();
+    held.unlock().unwrap();
+    let order: Vec<&str> = (0..2)
+        .map(|_| rx.recv_timeout(Duration::from_secs(15)).expect("served"))
+        .collect();
+    let took = released.elapsed();
+    for waiter in waiters {
+        waiter.joined();
+    }
+    assert_eq!(order, ["second", "first"]);
+    assert!(took < Duration::from_secs(5), "both served after {took:?}");
+}
+
+/// In `BLPOP` (a user refused `CLIENT TRACKING`), two waiters can be
+/// parked on the head's list at once: one that found itself the head, and
+/// one that came back to an earlier place since and found itself the head
+/// in turn. The release pushes one token, which Redis gives to the one
+/// blocked longer; that one is not the head, finds the lock free for
+/// another, and pushes the token again for it. Else the head would sleep
+/// out its park (30 s here).
+#[test]
+fn a_token_on_the_heads_list_that_the_head_did_not_get_is_passed_on_to_it() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "no-tracking",
+            "on",
+            "nopass",
+            "~*",
+            "&*",
+            "+@all",
+        ])
+        .arg("-client|tracking")
+        .query::<()>(&mut con)
+        .unwrap();
+    let untracked = server
+        .url()
+        .replacen("redis://", "redis://no-tracking:x@", 1);
+    let holder = Client::open(&server.url()).unwrap();
+    let held = holder.fair_lock("blocked").unwrap().lock().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let waiters: Vec<_> = ["first", "second"]
+        .into_iter()
+        .enumerate()
+        .map(|(i, who)| {
+            let client = Client::builder(untracked.as_str())
+                .max_park(Duration::from_secs(30))
+                .build()
+                .unwrap();
+            let tx = tx.clone();
+            let waiter = thread::spawn(move || {
+                let lock = client.fair_lock("blocked").unwrap();
+                let guard = lock
+                    .try_lock_for(Duration::from_secs(25))
+                    .unwrap()
+                    .expect("served");
+                tx.send(who).unwrap();
+                guard.unlock().unwrap();
+            });
+            support::eventually(Duration::from_secs(10), "the waiter in BLPOP", || {
+                queue_len(&server, "blocked") == i as u64 + 1
+                    && support::parked(&server) == i as u64 + 1
+            });
+            waiter
+        })
+        .collect();
+    let queue: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(queue_key("blocked"))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(&mut con)
+        .unwrap();
+    let [(_, first), (second, _)] = &queue[..] else {
+        panic!("two places: {queue:?}");
+    };
+    // The second comes first now, as at an earlier arrival, and looks
+    // (a token on its own list): it finds itself the head, and parks on
+    // the head's list behind the first.
+    redis::cmd("ZADD")
+        .arg(queue_key("blocked"))
+        .arg(first - 1.0)
+        .arg(second)
+        .query::<()>(&mut con)
+        .unwrap();
+    redis::cmd("RPUSH")
+        .arg(format!("redbaton:{{blocked}}:fair:wake:{second}"))
+        .arg("ok")
+        .query::<()>(&mut con)
+        .unwrap();
+    support::eventually(
+        Duration::from_secs(10),
+        "the second parked as the head",
+        || {
+            let next: Option<String> = redis::cmd("HGET")
+                .arg("redbaton:{blocked}:fair:lock")
+                .arg("next")
+                .query(&mut server.connection())
+                .unwrap();
+            next.as_ref() == Some(second) && support::parked(&server) == 2
+        },
+    );
+    let released = Instant::now();
+    held.unlock().unwrap();
+    let order: Vec<&str> = (0..2)
+        .map(|_| rx.recv_timeout(Duration::from_secs(15)).expect("served"))
+        .collect();
+    let took = released.elapsed();
+    for waiter in waiters {
+        waiter.joined();
+    }
+    assert_eq!(order, ["second", "first"]);
+    assert!(took < Duration::from_secs(5), "both served after {took:?}");
 }
 
 across_topologies! {
@@ -479,6 +653,21 @@ fn bad_input_damaged_keys_and_a_quorum_are_clear_errors() {
         .unwrap();
     let err = lock.try_lock().map(|g| g.is_some()).unwrap_err();
     assert!(matches!(err, Error::WrongType { .. }), "{err:?}");
+    // The head's list, which every release names: the release says so
+    // (and changes nothing).
+    let heads = client.fair_lock("damaged heads").unwrap();
+    let guard = heads.lock().unwrap();
+    redis::cmd("SET")
+        .arg("redbaton:{damaged heads}:fair:lock:next")
+        .arg("not a list")
+        .query::<()>(&mut server.connection())
+        .unwrap();
+    let err = guard.unlock().unwrap_err();
+    assert!(matches!(err, Error::WrongType { .. }), "{err:?}");
+    assert!(
+        heads.is_locked().unwrap(),
+        "a refused release changed nothing"
+    );
     // The plain lock of the same name is another object.
     let plain = client.lock("damaged").unwrap().try_lock().unwrap();
     assert!(plain.is_some());

@@ -12,19 +12,42 @@
 -- ARGV[8]  how long a place lives without being renewed, in ms
 -- ARGV[9]  the caller's arrival (server µs) as an earlier attempt of this
 --          wait returned it, "0" before it has one
--- KEYS[5], ARGV[10]  only from a waiter whose park ended when its own
---          list changed, with no look that popped its token (the parking
---          hub rings such a waiter at the list's announcement): that list
---          (LockKeys::wake_list), and "1". Its token is popped first,
---          whatever comes of the attempt, as the look would have popped it.
+-- KEYS[5]  only when ARGV[10] or ARGV[11] is "1": the list the caller
+--          last parked on (its own, LockKeys::wake_list, or the head's
+--          list, FairKeys::next)
+-- ARGV[10] "1" from a waiter whose park ended when that list changed,
+--          with no look that popped its token (the parking hub rings such
+--          a waiter at the list's announcement): its token is popped
+--          first, whatever comes of the attempt, as the look would have
+--          popped it; else "0"
+-- ARGV[11] "1" when that list is the head's list, else "0"
 --
--- Returns {1, fence, depth}   acquired: fresh (depth 1) or re-entered
---         {0, wait, arrival}  not this caller's turn; `wait` is how long, in
---                             ms, until something may change without a
---                             wake-up: the holder's remaining lease, or, for
---                             a free lock with others ahead, the end of the
---                             head's place (-1: no expiry); `arrival` is the
---                             caller's arrival in the queue (0: no place)
+-- Returns {1, fence, depth}         acquired: fresh (depth 1) or re-entered
+--         {0, wait, arrival, head}  not this caller's turn; `wait` is how
+--                                   long, in ms, until something may change
+--                                   without a wake-up: the holder's
+--                                   remaining lease, or, for a free lock
+--                                   with others ahead, the end of the head's
+--                                   place (-1: no expiry); `arrival` is the
+--                                   caller's arrival in the queue (0: no
+--                                   place); `head` is 1 when the caller is
+--                                   the head of the queue behind a holder,
+--                                   and parks on the head's list, else 0
+--
+-- The head's list spares a release its second call: a release names the
+-- head for the client to push the head's own list (a key a script cannot
+-- declare: it learns the name only as it runs), but a waiter that finds
+-- itself the head behind a holder is recorded in the lock's hash
+-- (`next`), parks on the head's list (which a release declares), and the
+-- release that finds it still the head pushes that list itself. A waiter
+-- that parked there and finds the lock free but somebody else the head
+-- (who came back to an earlier place) pushes that list again: the token
+-- that woke it may have been the head's.
+--
+-- While its slot migrates, Redis refuses a script that names a key the
+-- node does not have beside ones it has (TRYAGAIN, before it runs); the
+-- client then sends the attempt again without KEYS[5] (and "0", "0"): a
+-- token left on that list costs a waiter one look.
 --
 -- The lock is free for the caller only when nobody waits ahead of it: the
 -- queue is empty or the caller is its head. A newcomer never barges past a
@@ -39,7 +62,7 @@
 -- ownership by its request number and is told it acquired: it is not
 -- refused because someone queued meanwhile, which would leave the lock
 -- held by nobody's guard for a lease.
--- next_fence, extend_lease and the queue helpers come from lib/.
+-- next_fence, extend_lease, the queue and baton helpers come from lib/.
 local queue, places = KEYS[3], KEYS[4]
 local err = queue_error(queue, places)
 if err then
@@ -70,6 +93,10 @@ if (held[1] == false or held[1] == ARGV[1]) and (head == nil or head == ARGV[1])
   end
   redis.call('ZREM', queue, ARGV[1])
   redis.call('ZREM', places, ARGV[1])
+  if held[1] then
+    -- A leftover of the caller's: nothing of it (a `next`) stays.
+    redis.call('DEL', KEYS[1])
+  end
   redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6])
   if redis.call('ZCARD', queue) > 0 then
     redis.call('HSET', KEYS[1], 'waited', '1')
@@ -78,7 +105,7 @@ if (held[1] == false or held[1] == ARGV[1]) and (head == nil or head == ARGV[1])
   return {1, fence, 1}
 end
 
-local arrival = 0
+local arrival, is_head = 0, 0
 if ARGV[7] == '1' then
   arrival = tonumber(redis.call('ZSCORE', queue, ARGV[1]))
   if not arrival then
@@ -92,14 +119,27 @@ if ARGV[7] == '1' then
   redis.call('ZADD', places, now + tonumber(ARGV[8]), ARGV[1])
   keep_queue(queue, places, ARGV[8])
   if held[1] then
-    redis.call('HSET', KEYS[1], 'waited', '1')
+    if head == nil or head == ARGV[1] then
+      is_head = 1
+      redis.call('HSET', KEYS[1], 'waited', '1', 'next', ARGV[1])
+    else
+      redis.call('HSET', KEYS[1], 'waited', '1')
+    end
   end
 end
 
 if held[1] then
-  return {0, redis.call('PTTL', KEYS[1]), arrival}
+  return {0, redis.call('PTTL', KEYS[1]), arrival, is_head}
 end
 -- Free, but the head (another waiter) has not taken it yet: it was woken;
 -- look again when its place would end, in case it died meanwhile.
+if ARGV[11] == '1' then
+  local err = baton_error(KEYS[5])
+  if err then
+    return err
+  end
+  -- For as long as a place lives: the head comes back within it.
+  push_baton(KEYS[5], ARGV[8])
+end
 local head_place = tonumber(redis.call('ZSCORE', places, head) or now)
-return {0, math.max(head_place - now, 1), arrival}
+return {0, math.max(head_place - now, 1), arrival, 0}

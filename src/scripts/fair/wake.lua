@@ -1,7 +1,10 @@
 -- fair/wake: wake one fair-lock waiter, the head its lock's release (or
--- undo, forced release, leaving waiter) named: one token on its own list.
+-- undo, forced release, leaving waiter) named: one token on the list it
+-- parks on, its own or the head's list (a waiter's whose list is not
+-- known gets one on each, a call each: one key per call, which a
+-- migrating slot's node serves or redirects whole).
 --
--- KEYS[1]  the waiter's list (`<wake prefix>:<identity>`, LockKeys::wake_list)
+-- KEYS[1]  the list (LockKeys::wake_list, or FairKeys::next)
 -- ARGV[1]  baton TTL in milliseconds
 --
 -- Returns 1. baton_error and push_baton come from lib/.

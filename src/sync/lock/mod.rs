@@ -22,7 +22,7 @@ use crate::error::Error;
 use crate::keys::LockKeys;
 use crate::lease::{earlier, Claim, Grant, LeaseMode, Leased, RenewLeases};
 use crate::observe::{Acquisition, Event, HoldKind, LostSignal};
-use crate::parking::{self, Attempt, Waited};
+use crate::parking::{self, Attempt, ParkOn, Waited};
 use crate::scripts::lock::{AcquireArgs, Asking};
 use crate::scripts::reply::AcquireReply;
 
@@ -229,7 +229,7 @@ impl Lock {
             .context
             .identity()
             .map_err(|err| self.failed(start, err))?;
-        let attempt = self.attempt(&identity, Asking::Once, &mut 0, false);
+        let attempt = self.attempt(&identity, Asking::Once, &mut FairPlace::default(), false);
         match attempt.map_err(|err| self.failed(start, err))? {
             Attempt::Acquired(guard) => {
                 Ok(Some(self.acquired(guard, start, Acquisition::FirstAttempt)))
@@ -419,7 +419,7 @@ impl Lock {
             .held(&self.keys.lock, &identity)
             .is_some();
         if holds || !context.lock_room.has_waiters(&self.keys.baton) {
-            match self.attempt(&identity, Asking::First, &mut 0, false) {
+            match self.attempt(&identity, Asking::First, &mut FairPlace::default(), false) {
                 Ok(Attempt::Acquired(guard)) => {
                     return Ok(Some(self.acquired(guard, start, Acquisition::FirstAttempt)))
                 }
@@ -438,7 +438,7 @@ impl Lock {
             takes_passed: true,
         };
         // A fair lock's waiter keeps its first arrival across park slices.
-        let mut arrival = 0;
+        let mut place = FairPlace::default();
         let wait_key = self.wait_key(&identity);
         // A fair waiter keeps its place by coming back every park.
         let watch = self.keys.fair.is_none().then_some(self.keys.lock.as_str());
@@ -449,7 +449,7 @@ impl Lock {
         let claims = Some(&takes_token);
         let attempt = || {
             let asking = Asking::Waited(asked.elapsed());
-            self.attempt(&identity, asking, &mut arrival, takes_token.take())
+            self.attempt(&identity, asking, &mut place, takes_token.take())
         };
         let room = &context.lock_room;
         let name = &self.keys.name;
@@ -578,13 +578,15 @@ impl Lock {
         )
     }
 
-    /// One attempt; `takes_token`: it pops the baton too (a park of this
-    /// waiter ended when the list changed, see `ParkHow::claims`).
+    /// One attempt; `takes_token`: it pops the list this waiter parked on
+    /// too (a park of this waiter ended when the list changed, see
+    /// `ParkHow::claims`). `place`: a fair lock's waiter's, kept across
+    /// its attempts.
     fn attempt(
         &self,
         identity: &Arc<str>,
         asking: Asking,
-        arrival: &mut u64,
+        place: &mut FairPlace,
         takes_token: bool,
     ) -> Result<Attempt<LockGuard>, Error> {
         // Re-entry is granted only to the ownership this thread's live guards
@@ -608,11 +610,12 @@ impl Lock {
             request,
             asking,
             place_ttl: self.context.config.place_ttl(),
-            arrival: *arrival,
+            arrival: place.arrival,
             proposed_token: 0,
             reserve: guard::reserve(&self.context, &*self.raw),
             free_only: guards == 0 && registry.lent(&self.keys.lock, identity),
             takes_token,
+            on_heads_list: place.on_heads_list,
         };
         let sent = Instant::now();
         match self.raw.attempt(&self.keys, args) {
@@ -627,14 +630,27 @@ impl Lock {
                 lease_left,
                 arrival: queued,
                 handing_over,
+                heads_list,
             }) => {
-                if *arrival == 0 {
-                    *arrival = queued;
+                if place.arrival == 0 {
+                    place.arrival = queued;
                 }
+                place.on_heads_list = heads_list;
+                // The head of a fair lock's queue parks on the head's list,
+                // which a release pushes itself (see `fair/acquire.lua`).
+                let park_on = self
+                    .keys
+                    .fair
+                    .as_ref()
+                    .filter(|_| heads_list)
+                    .map(|fair| ParkOn {
+                        list: fair.next.clone(),
+                        claims: true,
+                    });
                 Ok(Attempt::Held {
                     lease_left,
                     handing_over,
-                    park_on: None,
+                    park_on,
                     passed_on: false,
                 })
             }
@@ -651,6 +667,18 @@ impl Lock {
             }
         }
     }
+}
+
+/// What a fair lock's waiter keeps across its attempts (the plain lock's
+/// ignore it).
+#[derive(Debug, Default)]
+struct FairPlace {
+    /// Its arrival in the queue (server µs) as an attempt returned it, 0
+    /// before it has one.
+    arrival: u64,
+    /// Its last attempt found it the head behind a holder: it parks on the
+    /// head's list.
+    on_heads_list: bool,
 }
 
 impl fmt::Debug for Lock {

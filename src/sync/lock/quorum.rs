@@ -458,6 +458,7 @@ impl RawLock for QuorumLock {
             proposed_token: proposal,
             reserve: 0,
             takes_token: false,
+            on_heads_list: false,
             ..args
         };
         let started = Instant::now();
@@ -583,6 +584,7 @@ impl RawLock for QuorumLock {
                 lease_left,
                 arrival: 0,
                 handing_over: false,
+                heads_list: false,
             });
         }
         if granted.len() + errors.len() < self.quorum() || errors.is_empty() {
@@ -592,6 +594,7 @@ impl RawLock for QuorumLock {
                 lease_left: Some(tie_break_delay()),
                 arrival: 0,
                 handing_over: false,
+                heads_list: false,
             });
         }
         Err(Failed {

@@ -26,7 +26,8 @@ use crate::lease::{
 use crate::observe::LostReason;
 use crate::scripts::lock::{self as calls, AcquireArgs, HandoffArgs, ManyArgs, ManyName};
 use crate::scripts::reply::{
-    AcquireReply, Done, FairReply, HandoffReply, HolderReply, HolderRow, ManyReply, ReleaseReply,
+    AcquireReply, Done, FairReply, HandoffReply, HolderReply, HolderRow, ManyReply, ParkedOn,
+    ReleaseReply,
 };
 use crate::scripts::Call;
 
@@ -325,29 +326,37 @@ impl DeploymentLock {
     }
 
     /// Wakes the fair lock's waiter that a script freeing the lock named
-    /// (the head of its queue): a call of its own, because a key chosen
-    /// inside a script could not be declared in its KEYS. Failing here
-    /// only delays that waiter until its park ends (at most `max_park`):
-    /// logged, not reported.
-    fn wake(&self, keys: &LockKeys, head: Option<String>) {
-        let Some(head) = head else {
+    /// (the head of its queue), on the list it parks on: a call of its
+    /// own (one per list when which is not known), because a key chosen
+    /// inside a script could not be declared in its KEYS. (A release
+    /// pushes the head's list itself where it can, see
+    /// `fair/release.lua`.) Failing here only delays that waiter until its
+    /// park ends (at most `max_park`): logged, not reported.
+    fn wake(&self, keys: &LockKeys, head: Option<String>, parked_on: ParkedOn) {
+        let (Some(head), Some(fair)) = (head, &keys.fair) else {
             return;
+        };
+        let own = keys.wake_list(&head);
+        let lists: &[&str] = match parked_on {
+            ParkedOn::Own => &[&own],
+            ParkedOn::Heads => &[&fair.next],
+            ParkedOn::Either => &[&own, &fair.next],
         };
         // A thread of this client parked now: woken in memory, and it looks
         // at once (no push, no announcement, no look of the hub's). One
         // not parked now (between two looks) gets its token as any other.
-        if self.backend.wake_parked(&keys.wake_list(&head)) {
+        if lists.iter().any(|list| self.backend.wake_parked(list)) {
             return;
         }
-        let call = calls::fair_wake(keys, &head, self.baton_ttl);
-        let woken: Result<i64, Error> = self
-            .backend
-            .run(&keys.wake_list(&head), &keys.name, |c| call.invoke(c));
-        if let Err(err) = woken {
-            log::debug!(
-                "redbaton: waking the next waiter of fair lock {:?} failed: {err}",
-                keys.name
-            );
+        for list in lists {
+            let call = calls::push_baton(list, self.baton_ttl);
+            let woken: Result<i64, Error> = self.backend.run(list, &keys.name, |c| call.invoke(c));
+            if let Err(err) = woken {
+                log::debug!(
+                    "redbaton: waking the next waiter of fair lock {:?} failed: {err}",
+                    keys.name
+                );
+            }
         }
     }
 
@@ -418,18 +427,18 @@ impl RawLock for DeploymentLock {
         let undo = self.undo_call(keys, args.identity, args.request);
         // A fair lock's undo names a waiter to wake, woken once the
         // connection is back in the pool.
-        let mut woken = None;
+        let mut woken = (None, ParkedOn::Either);
         let confirmed =
             self.call_confirmed(At::lock(keys), &calls::acquire(keys, args), fresh, |c| {
                 if keys.fair.is_some() {
                     let undone: FairReply<Done> = undo.invoke(c)?;
-                    woken = undone.wake;
+                    woken = (undone.wake, undone.parked_on);
                     Ok(())
                 } else {
                     undo.invoke::<Done>(c).map(drop)
                 }
             });
-        self.wake(keys, woken);
+        self.wake(keys, woken.0, woken.1);
         match confirmed?.value {
             (reply, None) => Ok(reply),
             (_, Some(acknowledged)) => Err(Failed {
@@ -525,7 +534,15 @@ impl RawLock for DeploymentLock {
             let last = |reply: &ReleaseReply| matches!(reply, ReleaseReply::Released);
             return self.exchange_confirmed(keys, last, &call);
         };
-        let call = calls::fair_release(keys, fair, identity, fence, guards_left, lease);
+        let call = calls::fair_release(
+            keys,
+            fair,
+            identity,
+            fence,
+            guards_left,
+            lease,
+            self.baton_ttl,
+        );
         // A release resent after a lost reply whose first run freed the
         // lock is told "not the owner", and names the head all the same
         // while the lock is free, so that it is woken at once. One the
@@ -533,7 +550,7 @@ impl RawLock for DeploymentLock {
         // of its park, after the release is sent again.
         let last = |reply: &FairReply<ReleaseReply>| matches!(reply.reply, ReleaseReply::Released);
         let sent = self.exchange_confirmed(keys, last, &call)?;
-        self.wake(keys, sent.value.wake);
+        self.wake(keys, sent.value.wake, sent.value.parked_on);
         Ok(Sent {
             value: sent.value.reply,
             resent: sent.resent,
@@ -635,12 +652,12 @@ impl RawLock for DeploymentLock {
                 .map(drop)
                 .map_err(|f| f.error);
         };
-        let call = calls::fair_release(keys, fair, identity, fence, 0, lease);
+        let call = calls::fair_release(keys, fair, identity, fence, 0, lease, self.baton_ttl);
         let any = |_: &FairReply<ReleaseReply>| true;
         let sent = self
             .exchange_confirmed(keys, any, &call)
             .map_err(|f| f.error)?;
-        self.wake(keys, sent.value.wake);
+        self.wake(keys, sent.value.wake, sent.value.parked_on);
         Ok(())
     }
 
@@ -693,7 +710,7 @@ impl RawLock for DeploymentLock {
             let undone = self
                 .exchange_confirmed(keys, any, &call)
                 .map_err(|f| f.error)?;
-            self.wake(keys, undone.value.wake);
+            self.wake(keys, undone.value.wake, undone.value.parked_on);
         } else {
             let any = |_: &Done| true;
             self.exchange_confirmed(keys, any, &call)
@@ -724,7 +741,7 @@ impl RawLock for DeploymentLock {
             return Ok(removed);
         };
         let forced: FairReply<Done> = self.run(keys, &calls::fair_force_unlock(keys, fair))?;
-        self.wake(keys, forced.wake);
+        self.wake(keys, forced.wake, forced.parked_on);
         Ok(forced.reply.0)
     }
 
@@ -774,7 +791,7 @@ impl RawLock for DeploymentLock {
             return Ok(());
         };
         let left: FairReply<Done> = self.run(keys, &calls::leave_queue(keys, fair, identity))?;
-        self.wake(keys, left.wake);
+        self.wake(keys, left.wake, left.parked_on);
         Ok(())
     }
 }

@@ -17,7 +17,7 @@ use crate::error::Error;
 use crate::keys::SemaphoreKeys;
 use crate::lease::{LeaseMode, Leased, RenewLeases};
 use crate::observe::{Acquisition, HoldKind};
-use crate::parking::{self, Attempt, Waited};
+use crate::parking::{self, Attempt, ParkOn, Waited};
 use crate::scripts::semaphore::{
     AcquireArgs, AcquireReply, Adjust, Refusal, StateReply, TotalReply,
 };
@@ -473,7 +473,10 @@ impl Semaphore {
                 // Its token goes on the reserved baton while its place
                 // holds newcomers back, where no waiter that cannot use it
                 // pops it first.
-                park_on: reserving.then(|| self.keys.reserved_baton.clone()),
+                park_on: reserving.then(|| ParkOn {
+                    list: self.keys.reserved_baton.clone(),
+                    claims: false,
+                }),
                 // The tokens it passed on are for others: it leaves them
                 // to them rather than take them back first (its own token
                 // comes on the reserved baton, if it parks there).
