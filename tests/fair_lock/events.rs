@@ -157,13 +157,20 @@ fn a_killed_waiters_keys_all_expire_after_the_names_last_use() {
         let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut con).unwrap();
         assert!(ttl != -1, "{key} has no TTL (keys: {keys:?})");
     }
+    let left = |con: &mut redis::Connection, pattern: &str| -> Vec<String> {
+        redis::cmd("KEYS").arg(pattern).query(con).unwrap()
+    };
     // The queue's keys go with the last place (1.5 park slices of the
     // child's 300 ms + 500 ms).
     support::eventually(Duration::from_secs(5), "the queue's keys expire", || {
-        let left: Vec<String> = redis::cmd("KEYS")
-            .arg("redbaton:{queue}:fair:lock*")
-            .query(&mut con)
-            .unwrap();
-        left.is_empty()
+        left(&mut con, "redbaton:{queue}:fair:lock:queue").is_empty()
+            && left(&mut con, "redbaton:{queue}:fair:lock:places").is_empty()
+    });
+    // And the batons (the dead waiter's own list, the head's list the
+    // release pushed for it) with their TTL, `baton_ttl` (5 s). (The
+    // fencing counter outlives them: `fence_counter_ttl`.)
+    support::eventually(Duration::from_secs(10), "the batons expire", || {
+        left(&mut con, "redbaton:{queue}:fair:lock*").is_empty()
+            && left(&mut con, "redbaton:{queue}:fair:wake*").is_empty()
     });
 }
