@@ -509,7 +509,9 @@ fn fencing_tokens_are_one_per_holder_on_every_master_and_keep_growing() {
 
 /// Uncontended, a cycle is one round to take the lock (the masters take
 /// the proposed fencing token as it is: no second round) and one to
-/// release it: two script calls on each master.
+/// release it: two script calls on each master. Each master writes the
+/// proposal to its fencing counter with one `SET` that reads back the
+/// counter it replaces (no `GET` first).
 #[test]
 fn an_uncontended_cycle_is_two_script_calls_per_master() {
     let masters = start_masters();
@@ -528,6 +530,8 @@ fn an_uncontended_cycle_is_two_script_calls_per_master() {
         let used = master.commands_since(before);
         assert_eq!(used.get("evalsha"), Some(&20), "{used:?}");
         assert_eq!(used.get("eval"), None, "{used:?}");
+        assert_eq!(used.get("set"), Some(&10), "{used:?}");
+        assert_eq!(used.get("get"), None, "{used:?}");
     }
 }
 

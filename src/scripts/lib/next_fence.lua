@@ -1,3 +1,9 @@
+-- below(a, b): whether the string of digits `a` is below `b` as numbers
+-- (strings of digits of one length compare as their numbers do).
+local function below(a, b)
+  return #a < #b or (#a == #b and a < b)
+end
+
 -- next_fence(key, ttl, proposed, reserve, now): the next fencing token of a
 -- lock (for the reply: a number, or its digits as a string; nil; and the
 -- digits to store), or nil and an error reply. Prepended to the scripts that start an ownership. `now` is the
@@ -8,7 +14,9 @@
 -- token is never below it either, so that when every master of a majority
 -- answers exactly the proposal, that majority's counters all hold it and
 -- the quorum needs no second round to agree on a token (see
--- adopt_fence.lua for the general case).
+-- adopt_fence.lua for the general case). Like the clock, it is written
+-- with the one `SET ... GET`; only a counter at or above it (a master
+-- ahead of the proposal) costs a second `SET`.
 --
 -- `reserve` (a string of digits, or nil: "0") sets aside the tokens above
 -- this one for the ownership's holders inside one process: threads that
@@ -32,17 +40,21 @@ local function next_fence(key, ttl, proposed, reserve, now)
   local micros = now[2]
   local clock = now[1] .. string.rep('0', 6 - #micros) .. micros
   local usual = proposed == nil or proposed == '0'
+  local reserving = reserve and reserve ~= '0'
+  -- The usual case in one call: the token the clock (or a proposal above
+  -- it) gives, written as it is (a token's round trip through a double
+  -- and '%.0f' costs this script more than any of its calls; a reserve is
+  -- added to the microseconds alone, with the cheap '%d'), and the counter
+  -- it replaces read back (SET's GET: one call where GET and SET were
+  -- two). When that counter was absent or below it, that is the token.
+  local first = clock
+  if not usual and string.find(proposed, '^%d+$') and below(clock, proposed) then
+    first = proposed
+  end
   local stored
-  if usual then
-    -- The usual case in one call: the clock's digits written as they are
-    -- (a token's round trip through a double and '%.0f' costs this script
-    -- more than any of its calls; a reserve is added to the microseconds
-    -- alone, with the cheap '%d'), and the counter they replace read back
-    -- (SET's GET: one call where GET and SET were two). When that counter
-    -- was absent or below the clock (strings of digits of one length
-    -- compare as their numbers do), the clock is the token.
-    local counter = clock
-    if reserve and reserve ~= '0' then
+  if usual or not reserving then
+    local counter = first
+    if reserving then
       local ahead = tonumber(micros) + tonumber(reserve)
       if ahead < 1000000 then
         counter = now[1] .. string.format('%06d', ahead)
@@ -51,12 +63,11 @@ local function next_fence(key, ttl, proposed, reserve, now)
       end
     end
     stored = redis.call('SET', key, counter, 'PX', ttl, 'GET')
-    if not stored or (string.find(stored, '^%d+$')
-      and (#stored < #clock or (#stored == #clock and stored < clock))) then
+    if not stored or (string.find(stored, '^%d+$') and below(stored, first)) then
       -- The token as digits for the reply too (the script's reply sends
       -- it as a string of digits, which the client reads as a number):
       -- tonumber on sixteen digits is strtod's slow path.
-      return clock, nil, clock
+      return first, nil, first
     end
   else
     stored = redis.call('GET', key)
@@ -65,7 +76,7 @@ local function next_fence(key, ttl, proposed, reserve, now)
   if stored then
     counter = tonumber(stored)
     if not counter then
-      if usual then
+      if usual or not reserving then
         -- The damaged value goes back as it was (its TTL aside): an
         -- error changes nothing.
         redis.call('SET', key, stored, 'PX', ttl)
@@ -76,7 +87,7 @@ local function next_fence(key, ttl, proposed, reserve, now)
   local fence = math.max(counter + 1, tonumber(clock), tonumber(proposed or '0') or 0)
   local token = string.format('%.0f', fence)
   local last = token
-  if reserve and reserve ~= '0' then
+  if reserving then
     last = string.format('%.0f', fence + tonumber(reserve))
   end
   redis.call('SET', key, last, 'PX', ttl)
