@@ -18,6 +18,7 @@
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod acl;
 mod child;
 mod cluster;
 mod commandstats;
@@ -28,6 +29,7 @@ mod proxy;
 mod sentinel;
 mod server;
 
+pub use acl::untracked_user;
 pub use child::ChildProcess;
 pub use cluster::{RedisCluster, SLOTS};
 pub use commandstats::{diff_calls, parse_commandstats};

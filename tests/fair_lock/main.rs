@@ -329,28 +329,34 @@ fn another_clients_waiter_takes_its_token_in_its_attempt_without_a_look() {
     assert_eq!(queue_len(&server, "across"), 0);
 }
 
-/// A waiter parked on the head's list that is no longer the head (another
-/// came back to an earlier place, as a waiter does whose place ended while
-/// it lived) is sent back to look by the next release: else, once it is
-/// the head again, its wake-up would come on its own list while it sleeps
-/// on the head's list, until its park ends (30 s here).
-#[test]
-fn a_head_passed_by_a_waiter_that_came_back_is_still_woken_in_its_turn() {
-    let server = RedisServer::start();
-    let holder = Client::open(&server.url()).unwrap();
-    let held = holder.fair_lock("passed").unwrap().lock().unwrap();
+/// Two waiters of `name` on `server`, each a client of its own connecting
+/// to `url`, parked with a 30 s maximum park (the first as the head,
+/// behind a holder that is not theirs); then the second is given an
+/// earlier place than the first, as a waiter whose place ended while it
+/// lived takes its first arrival again when it comes back. Each says
+/// "first" or "second" on the receiver once served; returns its identity
+/// too, the second's.
+fn second_waiter_moved_first(
+    server: &RedisServer,
+    name: &'static str,
+    url: &str,
+) -> (
+    Vec<thread::JoinHandle<()>>,
+    mpsc::Receiver<&'static str>,
+    String,
+) {
     let (tx, rx) = mpsc::channel();
-    let waiters: Vec<_> = ["first", "second"]
+    let waiters = ["first", "second"]
         .into_iter()
         .enumerate()
         .map(|(i, who)| {
-            let client = Client::builder(server.url())
+            let client = Client::builder(url)
                 .max_park(Duration::from_secs(30))
                 .build()
                 .unwrap();
             let tx = tx.clone();
             let waiter = thread::spawn(move || {
-                let lock = client.fair_lock("passed").unwrap();
+                let lock = client.fair_lock(name).unwrap();
                 let guard = lock
                     .try_lock_for(Duration::from_secs(25))
                     .unwrap()
@@ -359,17 +365,14 @@ fn a_head_passed_by_a_waiter_that_came_back_is_still_woken_in_its_turn() {
                 guard.unlock().unwrap();
             });
             support::eventually(Duration::from_secs(10), "the waiter parked", || {
-                queue_len(&server, "passed") == i as u64 + 1
-                    && support::parked(&server) == i as u64 + 1
+                queue_len(server, name) == i as u64 + 1 && support::parked(server) == i as u64 + 1
             });
             waiter
         })
         .collect();
-    // The first found itself the head and parks on the head's list; the
-    // second now comes first, as at an earlier arrival.
     let mut con = server.connection();
     let queue: Vec<(String, f64)> = redis::cmd("ZRANGE")
-        .arg(queue_key("passed"))
+        .arg(queue_key(name))
         .arg(0)
         .arg(-1)
         .arg("WITHSCORES")
@@ -379,15 +382,30 @@ fn a_head_passed_by_a_waiter_that_came_back_is_still_woken_in_its_turn() {
         panic!("two places: {queue:?}");
     };
     redis::cmd("ZADD")
-        .arg(queue_key("passed"))
+        .arg(queue_key(name))
         .arg(first - 1.0)
         .arg(second)
         .query::<()>(&mut con)
         .unwrap();
+    (waiters, rx, second.clone())
+}
+
+/// Releases `held`, then checks that the waiters of
+/// [`second_waiter_moved_first`] are served second first, both within 5 s
+/// of the release (their parks last 30 s).
+fn served_second_first(
+    held: redbaton::LockGuard,
+    waiters: Vec<thread::JoinHandle<()>>,
+    served: &mpsc::Receiver<&str>,
+) {
     let released = Instant::now();
     held.unlock().unwrap();
     let order: Vec<&str> = (0..2)
-        .map(|_| rx.recv_timeout(Duration::from_secs(15)).expect("served"))
+        .map(|_| {
+            served
+                .recv_timeout(Duration::from_secs(15))
+                .expect("served")
+        })
         .collect();
     let took = released.elapsed();
     for waiter in waiters {
@@ -397,84 +415,40 @@ fn a_head_passed_by_a_waiter_that_came_back_is_still_woken_in_its_turn() {
     assert!(took < Duration::from_secs(5), "both served after {took:?}");
 }
 
+/// A waiter parked on the head's list that is no longer the head (another
+/// came back to an earlier place) is sent back to look by the next
+/// release: else, once it is the head again, its wake-up would come on its
+/// own list while it sleeps on the head's list, until its park ends.
+#[test]
+fn a_head_passed_by_a_waiter_that_came_back_is_still_woken_in_its_turn() {
+    let server = RedisServer::start();
+    let holder = Client::open(&server.url()).unwrap();
+    let held = holder.fair_lock("passed").unwrap().lock().unwrap();
+    // The first found itself the head and parks on the head's list.
+    let (waiters, served, _) = second_waiter_moved_first(&server, "passed", &server.url());
+    served_second_first(held, waiters, &served);
+}
+
 /// In `BLPOP` (a user refused `CLIENT TRACKING`), two waiters can be
 /// parked on the head's list at once: one that found itself the head, and
 /// one that came back to an earlier place since and found itself the head
 /// in turn. The release pushes one token, which Redis gives to the one
 /// blocked longer; that one is not the head, finds the lock free for
 /// another, and pushes the token again for it. Else the head would sleep
-/// out its park (30 s here).
+/// out its park.
 #[test]
 fn a_token_on_the_heads_list_that_the_head_did_not_get_is_passed_on_to_it() {
     let server = RedisServer::start();
-    let mut con = server.connection();
-    redis::cmd("ACL")
-        .arg(&[
-            "SETUSER",
-            "no-tracking",
-            "on",
-            "nopass",
-            "~*",
-            "&*",
-            "+@all",
-        ])
-        .arg("-client|tracking")
-        .query::<()>(&mut con)
-        .unwrap();
-    let untracked = server
-        .url()
-        .replacen("redis://", "redis://no-tracking:x@", 1);
+    let untracked = testkit::untracked_user(&mut server.connection(), &server.url());
     let holder = Client::open(&server.url()).unwrap();
     let held = holder.fair_lock("blocked").unwrap().lock().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let waiters: Vec<_> = ["first", "second"]
-        .into_iter()
-        .enumerate()
-        .map(|(i, who)| {
-            let client = Client::builder(untracked.as_str())
-                .max_park(Duration::from_secs(30))
-                .build()
-                .unwrap();
-            let tx = tx.clone();
-            let waiter = thread::spawn(move || {
-                let lock = client.fair_lock("blocked").unwrap();
-                let guard = lock
-                    .try_lock_for(Duration::from_secs(25))
-                    .unwrap()
-                    .expect("served");
-                tx.send(who).unwrap();
-                guard.unlock().unwrap();
-            });
-            support::eventually(Duration::from_secs(10), "the waiter in BLPOP", || {
-                queue_len(&server, "blocked") == i as u64 + 1
-                    && support::parked(&server) == i as u64 + 1
-            });
-            waiter
-        })
-        .collect();
-    let queue: Vec<(String, f64)> = redis::cmd("ZRANGE")
-        .arg(queue_key("blocked"))
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query(&mut con)
-        .unwrap();
-    let [(_, first), (second, _)] = &queue[..] else {
-        panic!("two places: {queue:?}");
-    };
-    // The second comes first now, as at an earlier arrival, and looks
-    // (a token on its own list): it finds itself the head, and parks on
-    // the head's list behind the first.
-    redis::cmd("ZADD")
-        .arg(queue_key("blocked"))
-        .arg(first - 1.0)
-        .arg(second)
-        .query::<()>(&mut con)
-        .unwrap();
+    let (waiters, served, second) = second_waiter_moved_first(&server, "blocked", &untracked);
+    // The second looks (a token on its own list): it finds itself the
+    // head, and parks on the head's list behind the first.
     redis::cmd("RPUSH")
         .arg(format!("redbaton:{{blocked}}:fair:wake:{second}"))
         .arg("ok")
-        .query::<()>(&mut con)
+        .query::<()>(&mut server.connection())
         .unwrap();
     support::eventually(
         Duration::from_secs(10),
@@ -485,20 +459,10 @@ fn a_token_on_the_heads_list_that_the_head_did_not_get_is_passed_on_to_it() {
                 .arg("next")
                 .query(&mut server.connection())
                 .unwrap();
-            next.as_ref() == Some(second) && support::parked(&server) == 2
+            next.as_ref() == Some(&second) && support::parked(&server) == 2
         },
     );
-    let released = Instant::now();
-    held.unlock().unwrap();
-    let order: Vec<&str> = (0..2)
-        .map(|_| rx.recv_timeout(Duration::from_secs(15)).expect("served"))
-        .collect();
-    let took = released.elapsed();
-    for waiter in waiters {
-        waiter.joined();
-    }
-    assert_eq!(order, ["second", "first"]);
-    assert!(took < Duration::from_secs(5), "both served after {took:?}");
+    served_second_first(held, waiters, &served);
 }
 
 across_topologies! {

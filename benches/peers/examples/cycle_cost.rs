@@ -9,35 +9,16 @@
 //! `CYCLE_COST=redbaton` or `=floor` runs one side only (for `strace -c`).
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+#[path = "../cpu_time.rs"]
+mod cpu_time;
 #[path = "../floor.rs"]
 mod floor;
 use floor::FloorLock;
 
 const CYCLES: u32 = 20_000;
 const ROUNDS: usize = 3;
-
-/// CPU time of the calling thread (`CLOCK_THREAD_CPUTIME_ID`).
-fn thread_cpu() -> Duration {
-    #[repr(C)]
-    struct Timespec {
-        tv_sec: i64,
-        tv_nsec: i64,
-    }
-    extern "C" {
-        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
-    }
-    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-    let mut ts = Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
-    let ok = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(ok, 0, "clock_gettime");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
 
 /// `INFO commandstats`: command → (calls, µs).
 fn command_stats(conn: &mut redis::Connection) -> HashMap<String, (u64, u64)> {
@@ -69,12 +50,12 @@ fn measure(label: &str, sent: &[&str], stats: &mut redis::Connection, mut cycle:
         .arg("RESETSTAT")
         .query::<()>(stats)
         .expect("RESETSTAT");
-    let (start, cpu) = (Instant::now(), thread_cpu());
+    let (start, cpu) = (Instant::now(), cpu_time::thread());
     for _ in 0..CYCLES {
         cycle();
     }
     let wall = start.elapsed() / CYCLES;
-    let cpu = (thread_cpu() - cpu) / CYCLES;
+    let cpu = (cpu_time::thread() - cpu) / CYCLES;
     let server = command_stats(stats);
     // A script's time includes the calls it makes: only the commands the
     // client sent count.

@@ -153,20 +153,7 @@ fn main() {
         .and_then(|client| client.get_connection())
         .expect("connect");
     // The same rights, but no tracking: each waiter parks in BLPOP.
-    redis::cmd("ACL")
-        .arg(&[
-            "SETUSER",
-            "no-tracking",
-            "on",
-            "nopass",
-            "~*",
-            "&*",
-            "+@all",
-        ])
-        .arg("-client|tracking")
-        .query::<()>(&mut admin)
-        .expect("ACL SETUSER");
-    let blpop_url = url.replacen("redis://", "redis://no-tracking:x@", 1);
+    let blpop_url = testkit::untracked_user(&mut admin, &url);
     let kind = Kind::parse(&std::env::var("HANDOFF_COST_KIND").unwrap_or_default());
     for _ in 0..RUNS {
         for (label, url) in [("hub", url.as_str()), ("blpop", blpop_url.as_str())] {

@@ -12,32 +12,14 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
+#[path = "../cpu_time.rs"]
+mod cpu_time;
+
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// CPU time of the whole process (`CLOCK_PROCESS_CPUTIME_ID`).
-fn process_cpu() -> Duration {
-    #[repr(C)]
-    struct Timespec {
-        tv_sec: i64,
-        tv_nsec: i64,
-    }
-    extern "C" {
-        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
-    }
-    const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
-    let mut ts = Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
-    let ok = unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    assert_eq!(ok, 0, "clock_gettime");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 fn evalsha_calls(conn: &mut redis::Connection) -> u64 {
@@ -84,9 +66,13 @@ fn main() {
         })
         .collect();
     start.wait();
-    let (began, cpu, scripts) = (Instant::now(), process_cpu(), evalsha_calls(&mut stats));
+    let (began, cpu, scripts) = (
+        Instant::now(),
+        cpu_time::process(),
+        evalsha_calls(&mut stats),
+    );
     let taken: u64 = handles.into_iter().map(|h| h.join().expect("thread")).sum();
-    let (wall, cpu) = (began.elapsed(), process_cpu() - cpu);
+    let (wall, cpu) = (began.elapsed(), cpu_time::process() - cpu);
     let scripts = evalsha_calls(&mut stats) - scripts;
     println!(
         "{threads} threads, {:.1} s: {:.0} acquisitions/s, {:.2} scripts per acquisition, \

@@ -1,0 +1,23 @@
+//! Users of a test server with rights taken away.
+
+/// Adds the user `no-tracking` on the server `admin` is connected to
+/// (which `url`, a `redis://` URL without a user, names): every right but
+/// `CLIENT TRACKING`, and no password. Returns that user's URL. A redbaton
+/// client of this user turns its parking hub off and parks each waiter in
+/// `BLPOP`.
+pub fn untracked_user(admin: &mut redis::Connection, url: &str) -> String {
+    redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "no-tracking",
+            "on",
+            "nopass",
+            "~*",
+            "&*",
+            "+@all",
+        ])
+        .arg("-client|tracking")
+        .query::<()>(admin)
+        .expect("ACL SETUSER no-tracking");
+    url.replacen("redis://", "redis://no-tracking:x@", 1)
+}
