@@ -41,6 +41,18 @@ fn queue_key(name: &str) -> String {
     format!("redbaton:{{{name}}}:fair:lock:queue")
 }
 
+/// The waiters in the queue of the fair lock `name`, with their arrivals
+/// (server µs), first first.
+fn arrivals(con: &mut redis::Connection, name: &str) -> Vec<(String, f64)> {
+    redis::cmd("ZRANGE")
+        .arg(queue_key(name))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(con)
+        .unwrap()
+}
+
 fn queue_len(server: &RedisServer, name: &str) -> u64 {
     redis::cmd("ZCARD")
         .arg(queue_key(name))
@@ -371,13 +383,7 @@ fn second_waiter_moved_first(
         })
         .collect();
     let mut con = server.connection();
-    let queue: Vec<(String, f64)> = redis::cmd("ZRANGE")
-        .arg(queue_key(name))
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query(&mut con)
-        .unwrap();
+    let queue = arrivals(&mut con, name);
     let [(_, first), (second, _)] = &queue[..] else {
         panic!("two places: {queue:?}");
     };

@@ -10,7 +10,7 @@ use redbaton::Client;
 use testkit::RedisServer;
 
 use crate::support::{self, JoinWithin};
-use crate::{queue_key, queue_len};
+use crate::{arrivals, queue_key, queue_len};
 
 /// How one run of [`served_order`] went.
 struct Served {
@@ -126,15 +126,6 @@ fn a_waiter_keeps_its_arrival_across_park_slices() {
     let server = RedisServer::start();
     let name = "slices";
     let mut con = server.connection();
-    let arrivals = |con: &mut redis::Connection| -> Vec<(String, f64)> {
-        redis::cmd("ZRANGE")
-            .arg(queue_key(name))
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .query(con)
-            .unwrap()
-    };
     let (tx, rx) = mpsc::channel();
     let server_url = server.url();
     let probe = thread::spawn(move || {
@@ -146,7 +137,7 @@ fn a_waiter_keeps_its_arrival_across_park_slices() {
             .unwrap();
         let mut seen = Vec::new();
         while rx.try_recv().is_err() {
-            seen.push(arrivals(&mut con));
+            seen.push(arrivals(&mut con, name));
             thread::sleep(Duration::from_millis(50));
         }
         seen
@@ -167,7 +158,7 @@ fn a_waiter_keeps_its_arrival_across_park_slices() {
         let kept = *first.entry(waiter.clone()).or_insert(arrival);
         assert_eq!(kept, arrival, "{waiter}'s arrival changed");
     }
-    assert!(arrivals(&mut con).is_empty());
+    assert!(arrivals(&mut con, name).is_empty());
 }
 
 /// A live waiter whose place lapsed anyway (here: removed by hand, as a
@@ -207,13 +198,7 @@ fn a_waiter_whose_place_lapsed_takes_it_again_at_its_first_arrival() {
     support::eventually(Duration::from_secs(10), "the second place", || {
         queue_len(&server, name) == 2
     });
-    let queue: Vec<(String, f64)> = redis::cmd("ZRANGE")
-        .arg(queue_key(name))
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query(&mut con)
-        .unwrap();
+    let queue = arrivals(&mut con, name);
     let (head, arrival) = queue[0].clone();
     redis::pipe()
         .cmd("ZREM")
