@@ -300,8 +300,9 @@ fn scenario(server: &RedisServer) -> (Client, FaultProxy) {
     waiting.joined();
 
     // Fair lock: queued waiters woken one at a time (one of this client,
-    // woken in memory, and one of another client, woken by a token pushed
-    // to its list), one that gives up, force_unlock with a waiter.
+    // woken in memory, and one of another client, woken by a token the
+    // release pushes to its list), one that gives up, force_unlock with
+    // another client's waiter.
     let fair = client.fair_lock("keys-fair").unwrap();
     let held = fair.lock().unwrap();
     let inner = fair.lock().unwrap();
@@ -328,7 +329,9 @@ fn scenario(server: &RedisServer) -> (Client, FaultProxy) {
         waiter.joined();
     }
     let _held = fair.lock().unwrap();
-    let other = fair.clone();
+    // Another client's waiter: force_unlock names it, and its list is
+    // pushed by a call of its own (fair/wake.lua).
+    let other = another.fair_lock("keys-fair").unwrap();
     let parked = thread::spawn(move || {
         other
             .try_lock_for(Duration::from_secs(5))

@@ -303,7 +303,11 @@ pub(crate) fn force_unlock(keys: &LockKeys, baton_ttl: Duration) -> Call {
 }
 
 /// The fair lock's [`release`]: its reply also names the waiter to wake
-/// ([`fair_wake`]).
+/// ([`push_baton`]), unless the release woke it itself: the head parked on
+/// the head's list, or `next_in_line`, the waiter the ownership's
+/// acquisition found first in the queue, when it is still the head.
+// One argument per ARGV of the script, as `release` has, and the keys.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn fair_release(
     keys: &LockKeys,
     fair: &FairKeys,
@@ -312,6 +316,7 @@ pub(crate) fn fair_release(
     guards_left: usize,
     lease: Duration,
     baton_ttl: Duration,
+    next_in_line: Option<&str>,
 ) -> Call {
     let without = Call::new(&FAIR_RELEASE)
         .key(&keys.lock)
@@ -322,9 +327,14 @@ pub(crate) fn fair_release(
         .arg(guards_left)
         .arg(millis(lease))
         .arg(millis(baton_ttl));
-    // The head's list, mostly empty, is left out while the slot migrates
-    // (see `fair/release.lua`).
-    without.clone().key(&fair.next).or_when_split(without)
+    // The lists, mostly empty, are left out while the slot migrates (see
+    // `fair/release.lua`).
+    let with = without.clone().key(&fair.next);
+    let with = match next_in_line {
+        Some(waiter) => with.key(&keys.wake_list(waiter)).arg(waiter),
+        None => with,
+    };
+    with.or_when_split(without)
 }
 
 /// The fair lock's [`release_request`], naming the waiter to wake.

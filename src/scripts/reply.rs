@@ -6,10 +6,16 @@ use std::time::Duration;
 use redis::{FromRedisValue, ParsingError, Value};
 
 /// What `lock/acquire.lua` (or `fair/acquire.lua`) answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
     /// Taken afresh (depth 1) or re-entered, under `fence`.
-    Acquired { fence: u64, depth: u64 },
+    /// `next_in_line`: a fair lock taken afresh while others wait, the
+    /// waiter first in its queue now (whom the release will likely wake).
+    Acquired {
+        fence: u64,
+        depth: u64,
+        next_in_line: Option<String>,
+    },
     /// Held by another identity, whose lease ends in `lease_left` (`None`:
     /// the key has no expiry). `arrival`: a fair lock's waiter's arrival
     /// in the queue (server µs; 0 for none, and for the plain lock), sent
@@ -28,12 +34,24 @@ pub(crate) enum AcquireReply {
 
 impl FromRedisValue for AcquireReply {
     fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
-        let reply: Vec<i64> = FromRedisValue::from_redis_value(value)?;
+        let mut items: Vec<Value> = FromRedisValue::from_redis_value(value)?;
+        // Only a fair lock's fresh acquisition ends in a name.
+        let next_in_line = match items.last() {
+            Some(Value::BulkString(_) | Value::SimpleString(_)) => {
+                Some(String::from_redis_value(items.pop().unwrap_or(Value::Nil))?)
+            }
+            _ => None,
+        };
+        let reply = i64::from_redis_values(items)?;
         match reply[..] {
             [1, fence, depth] => Ok(AcquireReply::Acquired {
                 fence: fence.unsigned_abs(),
                 depth: depth.unsigned_abs(),
+                next_in_line,
             }),
+            _ if next_in_line.is_some() => {
+                Err(format!("unexpected reply {reply:?} and a name from fair/acquire.lua").into())
+            }
             // A plain lock's hand-over window: `-1` where a fair lock's
             // arrival goes.
             [0, pttl, -1] => Ok(AcquireReply::Held {
@@ -298,7 +316,18 @@ mod tests {
             AcquireReply::from_redis_value(ints(&[1, 42, 2])).unwrap(),
             AcquireReply::Acquired {
                 fence: 42,
-                depth: 2
+                depth: 2,
+                next_in_line: None
+            }
+        );
+        let mut fresh = vec![Value::Int(1), Value::Int(43), Value::Int(1)];
+        fresh.push(Value::BulkString(b"c:7".to_vec()));
+        assert_eq!(
+            AcquireReply::from_redis_value(Value::Array(fresh)).unwrap(),
+            AcquireReply::Acquired {
+                fence: 43,
+                depth: 1,
+                next_in_line: Some("c:7".into())
             }
         );
         assert_eq!(

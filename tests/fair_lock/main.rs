@@ -341,6 +341,65 @@ fn another_clients_waiter_takes_its_token_in_its_attempt_without_a_look() {
     assert_eq!(queue_len(&server, "across"), 0);
 }
 
+/// Steady contention: a waiter that became the head while it was parked
+/// (behind another client's waiter that went first) never found itself
+/// the head behind a holder, so it parks on its own list. The release of
+/// the waiter that went first pushes that list itself (its acquisition
+/// found that waiter next in line): no second call to wake it.
+#[test]
+fn a_waiter_that_became_the_head_while_parked_is_woken_by_the_release_itself() {
+    let server = RedisServer::start();
+    let holder = Client::open(&server.url()).unwrap();
+    let held = holder.fair_lock("steady").unwrap().lock().unwrap();
+    let (served, order) = mpsc::channel();
+    let (go, first_may_go) = mpsc::channel::<()>();
+    let mut first_may_go = Some(first_may_go);
+    let waiters: Vec<_> = ["first", "second"]
+        .into_iter()
+        .enumerate()
+        .map(|(i, who)| {
+            let client = Client::builder(server.url())
+                .max_park(Duration::from_secs(30))
+                .build()
+                .unwrap();
+            let served = served.clone();
+            let may_go = first_may_go.take();
+            let waiter = thread::spawn(move || {
+                let guard = client
+                    .fair_lock("steady")
+                    .unwrap()
+                    .try_lock_for(Duration::from_secs(25))
+                    .unwrap()
+                    .expect("served");
+                served.send(who).unwrap();
+                if let Some(may_go) = may_go {
+                    may_go.recv().unwrap();
+                }
+                guard.unlock().unwrap();
+            });
+            support::eventually(Duration::from_secs(10), "the waiter parked", || {
+                queue_len(&server, "steady") == i as u64 + 1
+                    && support::parked(&server) == i as u64 + 1
+            });
+            waiter
+        })
+        .collect();
+    held.unlock().unwrap();
+    assert_eq!(order.recv_timeout(Duration::from_secs(20)), Ok("first"));
+    let before = server.command_calls();
+    go.send(()).unwrap();
+    assert_eq!(order.recv_timeout(Duration::from_secs(20)), Ok("second"));
+    for waiter in waiters {
+        waiter.joined();
+    }
+    let during = server.commands_since(&before);
+    // The first waiter's release (which pushes the second's list), the
+    // second's attempt (which pops it) and its release: three scripts.
+    assert_eq!(support::scripts_run(&during), 3, "{during:?}");
+    assert_eq!(during.get("rpush"), Some(&1), "{during:?}");
+    assert_eq!(queue_len(&server, "steady"), 0);
+}
+
 /// Two waiters of `name` on `server`, each a client of its own connecting
 /// to `url`, parked with a 30 s maximum park (the first as the head,
 /// behind a holder that is not theirs); then the second is given an

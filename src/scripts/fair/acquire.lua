@@ -23,6 +23,10 @@
 -- ARGV[11] "1" when that list is the head's list, else "0"
 --
 -- Returns {1, fence, depth}         acquired: fresh (depth 1) or re-entered
+--         {1, fence, 1, next}       acquired afresh with others waiting:
+--                                   `next` is the head of the queue now,
+--                                   whom the release will likely wake
+--                                   (see fair/release.lua)
 --         {0, wait, arrival, head}  not this caller's turn; `wait` is how
 --                                   long, in ms, until something may change
 --                                   without a wake-up: the holder's
@@ -42,7 +46,10 @@
 -- release that finds it still the head pushes that list itself. A waiter
 -- that parked there and finds the lock free but somebody else the head
 -- (who came back to an earlier place) pushes that list again: the token
--- that woke it may have been the head's.
+-- that woke it may have been the head's. A waiter that became the head
+-- while it was parked (behind one that went first) never made that
+-- attempt: a fresh acquisition names it, and the release declares its own
+-- list from that guess.
 --
 -- While its slot migrates, Redis refuses a script that names a key the
 -- node does not have beside ones it has (TRYAGAIN, before it runs); the
@@ -98,10 +105,12 @@ if (held[1] == false or held[1] == ARGV[1]) and (head == nil or head == ARGV[1])
     redis.call('DEL', KEYS[1])
   end
   redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6])
-  if redis.call('ZCARD', queue) > 0 then
-    redis.call('HSET', KEYS[1], 'waited', '1')
-  end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local next_in_line = redis.call('ZRANGE', queue, 0, 0)[1]
+  if next_in_line then
+    redis.call('HSET', KEYS[1], 'waited', '1')
+    return {1, fence, 1, next_in_line}
+  end
   return {1, fence, 1}
 end
 

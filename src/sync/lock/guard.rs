@@ -36,6 +36,12 @@ pub(super) struct Ownership {
     pub(super) mode: LeaseMode,
     /// Shared by the guards of this ownership (re-entry) and the watchdog.
     pub(super) status: Arc<LeaseStatus>,
+    /// A fair lock's, on the guard of the fresh acquisition only: the
+    /// waiter that acquisition found first in the queue behind it. The
+    /// release names that waiter's list, and wakes it itself when it is
+    /// still the head (see `fair/release.lua`); a re-entry's guard released
+    /// last, without it, leaves the wake-up to a second call.
+    pub(super) next_in_line: Option<String>,
 }
 
 /// Held while the calling thread owns a [`Lock`](crate::Lock); releases one level of it
@@ -397,6 +403,7 @@ impl LockGuard {
             fence: self.ownership.fence,
             guards_left: left,
             lease: self.ownership.mode.lease(),
+            next_in_line: self.ownership.next_in_line.as_deref(),
         }
     }
 

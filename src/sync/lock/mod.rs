@@ -529,7 +529,8 @@ impl Lock {
 
     /// A guard of `thread`'s ownership `fence`, held as `identity` in
     /// Redis, acquired (or re-entered) by a request sent at `sent` asking
-    /// for `mode`.
+    /// for `mode`; `next_in_line`, of a fair lock's fresh acquisition: the
+    /// waiter first in the queue behind it.
     fn guard(
         &self,
         thread: &Arc<str>,
@@ -537,6 +538,7 @@ impl Lock {
         fence: u64,
         mode: LeaseMode,
         sent: Instant,
+        next_in_line: Option<String>,
     ) -> LockGuard {
         let entered = self
             .context
@@ -548,6 +550,7 @@ impl Lock {
             token: entered.token,
             mode: entered.mode,
             status: entered.status,
+            next_in_line,
         };
         self.guard_of(ownership)
     }
@@ -557,7 +560,9 @@ impl Lock {
     /// ownership passed in memory (already filed under `thread`).
     fn granted(&self, thread: &Arc<str>, grant: Grant) -> LockGuard {
         match grant {
-            Grant::Fresh { fence, sent } => self.guard(thread, thread, fence, self.mode(), sent),
+            Grant::Fresh { fence, sent } => {
+                self.guard(thread, thread, fence, self.mode(), sent, None)
+            }
             Grant::Passed(passed) => self.guard_of(Ownership {
                 thread: Arc::clone(thread),
                 identity: passed.identity,
@@ -565,6 +570,7 @@ impl Lock {
                 token: passed.token,
                 mode: passed.mode,
                 status: passed.status,
+                next_in_line: None,
             }),
         }
     }
@@ -619,12 +625,21 @@ impl Lock {
         };
         let sent = Instant::now();
         match self.raw.attempt(&self.keys, args) {
-            Ok(AcquireReply::Acquired { fence, .. }) => {
+            Ok(AcquireReply::Acquired {
+                fence,
+                next_in_line,
+                ..
+            }) => {
                 // The lease as the slowest clock may count it.
                 let sent = earlier(sent, self.raw.clock_margin(mode.lease()));
-                Ok(Attempt::Acquired(
-                    self.guard(identity, &owner, fence, mode, sent),
-                ))
+                Ok(Attempt::Acquired(self.guard(
+                    identity,
+                    &owner,
+                    fence,
+                    mode,
+                    sent,
+                    next_in_line,
+                )))
             }
             Ok(AcquireReply::Held {
                 lease_left,

@@ -629,7 +629,7 @@ impl MultiLock {
                 for ((&index, (_, mode, owner)), (fence, _)) in group.iter().zip(&names).zip(pairs)
                 {
                     let sent = earlier(sent, raw.clock_margin(mode.lease()));
-                    taken.push(self.locks[index].guard(identity, owner, fence, *mode, sent));
+                    taken.push(self.locks[index].guard(identity, owner, fence, *mode, sent, None));
                 }
                 Ok(None)
             }

@@ -509,12 +509,14 @@ impl RawLock for QuorumLock {
                 return Ok(AcquireReply::Acquired {
                     fence: args.held_fence,
                     depth: args.depth as u64,
+                    next_in_line: None,
                 });
             }
             if let Some(token) = one_token(&granted) {
                 return Ok(AcquireReply::Acquired {
                     fence: token,
                     depth: 1,
+                    next_in_line: None,
                 });
             }
             match self.agree_on_token(keys, args.identity, &granted, args.lease, started) {
@@ -522,6 +524,7 @@ impl RawLock for QuorumLock {
                     return Ok(AcquireReply::Acquired {
                         fence: token,
                         depth: 1,
+                        next_in_line: None,
                     })
                 }
                 Err(error) => {
@@ -822,6 +825,7 @@ impl RawLock for QuorumLock {
             fence,
             guards_left,
             lease,
+            ..
         } = release;
         let call = calls::release(keys, identity, fence, guards_left, lease, self.baton_ttl);
         let replies = self.round::<ReleaseReply>(&keys.lock, &keys.name, &call, lease);

@@ -134,6 +134,7 @@ pub(crate) trait RawLock: RenewLeases {
             fence,
             guards_left: 0,
             lease,
+            next_in_line: None,
         })
         .map(drop)
         .map_err(|failed| failed.error)
@@ -221,6 +222,9 @@ pub(crate) struct ReleaseOne<'a> {
     pub(crate) fence: u64,
     pub(crate) guards_left: usize,
     pub(crate) lease: Duration,
+    /// A fair lock's: the waiter the ownership's acquisition found first
+    /// in the queue ([`calls::fair_release`]).
+    pub(crate) next_in_line: Option<&'a str>,
 }
 
 /// What a clean-up's sends of a release or an undo achieved so far: on a
@@ -524,6 +528,7 @@ impl RawLock for DeploymentLock {
             fence,
             guards_left,
             lease,
+            next_in_line,
         } = release;
         // The last release is confirmed like the acquisition was: one that
         // only this master has is lost if a replica is promoted, which then
@@ -542,6 +547,7 @@ impl RawLock for DeploymentLock {
             guards_left,
             lease,
             self.baton_ttl,
+            next_in_line,
         );
         // A release resent after a lost reply whose first run freed the
         // lock is told "not the owner", and names the head all the same
@@ -652,7 +658,7 @@ impl RawLock for DeploymentLock {
                 .map(drop)
                 .map_err(|f| f.error);
         };
-        let call = calls::fair_release(keys, fair, identity, fence, 0, lease, self.baton_ttl);
+        let call = calls::fair_release(keys, fair, identity, fence, 0, lease, self.baton_ttl, None);
         let any = |_: &FairReply<ReleaseReply>| true;
         let sent = self
             .exchange_confirmed(keys, any, &call)
