@@ -89,8 +89,9 @@ pub(crate) struct FairKeys {
 impl LockKeys {
     /// The list a fair lock's waiter `identity` parks on, and which a
     /// release pushes when that waiter is the head of the queue. Shares
-    /// the lock's hash tag, so a release names it in the KEYS of its
-    /// second call, once the first told it whom to wake.
+    /// the lock's hash tag, so a release names it in its KEYS: where the
+    /// ownership's acquisition found that waiter first in the queue, else
+    /// in a second call, once the first told it whom to wake.
     pub(crate) fn wake_list(&self, identity: &str) -> String {
         format!("{}:{identity}", self.baton)
     }
