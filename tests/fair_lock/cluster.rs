@@ -119,3 +119,90 @@ fn a_fair_lock_rides_out_a_slot_migration_and_its_waiters_keep_their_places() {
     }
     assert!(served_after < Duration::from_secs(10), "{served_after:?}");
 }
+
+/// The release of a waiter that went first names the next waiter's own
+/// list (its acquisition found that waiter next in line, see
+/// `fair/release.lua`). While the slot migrates, that list (empty: no
+/// key) beside keys the node has makes Redis refuse the script with
+/// `TRYAGAIN`: the release is sent again without it, succeeds at once, and
+/// the next waiter is served once the keys have moved.
+#[test]
+fn a_release_naming_the_next_waiters_list_rides_out_a_slot_migration() {
+    let deployment = Deployment::start(Topology::Cluster);
+    let cluster = deployment.cluster();
+    let name = "moving-next";
+    let slot = cluster.slot_of(&queue_key(name));
+    let from = cluster.master_of_slot(slot);
+    let to = cluster
+        .masters()
+        .iter()
+        .find(|m| m.port() != from.port())
+        .unwrap();
+    // A place lasts 1.5 `max_park` + 500 ms: 2 s with a 1 s park, room for
+    // the second waiter to come back across the split.
+    let builder = || {
+        deployment
+            .builder()
+            .max_park(Duration::from_secs(1))
+            .build()
+            .unwrap()
+    };
+    let holder = builder();
+    let held = holder.fair_lock(name).unwrap().lock().unwrap();
+    let (served, order) = mpsc::channel();
+    let (go, first_may_go) = mpsc::channel::<()>();
+    let (unlocked, first_unlocked) = mpsc::channel();
+    let mut first = Some((first_may_go, unlocked));
+    let waiters: Vec<_> = (0..2)
+        .map(|i| {
+            let client = builder();
+            let served = served.clone();
+            let first = first.take();
+            let waiter = thread::spawn(move || {
+                let guard = client
+                    .fair_lock(name)
+                    .unwrap()
+                    .try_lock_for(Duration::from_secs(30))
+                    .unwrap()
+                    .expect("served");
+                served.send(i).unwrap();
+                match first {
+                    Some((may_go, unlocked)) => {
+                        may_go.recv().unwrap();
+                        let started = Instant::now();
+                        let result = guard.unlock().map_err(|err| err.to_string());
+                        unlocked.send((result, started.elapsed())).unwrap();
+                    }
+                    None => guard.unlock().unwrap(),
+                }
+            });
+            support::eventually(Duration::from_secs(10), "the waiter's place", || {
+                queue_on(from, name).len() == i + 1
+            });
+            waiter
+        })
+        .collect();
+    held.unlock().unwrap();
+    assert_eq!(order.recv_timeout(Duration::from_secs(20)), Ok(0));
+
+    let (from_id, to_id) = (RedisCluster::node_id(from), RedisCluster::node_id(to));
+    RedisCluster::set_slot(to, slot, &["IMPORTING", &from_id]);
+    RedisCluster::set_slot(from, slot, &["MIGRATING", &to_id]);
+    go.send(()).unwrap();
+    let (result, took) = first_unlocked
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap();
+    assert_eq!(result, Ok(()), "the first waiter's release");
+    assert!(
+        took < Duration::from_secs(2),
+        "the release waited out the migration: {took:?}"
+    );
+    RedisCluster::move_slot_keys(slot, from, to);
+    for master in cluster.masters() {
+        RedisCluster::set_slot(master, slot, &["NODE", &to_id]);
+    }
+    assert_eq!(order.recv_timeout(Duration::from_secs(20)), Ok(1));
+    for waiter in waiters {
+        waiter.joined();
+    }
+}
