@@ -43,7 +43,10 @@
 //!    starts right away; the time from the end of the lease (the holder's
 //!    acquisition plus 1 s) to the waiter's acquisition, median of 3 runs (a
 //!    negative figure is a waiter in before the end of the lease, not
-//!    ranked).
+//!    ranked);
+//! 6. redbaton only: the uncontended cycle with as many masters stopped
+//!    (SIGSTOP) as a majority can do without, against its healthy cycle
+//!    of the same run (the peers are not run with stopped masters).
 //!
 //! ```text
 //! cargo bench --manifest-path benches/peers/Cargo.toml --bench redlock
@@ -870,6 +873,25 @@ fn figures(masters: usize) {
     println!(
         "{n}   crash recovery ({CRASH_LEASE:?} lease never released; lease end → waiter's acquisition), runs: {}",
         crash.join("; ")
+    );
+
+    // A degraded quorum: as many masters stopped as a majority can do
+    // without (SIGSTOP: the kernel accepts connections, the server never
+    // answers). The first round to meet them waits one node timeout; the
+    // later ones leave them out while a probe waits for them.
+    let stopped = (masters - 1) / 2;
+    for server in &servers[masters - stopped..] {
+        server.pause();
+    }
+    let degraded = uncontended_cycle(Peer::Redbaton, &urls);
+    for server in &servers[masters - stopped..] {
+        server.resume();
+    }
+    println!(
+        "{n}   redbaton with {stopped} of {masters} masters stopped: uncontended cycle {} = {}, {:.2} × its healthy cycle above",
+        us_text(degraded),
+        x(degraded),
+        degraded.as_secs_f64() / cycles[0].as_secs_f64()
     );
 }
 
