@@ -240,3 +240,75 @@ impl RedisCluster {
         }
     }
 }
+
+/// The slot of one key moving from the master that serves it to another,
+/// one step at a time, as `redis-cli --cluster reshard` moves it:
+/// [`begin`](SlotMigration::begin), [`move_keys`](SlotMigration::move_keys),
+/// [`finish`](SlotMigration::finish).
+#[derive(Debug)]
+pub struct SlotMigration<'a> {
+    cluster: &'a RedisCluster,
+    /// The slot that moves.
+    pub slot: u16,
+    /// The master that serves it now.
+    pub from: &'a RedisServer,
+    /// The node it moves to.
+    pub to: &'a RedisServer,
+}
+
+impl<'a> SlotMigration<'a> {
+    /// The slot of `key`, to another master of `cluster`.
+    ///
+    /// # Panics
+    /// When the cluster has one master.
+    pub fn of(cluster: &'a RedisCluster, key: &str) -> Self {
+        let from = cluster.master_of_slot(cluster.slot_of(key));
+        let to = cluster
+            .masters()
+            .iter()
+            .find(|m| m.port() != from.port())
+            .expect("a second master");
+        SlotMigration::to(cluster, key, to)
+    }
+
+    /// The slot of `key`, to the node `to` (a master of `cluster`, or one
+    /// that joins it).
+    pub fn to(cluster: &'a RedisCluster, key: &str, to: &'a RedisServer) -> Self {
+        let slot = cluster.slot_of(key);
+        SlotMigration {
+            cluster,
+            slot,
+            from: cluster.master_of_slot(slot),
+            to,
+        }
+    }
+
+    /// `CLUSTER SETSLOT` of this slot on `node` (see
+    /// [`RedisCluster::set_slot`]).
+    pub fn set_slot(&self, node: &RedisServer, args: &[&str]) {
+        RedisCluster::set_slot(node, self.slot, args);
+    }
+
+    /// IMPORTING on the target, MIGRATING on the source: no key moved yet,
+    /// as between two `MIGRATE` batches of a reshard.
+    pub fn begin(&self) {
+        self.set_slot(self.to, &["IMPORTING", &RedisCluster::node_id(self.from)]);
+        self.set_slot(self.from, &["MIGRATING", &RedisCluster::node_id(self.to)]);
+    }
+
+    /// Every key of the slot to the target (see
+    /// [`RedisCluster::move_slot_keys`]); returns how many moved.
+    pub fn move_keys(&self) -> usize {
+        RedisCluster::move_slot_keys(self.slot, self.from, self.to)
+    }
+
+    /// The target owns the slot, on itself, the source and every master.
+    pub fn finish(&self) {
+        let to = RedisCluster::node_id(self.to);
+        self.set_slot(self.to, &["NODE", &to]);
+        self.set_slot(self.from, &["NODE", &to]);
+        for master in self.cluster.masters() {
+            self.set_slot(master, &["NODE", &to]);
+        }
+    }
+}

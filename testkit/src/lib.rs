@@ -31,7 +31,7 @@ mod server;
 
 pub use acl::untracked_user;
 pub use child::ChildProcess;
-pub use cluster::{RedisCluster, SLOTS};
+pub use cluster::{RedisCluster, SlotMigration, SLOTS};
 pub use commandstats::{diff_calls, parse_commandstats};
 pub use demo::DemoRedis;
 pub use launch::{server_binary, server_version, SERVER_VAR};

@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use testkit::{RedisCluster, RedisServer};
+use testkit::{RedisServer, SlotMigration};
 
 use crate::queue_key;
 use crate::support::{self, Deployment, JoinWithin, Topology};
@@ -26,6 +26,21 @@ fn queue_on(node: &RedisServer, name: &str) -> Vec<(String, f64)> {
         .unwrap()
 }
 
+/// A client of `deployment` whose waiters park at most 1 s. While the
+/// slot's keys are split between the two nodes, every fair-lock script on
+/// the slot is refused with TRYAGAIN, so no waiter can come back to keep
+/// its place. A place lasts 1.5 `max_park` + 500 ms: with a 1 s park, 2 s,
+/// well past a 500 ms split even on a loaded machine (with 200 ms, 800 ms,
+/// which a loaded CI machine overran once: the head's place ended and the
+/// second waiter went first).
+fn client(deployment: &Deployment) -> redbaton::Client {
+    deployment
+        .builder()
+        .max_park(Duration::from_secs(1))
+        .build()
+        .unwrap()
+}
+
 /// Issue 21 item 4: a holder releases while the slot is MIGRATING (no key
 /// moved yet, as between two batches of a reshard), then the keys move
 /// and the slot is handed over. The release succeeds, the two queued
@@ -34,35 +49,15 @@ fn queue_on(node: &RedisServer, name: &str) -> Vec<(String, f64)> {
 #[test]
 fn a_fair_lock_rides_out_a_slot_migration_and_its_waiters_keep_their_places() {
     let deployment = Deployment::start(Topology::Cluster);
-    let cluster = deployment.cluster();
     let name = "moving";
-    let slot = cluster.slot_of(&queue_key(name));
-    let from = cluster.master_of_slot(slot);
-    let to = cluster
-        .masters()
-        .iter()
-        .find(|m| m.port() != from.port())
-        .unwrap();
-    // While the slot's keys are split between the two nodes (after the
-    // release deleted the lock key, until they move), every fair-lock
-    // script on the slot is refused with TRYAGAIN, so no waiter can come
-    // back to keep its place. A place lasts 1.5 `max_park` + 500 ms: with
-    // a 1 s park, 2 s, well past the 500 ms split even on a loaded
-    // machine (with 200 ms, 800 ms, which a loaded CI machine overran
-    // once: the head's place ended and the second waiter went first).
-    let builder = || {
-        deployment
-            .builder()
-            .max_park(Duration::from_secs(1))
-            .build()
-            .unwrap()
-    };
-    let holder = builder();
+    let migration = SlotMigration::of(deployment.cluster(), &queue_key(name));
+    let from = migration.from;
+    let holder = client(&deployment);
     let held = holder.fair_lock(name).unwrap().lock().unwrap();
     let (tx, rx) = mpsc::channel();
     let waiters: Vec<_> = (0..2)
         .map(|i| {
-            let client = builder();
+            let client = client(&deployment);
             let tx = tx.clone();
             let waiter = thread::spawn(move || {
                 let got = client
@@ -81,19 +76,15 @@ fn a_fair_lock_rides_out_a_slot_migration_and_its_waiters_keep_their_places() {
         .collect();
     let before = queue_on(from, name);
 
-    let (from_id, to_id) = (RedisCluster::node_id(from), RedisCluster::node_id(to));
-    RedisCluster::set_slot(to, slot, &["IMPORTING", &from_id]);
-    RedisCluster::set_slot(from, slot, &["MIGRATING", &to_id]);
+    migration.begin();
     let released = Instant::now();
     held.unlock().unwrap();
     let release_took = released.elapsed();
     // The waiters meet the migration for a while.
     thread::sleep(Duration::from_millis(500));
-    RedisCluster::move_slot_keys(slot, from, to);
-    let moved_queue = queue_on(to, name);
-    for master in cluster.masters() {
-        RedisCluster::set_slot(master, slot, &["NODE", &to_id]);
-    }
+    migration.move_keys();
+    migration.finish();
+    let moved_queue = queue_on(migration.to, name);
     let order: Vec<usize> = (0..2)
         .map(|_| rx.recv_timeout(Duration::from_secs(20)).unwrap())
         .collect();
@@ -129,25 +120,9 @@ fn a_fair_lock_rides_out_a_slot_migration_and_its_waiters_keep_their_places() {
 #[test]
 fn a_release_naming_the_next_waiters_list_rides_out_a_slot_migration() {
     let deployment = Deployment::start(Topology::Cluster);
-    let cluster = deployment.cluster();
     let name = "moving-next";
-    let slot = cluster.slot_of(&queue_key(name));
-    let from = cluster.master_of_slot(slot);
-    let to = cluster
-        .masters()
-        .iter()
-        .find(|m| m.port() != from.port())
-        .unwrap();
-    // A place lasts 1.5 `max_park` + 500 ms: 2 s with a 1 s park, room for
-    // the second waiter to come back across the split.
-    let builder = || {
-        deployment
-            .builder()
-            .max_park(Duration::from_secs(1))
-            .build()
-            .unwrap()
-    };
-    let holder = builder();
+    let migration = SlotMigration::of(deployment.cluster(), &queue_key(name));
+    let holder = client(&deployment);
     let held = holder.fair_lock(name).unwrap().lock().unwrap();
     let (served, order) = mpsc::channel();
     let (go, first_may_go) = mpsc::channel::<()>();
@@ -155,7 +130,7 @@ fn a_release_naming_the_next_waiters_list_rides_out_a_slot_migration() {
     let mut first = Some((first_may_go, unlocked));
     let waiters: Vec<_> = (0..2)
         .map(|i| {
-            let client = builder();
+            let client = client(&deployment);
             let served = served.clone();
             let first = first.take();
             let waiter = thread::spawn(move || {
@@ -177,7 +152,7 @@ fn a_release_naming_the_next_waiters_list_rides_out_a_slot_migration() {
                 }
             });
             support::eventually(Duration::from_secs(10), "the waiter's place", || {
-                queue_on(from, name).len() == i + 1
+                queue_on(migration.from, name).len() == i + 1
             });
             waiter
         })
@@ -185,9 +160,7 @@ fn a_release_naming_the_next_waiters_list_rides_out_a_slot_migration() {
     held.unlock().unwrap();
     assert_eq!(order.recv_timeout(Duration::from_secs(20)), Ok(0));
 
-    let (from_id, to_id) = (RedisCluster::node_id(from), RedisCluster::node_id(to));
-    RedisCluster::set_slot(to, slot, &["IMPORTING", &from_id]);
-    RedisCluster::set_slot(from, slot, &["MIGRATING", &to_id]);
+    migration.begin();
     go.send(()).unwrap();
     let (result, took) = first_unlocked
         .recv_timeout(Duration::from_secs(20))
@@ -197,10 +170,8 @@ fn a_release_naming_the_next_waiters_list_rides_out_a_slot_migration() {
         took < Duration::from_secs(2),
         "the release waited out the migration: {took:?}"
     );
-    RedisCluster::move_slot_keys(slot, from, to);
-    for master in cluster.masters() {
-        RedisCluster::set_slot(master, slot, &["NODE", &to_id]);
-    }
+    migration.move_keys();
+    migration.finish();
     assert_eq!(order.recv_timeout(Duration::from_secs(20)), Ok(1));
     for waiter in waiters {
         waiter.joined();

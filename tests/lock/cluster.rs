@@ -10,7 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redbaton::{Client, Error, Topology};
-use testkit::{RedisCluster, RedisServer};
+use testkit::{RedisCluster, RedisServer, SlotMigration};
 
 use crate::support::{
     self, eventually, lock_key, spawn_child_at, wait_for_replica, Deployment, JoinWithin,
@@ -154,22 +154,15 @@ fn two_processes_never_overlap_on_names_spread_over_every_master() {
     );
 }
 
-/// Moves `slot` from `from` to `to` the way `redis-cli --cluster reshard`
-/// does, pausing between the steps so that commands meet `ASK` and
-/// `TRYAGAIN` states too.
-fn migrate_slot(cluster: &RedisCluster, slot: u16, from: &RedisServer, to: &RedisServer) {
-    let (from_id, to_id) = (RedisCluster::node_id(from), RedisCluster::node_id(to));
-    let setslot = |node: &RedisServer, args: &[&str]| RedisCluster::set_slot(node, slot, args);
-    setslot(to, &["IMPORTING", &from_id]);
-    setslot(from, &["MIGRATING", &to_id]);
+/// Moves the slot the way `redis-cli --cluster reshard` does, pausing
+/// between the steps so that commands meet `ASK` and `TRYAGAIN` states
+/// too.
+fn migrate_slot(migration: &SlotMigration<'_>) {
+    migration.begin();
     thread::sleep(Duration::from_millis(300));
-    RedisCluster::move_slot_keys(slot, from, to);
+    migration.move_keys();
     thread::sleep(Duration::from_millis(300));
-    setslot(to, &["NODE", &to_id]);
-    setslot(from, &["NODE", &to_id]);
-    for master in cluster.masters() {
-        setslot(master, &["NODE", &to_id]);
-    }
+    migration.finish();
 }
 
 #[test]
@@ -177,13 +170,8 @@ fn a_holder_and_a_parked_waiter_follow_their_slot_to_another_master() {
     let deployment = Deployment::start(Kind::Cluster);
     let cluster = deployment.cluster();
     let name = "migrating";
-    let slot = cluster.slot_of(&lock_key(name));
-    let from = cluster.master_of_slot(slot);
-    let to = cluster
-        .masters()
-        .iter()
-        .find(|m| m.port() != from.port())
-        .unwrap();
+    let migration = SlotMigration::of(cluster, &lock_key(name));
+    let (from, to) = (migration.from, migration.to);
 
     // A short lease: the holder must renew on the new master to keep it.
     let holder_client = deployment
@@ -213,7 +201,7 @@ fn a_holder_and_a_parked_waiter_follow_their_slot_to_another_master() {
     eventually(Duration::from_secs(10), "the waiter parks", || {
         support::parked(from) == 1
     });
-    migrate_slot(cluster, slot, from, to);
+    migrate_slot(&migration);
     let exists: bool = redis::cmd("EXISTS")
         .arg(lock_key(name))
         .query(&mut to.connection())

@@ -9,7 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redbaton::{Client, ClientBuilder, Topology};
-use testkit::{RedisCluster, RedisServer};
+use testkit::{RedisCluster, RedisServer, SlotMigration};
 
 use crate::support::{self, baton_key, eventually, lock_key, wait_for_replica, JoinWithin};
 
@@ -21,67 +21,6 @@ fn client(
     configure(Client::builder(Topology::cluster(cluster.seed_urls())))
         .build()
         .unwrap()
-}
-
-/// The slot of a lock moving from the master that serves it to another,
-/// one step at a time, as `redis-cli --cluster reshard` moves it.
-struct Migration<'a> {
-    cluster: &'a RedisCluster,
-    slot: u16,
-    from: &'a RedisServer,
-    to: &'a RedisServer,
-}
-
-impl<'a> Migration<'a> {
-    /// The slot of `name`'s lock, to another master of `cluster`.
-    fn of(cluster: &'a RedisCluster, name: &str) -> Self {
-        let slot = cluster.slot_of(&lock_key(name));
-        let from = cluster.master_of_slot(slot);
-        let to = cluster
-            .masters()
-            .iter()
-            .find(|m| m.port() != from.port())
-            .expect("a second master");
-        Migration::to(cluster, name, to)
-    }
-
-    /// The slot of `name`'s lock, to the node `to`.
-    fn to(cluster: &'a RedisCluster, name: &str, to: &'a RedisServer) -> Self {
-        let slot = cluster.slot_of(&lock_key(name));
-        Migration {
-            cluster,
-            slot,
-            from: cluster.master_of_slot(slot),
-            to,
-        }
-    }
-
-    fn setslot(&self, node: &RedisServer, args: &[&str]) {
-        RedisCluster::set_slot(node, self.slot, args);
-    }
-
-    /// IMPORTING on the target, MIGRATING on the source: no key moved yet,
-    /// as between two `MIGRATE` batches of a reshard.
-    fn begin(&self) {
-        self.setslot(self.to, &["IMPORTING", &RedisCluster::node_id(self.from)]);
-        self.setslot(self.from, &["MIGRATING", &RedisCluster::node_id(self.to)]);
-    }
-
-    /// Every key of the slot to the target.
-    fn move_keys(&self) {
-        let moved = RedisCluster::move_slot_keys(self.slot, self.from, self.to);
-        assert!(moved > 0, "the lock has keys to move");
-    }
-
-    /// The target owns the slot, on every master.
-    fn finish(&self) {
-        let to = RedisCluster::node_id(self.to);
-        self.setslot(self.to, &["NODE", &to]);
-        self.setslot(self.from, &["NODE", &to]);
-        for master in self.cluster.masters().iter().chain([self.to]) {
-            self.setslot(master, &["NODE", &to]);
-        }
-    }
 }
 
 /// Waiters parked on `node`: in its parking hub (a name registered for an
@@ -206,7 +145,7 @@ impl fmt::Display for Cost {
 fn a_waiter_parks_on_the_importing_node_while_its_slot_migrates() {
     let cluster = RedisCluster::start(2, 0);
     let name = "moving";
-    let migration = Migration::of(&cluster, name);
+    let migration = SlotMigration::of(&cluster, &lock_key(name));
     let holder = client(&cluster, |b| b);
     // A fixed lease: the holder's client sends nothing while we count.
     let guard = holder
@@ -283,7 +222,7 @@ fn a_waiter_parks_on_the_importing_node_while_its_slot_migrates() {
     // Time for the background release to be refused a few times.
     thread::sleep(Duration::from_millis(300));
     assert!(!waiting.is_finished(), "acquired while the holder had it");
-    migration.move_keys();
+    assert!(migration.move_keys() > 0, "the lock has keys to move");
     migration.finish();
     let finished = Instant::now();
     let acquired = waiting.joined();
@@ -305,7 +244,7 @@ fn a_waiter_parks_on_the_importing_node_while_its_slot_migrates() {
 fn a_migration_half_undone_costs_a_waiter_a_few_commands_per_park() {
     let cluster = RedisCluster::start(2, 0);
     let name = "half-undone";
-    let migration = Migration::of(&cluster, name);
+    let migration = SlotMigration::of(&cluster, &lock_key(name));
     let holder = client(&cluster, |b| b);
     let _guard = holder
         .lock(name)
@@ -321,7 +260,7 @@ fn a_migration_half_undone_costs_a_waiter_a_few_commands_per_park() {
     // the source sends the waiter's park there with ASK, and the target
     // sends it back with MOVED.
     migration.begin();
-    migration.setslot(migration.to, &["STABLE"]);
+    migration.set_slot(migration.to, &["STABLE"]);
     let mut meter = Meter::new(&cluster);
     let before = meter.read();
     let waited = lock.try_lock_for(Duration::from_secs(2));
@@ -337,7 +276,7 @@ fn a_migration_half_undone_costs_a_waiter_a_few_commands_per_park() {
 fn a_waiter_parked_during_a_migration_wakes_at_a_release_after_it() {
     let cluster = RedisCluster::start(2, 0);
     let name = "moved";
-    let migration = Migration::of(&cluster, name);
+    let migration = SlotMigration::of(&cluster, &lock_key(name));
     let holder = client(&cluster, |b| b);
     let guard = holder
         .lock(name)
@@ -363,7 +302,7 @@ fn a_waiter_parked_during_a_migration_wakes_at_a_release_after_it() {
         "the waiter parks on the importing node",
         || parked_on(migration.to) == 1,
     );
-    migration.move_keys();
+    assert!(migration.move_keys() > 0, "the lock has keys to move");
     migration.finish();
     // The park outlives the migration: the slot's new owner is where it
     // waits.
@@ -384,7 +323,7 @@ fn a_waiter_parked_during_a_migration_wakes_at_a_release_after_it() {
 fn ask_is_followed_with_asking_to_a_lock_that_has_moved() {
     let cluster = RedisCluster::start(2, 0);
     let name = "asked";
-    let migration = Migration::of(&cluster, name);
+    let migration = SlotMigration::of(&cluster, &lock_key(name));
     let client = client(&cluster, |b| b);
     let lock = client.lock(name).unwrap();
     let guard = lock.lock().unwrap();
@@ -401,7 +340,7 @@ fn ask_is_followed_with_asking_to_a_lock_that_has_moved() {
         .query::<()>(&mut migration.from.connection())
         .unwrap();
     migration.begin();
-    migration.move_keys();
+    assert!(migration.move_keys() > 0, "the lock has keys to move");
     let mut meter = Meter::new(&cluster);
     let before = meter.read();
 
@@ -464,7 +403,7 @@ fn ask_is_followed_to_a_new_master_the_slot_map_does_not_list_yet() {
         },
     );
     let name = "joining";
-    let migration = Migration::to(&cluster, name, &joining);
+    let migration = SlotMigration::to(&cluster, &lock_key(name), &joining);
     let client = client(&cluster, |b| b);
     let lock = client.lock(name).unwrap();
     let guard = lock.lock().unwrap();
@@ -478,7 +417,7 @@ fn ask_is_followed_to_a_new_master_the_slot_map_does_not_list_yet() {
         .query::<()>(&mut migration.from.connection())
         .unwrap();
     migration.begin();
-    migration.move_keys();
+    assert!(migration.move_keys() > 0, "the lock has keys to move");
 
     let holder = lock.holder().expect("holder() in one call").expect("held");
     assert_eq!(holder.fencing_token, guard.fencing_token());
@@ -493,14 +432,14 @@ fn ask_is_followed_to_a_new_master_the_slot_map_does_not_list_yet() {
 fn a_renewed_holder_reloads_the_map_once_for_a_migration() {
     let cluster = RedisCluster::start(2, 0);
     let name = "renewed";
-    let migration = Migration::of(&cluster, name);
+    let migration = SlotMigration::of(&cluster, &lock_key(name));
     // Renewed every 300 ms.
     let holder = client(&cluster, |b| b.default_lease(Duration::from_millis(900)));
     let guard = holder.lock(name).unwrap().lock().unwrap();
     let mut meter = Meter::new(&cluster);
     let before = meter.read();
     migration.begin();
-    migration.move_keys();
+    assert!(migration.move_keys() > 0, "the lock has keys to move");
     // Renewals answered ASK by the source, for a few rounds.
     thread::sleep(Duration::from_millis(1500));
     assert!(!guard.is_lost(), "renewed on the importing node");
@@ -524,13 +463,13 @@ fn a_renewed_holder_reloads_the_map_once_for_a_migration() {
 fn moved_reloads_the_slot_map_once() {
     let cluster = RedisCluster::start(2, 0);
     let name = "relocated";
-    let migration = Migration::of(&cluster, name);
+    let migration = SlotMigration::of(&cluster, &lock_key(name));
     let client = client(&cluster, |b| b);
     let lock = client.lock(name).unwrap();
     // The map is loaded before the slot moves.
     lock.try_lock().unwrap().expect("free").unlock().unwrap();
     migration.begin();
-    migration.move_keys();
+    assert!(migration.move_keys() > 0, "the lock has keys to move");
     migration.finish();
 
     let mut meter = Meter::new(&cluster);

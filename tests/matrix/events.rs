@@ -5,7 +5,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use testkit::{FaultProxy, RedisCluster, RedisServer};
+use testkit::{FaultProxy, SlotMigration};
 
 use crate::spec::{Deploy, Spec, Sync};
 use crate::subject::Handle;
@@ -371,26 +371,14 @@ fn fail_over(deployment: &Deployment, event: Event) -> Outcome {
 /// `stall` in MIGRATING/IMPORTING before the keys move.
 fn migrate(stage: &mut Stage<'_>, stall: Duration) -> Outcome {
     let cluster = stage.deployment.cluster();
-    let slot = cluster.slot_of(&support::lock_key(&stage.spec.name));
-    let from = cluster.master_of_slot(slot);
-    let to = cluster
-        .masters()
-        .iter()
-        .find(|m| m.port() != from.port())
-        .unwrap();
-    let (from_id, to_id) = (RedisCluster::node_id(from), RedisCluster::node_id(to));
-    let setslot = |node: &RedisServer, args: &[&str]| RedisCluster::set_slot(node, slot, args);
+    let migration = SlotMigration::of(cluster, &support::lock_key(&stage.spec.name));
+    let slot = migration.slot;
     let started = Instant::now();
-    setslot(to, &["IMPORTING", &from_id]);
-    setslot(from, &["MIGRATING", &to_id]);
+    migration.begin();
     thread::sleep(stall);
-    let moved = RedisCluster::move_slot_keys(slot, from, to);
+    let moved = migration.move_keys();
     thread::sleep(Duration::from_millis(200));
-    setslot(to, &["NODE", &to_id]);
-    setslot(from, &["NODE", &to_id]);
-    for master in cluster.masters() {
-        setslot(master, &["NODE", &to_id]);
-    }
+    migration.finish();
     // While the keys of one name are split between the two masters, Redis
     // refuses every script that touches them all (`TRYAGAIN`): a
     // migration may add its own duration, never a lease.
