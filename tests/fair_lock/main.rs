@@ -351,39 +351,8 @@ fn a_waiter_that_became_the_head_while_parked_is_woken_by_the_release_itself() {
     let server = RedisServer::start();
     let holder = Client::open(&server.url()).unwrap();
     let held = holder.fair_lock("steady").unwrap().lock().unwrap();
-    let (served, order) = mpsc::channel();
-    let (go, first_may_go) = mpsc::channel::<()>();
-    let mut first_may_go = Some(first_may_go);
-    let waiters: Vec<_> = ["first", "second"]
-        .into_iter()
-        .enumerate()
-        .map(|(i, who)| {
-            let client = Client::builder(server.url())
-                .max_park(Duration::from_secs(30))
-                .build()
-                .unwrap();
-            let served = served.clone();
-            let may_go = first_may_go.take();
-            let waiter = thread::spawn(move || {
-                let guard = client
-                    .fair_lock("steady")
-                    .unwrap()
-                    .try_lock_for(Duration::from_secs(25))
-                    .unwrap()
-                    .expect("served");
-                served.send(who).unwrap();
-                if let Some(may_go) = may_go {
-                    may_go.recv().unwrap();
-                }
-                guard.unlock().unwrap();
-            });
-            support::eventually(Duration::from_secs(10), "the waiter parked", || {
-                queue_len(&server, "steady") == i as u64 + 1
-                    && support::parked(&server) == i as u64 + 1
-            });
-            waiter
-        })
-        .collect();
+    let (go, first_may_go) = mpsc::channel();
+    let (waiters, order) = two_parked_waiters(&server, "steady", &server.url(), Some(first_may_go));
     held.unlock().unwrap();
     assert_eq!(order.recv_timeout(Duration::from_secs(20)), Ok("first"));
     let before = server.command_calls();
@@ -400,13 +369,55 @@ fn a_waiter_that_became_the_head_while_parked_is_woken_by_the_release_itself() {
     assert_eq!(queue_len(&server, "steady"), 0);
 }
 
-/// Two waiters of `name` on `server`, each a client of its own connecting
-/// to `url`, parked with a 30 s maximum park (the first as the head,
-/// behind a holder that is not theirs); then the second is given an
-/// earlier place than the first, as a waiter whose place ended while it
-/// lived takes its first arrival again when it comes back. Each says
-/// "first" or "second" on the receiver once served; returns its identity
-/// too, the second's.
+/// Two waiters of `name` on `server`, "first" then "second", each a client
+/// of its own connecting to `url`, parked in turn with a 30 s maximum park
+/// (the first as the head, behind a holder that is not theirs). Each says
+/// its name on the receiver once served, then unlocks: the first only once
+/// `first_may_go` says so, when given.
+fn two_parked_waiters(
+    server: &RedisServer,
+    name: &'static str,
+    url: &str,
+    first_may_go: Option<mpsc::Receiver<()>>,
+) -> (Vec<thread::JoinHandle<()>>, mpsc::Receiver<&'static str>) {
+    let (served, order) = mpsc::channel();
+    let mut first_may_go = first_may_go;
+    let waiters = ["first", "second"]
+        .into_iter()
+        .enumerate()
+        .map(|(i, who)| {
+            let client = Client::builder(url)
+                .max_park(Duration::from_secs(30))
+                .build()
+                .unwrap();
+            let served = served.clone();
+            let may_go = first_may_go.take();
+            let waiter = thread::spawn(move || {
+                let guard = client
+                    .fair_lock(name)
+                    .unwrap()
+                    .try_lock_for(Duration::from_secs(25))
+                    .unwrap()
+                    .expect("served");
+                served.send(who).unwrap();
+                if let Some(may_go) = may_go {
+                    may_go.recv().unwrap();
+                }
+                guard.unlock().unwrap();
+            });
+            support::eventually(Duration::from_secs(10), "the waiter parked", || {
+                queue_len(server, name) == i as u64 + 1 && support::parked(server) == i as u64 + 1
+            });
+            waiter
+        })
+        .collect();
+    (waiters, order)
+}
+
+/// [`two_parked_waiters`] of `name`, then the second is given an earlier
+/// place than the first, as a waiter whose place ended while it lived
+/// takes its first arrival again when it comes back. Returns the second's
+/// identity too.
 fn second_waiter_moved_first(
     server: &RedisServer,
     name: &'static str,
@@ -416,31 +427,7 @@ fn second_waiter_moved_first(
     mpsc::Receiver<&'static str>,
     String,
 ) {
-    let (tx, rx) = mpsc::channel();
-    let waiters = ["first", "second"]
-        .into_iter()
-        .enumerate()
-        .map(|(i, who)| {
-            let client = Client::builder(url)
-                .max_park(Duration::from_secs(30))
-                .build()
-                .unwrap();
-            let tx = tx.clone();
-            let waiter = thread::spawn(move || {
-                let lock = client.fair_lock(name).unwrap();
-                let guard = lock
-                    .try_lock_for(Duration::from_secs(25))
-                    .unwrap()
-                    .expect("served");
-                tx.send(who).unwrap();
-                guard.unlock().unwrap();
-            });
-            support::eventually(Duration::from_secs(10), "the waiter parked", || {
-                queue_len(server, name) == i as u64 + 1 && support::parked(server) == i as u64 + 1
-            });
-            waiter
-        })
-        .collect();
+    let (waiters, rx) = two_parked_waiters(server, name, url, None);
     let mut con = server.connection();
     let queue = arrivals(&mut con, name);
     let [(_, first), (second, _)] = &queue[..] else {
