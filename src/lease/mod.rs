@@ -231,6 +231,9 @@ pub(crate) enum Grant {
         /// When the hand-off was sent: where the new lease starts at the
         /// latest.
         sent: Instant,
+        /// A fair lock's: the waiter first in the queue behind the new
+        /// holder (whom its release will likely wake).
+        next_in_line: Option<String>,
     },
     /// The releaser's ownership itself, passed in memory: nothing was sent
     /// to Redis.

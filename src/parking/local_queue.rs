@@ -52,6 +52,25 @@ enum Status<G> {
     /// Out of `next_turn`, making that attempt: not to be picked, for the
     /// attempt may win the lock and the thread leave.
     Attempting,
+    /// The parker, making an attempt: not to be picked, as `Attempting`.
+    ParkerAttempting,
+    /// The parker, picked for a hand-off under way ([`LocalQueues::reserve_parker`]):
+    /// it makes no attempt and does not leave until the hand-off is
+    /// settled.
+    ParkerReserved,
+    /// The parker, leaving without the lock: not to be picked.
+    Leaving,
+}
+
+impl<G> Status<G> {
+    /// Whether this slot's thread waits in Redis for the queue (or is
+    /// between two of its parks).
+    fn is_parker(&self) -> bool {
+        matches!(
+            self,
+            Status::Parker | Status::ParkerAttempting | Status::ParkerReserved
+        )
+    }
 }
 
 #[derive(Debug)]
@@ -60,6 +79,9 @@ struct Slot<C, G> {
     claim: C,
     status: Status<G>,
     wake: Arc<Condvar>,
+    /// The parker's: the list it parks on (or is about to), for a hand-off
+    /// to end that park.
+    parks_on: Option<String>,
 }
 
 #[derive(Debug)]
@@ -105,11 +127,7 @@ impl<C, G> QueueState<C, G> {
     /// waiter to take over. Called whenever a waiter leaves or is reserved:
     /// the one just told to take over may be reserved before it wakes.
     fn ensure_parker(&self) {
-        if self
-            .slots
-            .iter()
-            .any(|s| matches!(s.status, Status::Parker))
-        {
+        if self.slots.iter().any(|s| s.status.is_parker()) {
             return;
         }
         if let Some(slot) = self
@@ -175,6 +193,7 @@ impl<C: Clone, G: Clone> LocalQueues<C, G> {
             claim,
             status: Status::Waiting,
             wake: Arc::new(Condvar::new()),
+            parks_on: None,
         });
         drop(state);
         drop(queues);
@@ -210,8 +229,35 @@ impl<C: Clone, G: Clone> LocalQueues<C, G> {
             queue,
             id,
             claim,
+            parks_on: None,
             settled: false,
         })
+    }
+
+    /// For a thread releasing `lock_key`'s object for good: reserves the
+    /// parker of the key's queue, unless it is making an attempt or
+    /// leaving. For a waiter that is alone in its queue (a fair lock's,
+    /// on its own list), which a release hands the lock to only when
+    /// Redis says it is its turn; so no bound on runs applies. The parker
+    /// makes no attempt while reserved: the grant never reaches it through
+    /// an attempt of its own.
+    pub(crate) fn reserve_parker(&self, lock_key: &str) -> Option<Reservation<C, G>> {
+        let queue = Arc::clone(self.queues.lock().get(lock_key)?);
+        let mut state = queue.state.lock();
+        let slot = state
+            .slots
+            .iter_mut()
+            .find(|s| matches!(s.status, Status::Parker))?;
+        slot.status = Status::ParkerReserved;
+        let reservation = Reservation {
+            queue: Arc::clone(&queue),
+            id: slot.id,
+            claim: slot.claim.clone(),
+            parks_on: slot.parks_on.clone(),
+            settled: false,
+        };
+        drop(state);
+        Some(reservation)
     }
 
     /// The lock was released in Redis (baton pushed): a new run of local
@@ -262,10 +308,7 @@ impl<C, G: Clone> Member<'_, C, G> {
     pub(crate) fn next_turn(&self, deadline: Option<Instant>) -> Turn<G> {
         let mut state = self.queue.state.lock();
         loop {
-            let has_parker = state
-                .slots
-                .iter()
-                .any(|s| matches!(s.status, Status::Parker));
+            let has_parker = state.slots.iter().any(|s| s.status.is_parker());
             let Some(slot) = state.slot_mut(self.id) else {
                 return Turn::TimedOut;
             };
@@ -283,6 +326,12 @@ impl<C, G: Clone> Member<'_, C, G> {
                     return Turn::Park;
                 }
                 Status::Reserved => wake.wait(&mut state),
+                // The parker's own statuses: it is in its park loop, which
+                // reads them through `parker_turn`, `parker_parks` and
+                // `parker_leaves`.
+                Status::ParkerAttempting | Status::ParkerReserved | Status::Leaving => {
+                    return Turn::Park
+                }
                 Status::Waiting => {
                     let Some(deadline) = deadline else {
                         wake.wait(&mut state);
@@ -299,6 +348,67 @@ impl<C, G: Clone> Member<'_, C, G> {
                         state.remove(self.id);
                         return Turn::TimedOut;
                     }
+                }
+            }
+        }
+    }
+}
+
+impl<C, G: Clone> Member<'_, C, G> {
+    /// The parker, before each attempt: `None` to go on and attempt
+    /// (nothing can reserve it until [`parker_parks`](Member::parker_parks)),
+    /// or the lock a releasing thread handed it meanwhile. While it is
+    /// reserved, it waits for the hand-off to be settled (the releaser's
+    /// script returns within its I/O timeouts).
+    pub(crate) fn parker_turn(&self) -> Option<G> {
+        let mut state = self.queue.state.lock();
+        loop {
+            let slot = state.slot_mut(self.id)?;
+            match slot.status {
+                Status::ParkerReserved => {
+                    let wake = Arc::clone(&slot.wake);
+                    wake.wait(&mut state);
+                }
+                Status::Granted(ref grant) => return Some(grant.clone()),
+                _ => {
+                    slot.status = Status::ParkerAttempting;
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// The parker, after an attempt that found the object held, before it
+    /// parks on `list`: a releasing thread may hand it the lock from now
+    /// on (and end that park).
+    pub(crate) fn parker_parks(&self, list: &str) {
+        let mut state = self.queue.state.lock();
+        if let Some(slot) = state.slot_mut(self.id) {
+            slot.status = Status::Parker;
+            if slot.parks_on.as_deref() != Some(list) {
+                slot.parks_on = Some(list.to_owned());
+            }
+        }
+    }
+
+    /// The parker, leaving without the lock (its deadline, an error):
+    /// `Some` when a releasing thread handed it the lock meanwhile, which
+    /// it must take instead (else the lock would stay with a thread that
+    /// is gone). While it is reserved, it waits for the hand-off to be
+    /// settled.
+    pub(crate) fn parker_leaves(&self) -> Option<G> {
+        let mut state = self.queue.state.lock();
+        loop {
+            let slot = state.slot_mut(self.id)?;
+            match slot.status {
+                Status::ParkerReserved => {
+                    let wake = Arc::clone(&slot.wake);
+                    wake.wait(&mut state);
+                }
+                Status::Granted(ref grant) => return Some(grant.clone()),
+                _ => {
+                    slot.status = Status::Leaving;
+                    return None;
                 }
             }
         }
@@ -327,6 +437,10 @@ pub(crate) struct Reservation<C, G> {
     id: u64,
     /// What the waiter asked for.
     pub(crate) claim: C,
+    /// A reserved parker's: the list it parks on, if it has parked (see
+    /// [`LocalQueues::reserve_parker`]), which the releaser rings once the
+    /// hand-off is settled.
+    pub(crate) parks_on: Option<String>,
     settled: bool,
 }
 
@@ -352,7 +466,13 @@ impl<C, G> Reservation<C, G> {
             state.handoffs_in_a_row += 1;
         }
         if let Some(slot) = state.slot_mut(self.id) {
-            slot.status = status;
+            // A parker whose hand-off failed goes on as the parker: its
+            // next attempt comes when its park ends (the releaser ends it
+            // when the hand-off may have happened unseen).
+            slot.status = match (&slot.status, status) {
+                (Status::ParkerReserved, Status::Retry) => Status::Parker,
+                (_, status) => status,
+            };
             slot.wake.notify_one();
         }
     }
@@ -458,6 +578,63 @@ mod tests {
             assert_eq!(waiter.next_turn(Some(deadline)), Turn::Granted(grant));
             settle.join().unwrap();
         });
+    }
+
+    #[test]
+    fn a_parker_is_reserved_only_between_its_attempts_and_takes_the_grant_at_its_next_turn() {
+        let queues = Queues::new(8, Duration::from_secs(60));
+        let parker = queues.join("own", "p");
+        assert_eq!(parker.next_turn(None), Turn::Park);
+        assert_eq!(parker.parker_turn(), None, "nothing handed yet: attempt");
+        assert!(
+            queues.reserve_parker("own").is_none(),
+            "busy with its attempt"
+        );
+        parker.parker_parks("list");
+        assert!(queues.reserve("own").is_none(), "a parker is not Waiting");
+        let reservation = queues.reserve_parker("own").expect("parked");
+        assert_eq!(reservation.parks_on.as_deref(), Some("list"));
+        assert!(queues.reserve_parker("own").is_none(), "reserved once");
+        reservation.grant(5);
+        assert_eq!(parker.parker_turn(), Some(5));
+    }
+
+    #[test]
+    fn a_parker_whose_hand_off_failed_parks_on_and_may_be_reserved_again() {
+        let queues = Queues::new(8, Duration::from_secs(60));
+        let parker = queues.join("own", "p");
+        assert_eq!(parker.next_turn(None), Turn::Park);
+        queues
+            .reserve_parker("own")
+            .expect("not attempting yet")
+            .fail();
+        assert!(queues.reserve_parker("own").is_some(), "still the parker");
+        // That reservation was dropped unsettled: a failure too.
+        assert_eq!(parker.parker_turn(), None, "attempts");
+    }
+
+    #[test]
+    fn a_parker_leaving_while_reserved_waits_for_the_hand_off_and_takes_the_lock() {
+        let queues = Queues::new(8, Duration::from_secs(60));
+        let parker = queues.join("own", "p");
+        assert_eq!(parker.next_turn(None), Turn::Park);
+        parker.parker_parks("list");
+        let reservation = queues.reserve_parker("own").unwrap();
+        std::thread::scope(|scope| {
+            let settle = scope.spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                reservation.grant(7);
+            });
+            assert_eq!(parker.parker_leaves(), Some(7));
+            settle.join().unwrap();
+        });
+        let leaving = queues.join("own2", "q");
+        assert_eq!(leaving.next_turn(None), Turn::Park);
+        assert_eq!(leaving.parker_leaves(), None);
+        assert!(
+            queues.reserve_parker("own2").is_none(),
+            "a parker that left is never handed the lock"
+        );
     }
 
     #[test]

@@ -176,6 +176,13 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
         self.queues.reserve(baton_key)
     }
 
+    /// For a thread releasing for good: reserves the waiter parked in Redis
+    /// for `baton_key`, a waiter alone on its own list (see
+    /// [`LocalQueues::reserve_parker`]).
+    pub(crate) fn reserve_parker(&self, baton_key: &str) -> Option<Reservation<C, G>> {
+        self.queues.reserve_parker(baton_key)
+    }
+
     /// Released in Redis (baton pushed): a new run of local hand-offs may
     /// start.
     pub(crate) fn released_globally(&self, baton_key: &str) {
@@ -327,6 +334,30 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
         wait: Wait<'_>,
         member: &Member<'_, C, G>,
         deadline: Option<Instant>,
+        attempt: impl FnMut() -> Result<Attempt<T>, Error>,
+    ) -> Result<Waited<T, G>, Error> {
+        let parked = self.park_loop(wait, member, deadline, attempt);
+        if let Ok(Waited::Acquired(_) | Waited::Granted(_)) = parked {
+            return parked;
+        }
+        // Leaving without the lock, whatever the reason: a releasing
+        // thread of this process may have handed it over meanwhile, and
+        // it is this thread's then (see `LocalQueues::reserve_parker`).
+        match member.parker_leaves() {
+            Some(grant) => {
+                member.end_unconfirmed_run();
+                Ok(Waited::Granted(grant))
+            }
+            None => parked,
+        }
+    }
+
+    /// [`park_until_acquired`](WaitingRoom::park_until_acquired)'s loop.
+    fn park_loop<T>(
+        &self,
+        wait: Wait<'_>,
+        member: &Member<'_, C, G>,
+        deadline: Option<Instant>,
         mut attempt: impl FnMut() -> Result<Attempt<T>, Error>,
     ) -> Result<Waited<T, G>, Error> {
         // A run of unconfirmed writes a previous parker gave up on goes on:
@@ -347,6 +378,11 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
             None => self.max_park,
         };
         loop {
+            // Handed the lock while parked (or between two parks).
+            if let Some(grant) = member.parker_turn() {
+                member.end_unconfirmed_run();
+                return Ok(Waited::Granted(grant));
+            }
             // The previous parker may have left because it acquired, so
             // look before parking.
             let (lease_left, park_on, passed_on) = match attempt() {
@@ -394,6 +430,7 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
                 return Ok(Waited::TimedOut);
             };
             let park_key = park_on.as_ref().map_or(baton_key, |on| on.list.as_str());
+            member.parker_parks(park_key);
             // On its own list, or on one its attempt pops.
             let claims = takes_token.filter(|_| park_on.as_ref().is_none_or(|on| on.claims));
             let how = ParkHow {

@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use super::{
-    millis, Call, ACQUIRE, ACQUIRE_MANY, FAIR_ACQUIRE, FAIR_FORCE_UNLOCK, FAIR_LEAVE, FAIR_RELEASE,
-    FAIR_RELEASE_REQUEST, FAIR_WAKE, FORCE_UNLOCK, HANDOFF, HOLDER, RELEASE, RELEASE_REQUEST,
-    RENEW,
+    millis, Call, ACQUIRE, ACQUIRE_MANY, FAIR_ACQUIRE, FAIR_FORCE_UNLOCK, FAIR_HANDOFF, FAIR_LEAVE,
+    FAIR_RELEASE, FAIR_RELEASE_REQUEST, FAIR_WAKE, FORCE_UNLOCK, HANDOFF, HOLDER, RELEASE,
+    RELEASE_REQUEST, RENEW,
 };
 use crate::keys::{FairKeys, LockKeys};
 
@@ -229,6 +229,23 @@ pub(crate) fn handoff(keys: &LockKeys, args: HandoffArgs<'_>) -> Call {
         .arg(args.request)
         .arg(args.proposed_token)
         .arg(args.reserve)
+}
+
+/// The fair lock's [`handoff`], to a waiter that must be the head of the
+/// queue (a quorum's token and a reserve do not apply: a fair lock lives on
+/// one deployment, and passes nothing in memory).
+pub(crate) fn fair_handoff(keys: &LockKeys, fair: &FairKeys, args: HandoffArgs<'_>) -> Call {
+    Call::new(&FAIR_HANDOFF)
+        .key(&keys.lock)
+        .key(&keys.fence)
+        .key(&fair.queue)
+        .key(&fair.places)
+        .arg(args.from)
+        .arg(args.fence)
+        .arg(args.to)
+        .arg(millis(args.lease))
+        .arg(millis(args.fence_ttl))
+        .arg(args.request)
 }
 
 /// Releases one level of the ownership `fence` of `identity`, which keeps

@@ -74,6 +74,9 @@ scripts! {
     /// head's list, or names the head to wake.
     FAIR_RELEASE => "fair/release.lua"
         with ["lib/lease.lua", "lib/fair_queue.lua", "lib/baton.lua"];
+    /// The last release of a fair lock's holder, handing it to a waiter of
+    /// the same process that is the head of the queue.
+    FAIR_HANDOFF => "fair/handoff.lua" with ["lib/next_fence.lua", "lib/fair_queue.lua"];
     /// The fair lock's undo of a lost request, naming the head to wake.
     FAIR_RELEASE_REQUEST => "fair/release_request.lua" with ["lib/fair_queue.lua"];
     /// The fair lock's administrative release, naming the head to wake.

@@ -184,12 +184,19 @@ impl<T: FromRedisValue> FromRedisValue for FairReply<T> {
     }
 }
 
-/// What `lock/handoff.lua` answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What `lock/handoff.lua` (or `fair/handoff.lua`) answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HandoffReply {
-    /// The waiter's new fencing token, or `None` when the releaser no
-    /// longer owned the lock.
+    /// The waiter's new fencing token, or `None` when nothing was handed
+    /// over: the releaser no longer owned the lock, or (`not_head`) the
+    /// waiter was not the head of a fair lock's queue.
     pub(crate) fence: Option<u64>,
+    /// A fair lock's hand-off: the head of the queue behind the waiter,
+    /// whom the waiter's release will likely wake.
+    pub(crate) next_in_line: Option<String>,
+    /// A fair lock's waiter was not the head of its queue: nothing was
+    /// changed, and the holder releases as usual.
+    pub(crate) not_head: bool,
     /// Never set by a script: a Redlock quorum's hand-off that a majority
     /// made while other masters did not answer. The giver's copy may still
     /// stand on those, asleep waiters parked there: it is released in the
@@ -202,6 +209,8 @@ impl HandoffReply {
     pub(crate) fn to(fence: Option<u64>) -> Self {
         HandoffReply {
             fence,
+            next_in_line: None,
+            not_head: false,
             in_part: false,
         }
     }
@@ -209,9 +218,29 @@ impl HandoffReply {
 
 impl FromRedisValue for HandoffReply {
     fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
-        Ok(HandoffReply::to(
-            u64::try_from(i64::from_redis_value(value)?).ok(),
-        ))
+        let Value::Array(mut items) = value else {
+            return Ok(HandoffReply::to(
+                u64::try_from(i64::from_redis_value(value)?).ok(),
+            ));
+        };
+        // The fair lock's: `{fence, next}`, `{-1}` or `{0}`.
+        let next_in_line = match items.len() {
+            2 => Some(String::from_redis_value(items.pop().unwrap_or(Value::Nil))?)
+                .filter(|next| !next.is_empty()),
+            _ => None,
+        };
+        match i64::from_redis_values(items)?[..] {
+            [-1] => Ok(HandoffReply::to(None)),
+            [0] => Ok(HandoffReply {
+                not_head: true,
+                ..HandoffReply::to(None)
+            }),
+            [fence] if fence > 0 => Ok(HandoffReply {
+                next_in_line,
+                ..HandoffReply::to(Some(fence.unsigned_abs()))
+            }),
+            ref reply => Err(unexpected("fair/handoff.lua", reply)),
+        }
     }
 }
 
@@ -449,6 +478,30 @@ mod tests {
             HandoffReply::from_redis_value(Value::Int(-1)).unwrap(),
             HandoffReply::to(None)
         );
+        let bulk = |text: &str| Value::BulkString(text.as_bytes().to_vec());
+        assert_eq!(
+            HandoffReply::from_redis_value(Value::Array(vec![bulk("1764"), bulk("a:2")])).unwrap(),
+            HandoffReply {
+                next_in_line: Some("a:2".to_owned()),
+                ..HandoffReply::to(Some(1764))
+            }
+        );
+        assert_eq!(
+            HandoffReply::from_redis_value(Value::Array(vec![Value::Int(9), bulk("")])).unwrap(),
+            HandoffReply::to(Some(9))
+        );
+        assert_eq!(
+            HandoffReply::from_redis_value(ints(&[0])).unwrap(),
+            HandoffReply {
+                not_head: true,
+                ..HandoffReply::to(None)
+            }
+        );
+        assert_eq!(
+            HandoffReply::from_redis_value(ints(&[-1])).unwrap(),
+            HandoffReply::to(None)
+        );
+        assert!(HandoffReply::from_redis_value(ints(&[1, 2, 3])).is_err());
         assert_eq!(
             HolderReply::from_redis_value(Value::Array(vec![])).unwrap(),
             HolderReply(None)

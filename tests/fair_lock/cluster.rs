@@ -177,3 +177,80 @@ fn a_release_naming_the_next_waiters_list_rides_out_a_slot_migration() {
         waiter.joined();
     }
 }
+
+/// A release that hands the lock to a parked thread of its own client
+/// (`fair/handoff.lua`) while the slot migrates, one of that script's keys
+/// (the fencing counter) already moved: Redis refuses the hand-off with
+/// `TRYAGAIN` before it runs, and the lock is released as usual instead
+/// (a release rides out a migration, see above), at once. The waiter is
+/// served once the keys have moved.
+#[test]
+fn a_hand_off_refused_while_the_slot_migrates_becomes_a_release() {
+    let deployment = Deployment::start(Topology::Cluster);
+    let name = "moving-handoff";
+    let migration = SlotMigration::of(deployment.cluster(), &queue_key(name));
+    let (first, here) = (client(&deployment), client(&deployment));
+    let blocker = first.fair_lock(name).unwrap().lock().unwrap();
+    let (served, order) = mpsc::channel();
+    let (go, holder_may_go) = mpsc::channel::<()>();
+    let (unlocked, holder_unlocked) = mpsc::channel();
+    let mut holder = Some((holder_may_go, unlocked));
+    // The holder, then the waiter, both of `here`: the holder's
+    // acquisition finds the waiter next in line.
+    let threads: Vec<_> = ["holder", "waiter"]
+        .into_iter()
+        .enumerate()
+        .map(|(i, who)| {
+            let (lock, served) = (here.fair_lock(name).unwrap(), served.clone());
+            let holder = holder.take();
+            let thread = thread::spawn(move || {
+                let guard = lock
+                    .try_lock_for(Duration::from_secs(30))
+                    .unwrap()
+                    .expect("served");
+                served.send(who).unwrap();
+                match holder {
+                    Some((may_go, unlocked)) => {
+                        may_go.recv().unwrap();
+                        let started = Instant::now();
+                        let result = guard.unlock().map_err(|err| err.to_string());
+                        unlocked.send((result, started.elapsed())).unwrap();
+                    }
+                    None => guard.unlock().unwrap(),
+                }
+            });
+            support::eventually(Duration::from_secs(10), "the waiter's place", || {
+                queue_on(migration.from, name).len() == i + 1
+            });
+            thread
+        })
+        .collect();
+    blocker.unlock().unwrap();
+    assert_eq!(order.recv_timeout(Duration::from_secs(20)), Ok("holder"));
+
+    migration.begin();
+    let fence_key = format!("redbaton:{{{name}}}:fair:fence");
+    redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(migration.to.port())
+        .arg(&fence_key)
+        .arg(0)
+        .arg(5_000)
+        .query::<()>(&mut migration.from.connection())
+        .unwrap();
+    go.send(()).unwrap();
+    let (result, took) = holder_unlocked
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap();
+    assert_eq!(result, Ok(()), "the holder's release");
+    assert!(
+        took < Duration::from_secs(2),
+        "the release waited out the migration: {took:?}"
+    );
+    migration.move_keys();
+    migration.finish();
+    assert_eq!(order.recv_timeout(Duration::from_secs(20)), Ok("waiter"));
+    for thread in threads {
+        thread.joined();
+    }
+}

@@ -174,3 +174,88 @@ fn a_killed_waiters_keys_all_expire_after_the_names_last_use() {
             && left(&mut con, "redbaton:{queue}:fair:wake*").is_empty()
     });
 }
+
+/// A hand-off to a parked thread of the same client (`fair/handoff.lua`)
+/// whose reply was lost: the client sends it again, and the second run
+/// finds the lock no longer the holder's (the first handed it over). The
+/// waiter, told to look, finds the lock under its own identity and takes it
+/// afresh at once, although another client's waiter is the head of the
+/// queue now (the hand-off dropped the waiter's place). Were it held back
+/// behind that head, it would park holding the lock, and both would wait
+/// out the lease.
+#[test]
+fn a_hand_off_whose_reply_was_lost_leaves_the_lock_to_its_waiter_at_once() {
+    const NAME: &str = "lost-handoff";
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let here = Client::builder(proxy.url())
+        .io_timeout(Duration::from_secs(5))
+        .max_park(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let there = Client::builder(server.url())
+        .max_park(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    // The hand-off script loaded, so that the reply lost is that of a
+    // hand-off that ran, not a NOSCRIPT.
+    let _: String = redis::Script::new(concat!(
+        include_str!("../../src/scripts/lib/next_fence.lua"),
+        include_str!("../../src/scripts/lib/fair_queue.lua"),
+        include_str!("../../src/scripts/fair/handoff.lua")
+    ))
+    .prepare_invoke()
+    .load(&mut server.connection())
+    .unwrap();
+    let first = there.fair_lock(NAME).unwrap().lock().unwrap();
+    let (served, order) = std::sync::mpsc::channel();
+    let (go, may_go) = std::sync::mpsc::channel::<()>();
+    let mut may_go = Some(may_go);
+    // The holder and a waiter of `here`, then a waiter of `there`, each
+    // parked in turn; the holder's acquisition finds the waiter next.
+    let threads: Vec<_> = [("holder", &here), ("waiter", &here), ("other", &there)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (who, client))| {
+            let (lock, served) = (client.fair_lock(NAME).unwrap(), served.clone());
+            let may_go = if i == 0 { may_go.take() } else { None };
+            let thread = thread::spawn(move || {
+                let guard = lock
+                    .try_lock_for(Duration::from_secs(25))
+                    .unwrap()
+                    .expect("served");
+                served.send((who, guard.fencing_token())).unwrap();
+                if let Some(may_go) = may_go {
+                    may_go.recv().unwrap();
+                }
+                guard
+                    .unlock()
+                    .expect("the resent hand-off is not a lost lock");
+            });
+            support::eventually(Duration::from_secs(10), "the waiter parked", || {
+                queue_len(&server, NAME) == i as u64 + 1 && support::parked(&server) == i as u64 + 1
+            });
+            thread
+        })
+        .collect();
+    first.unlock().unwrap();
+    let (who, holders) = order.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(who, "holder");
+    proxy.drop_reply_to(b"EVALSHA");
+    let released = Instant::now();
+    go.send(()).unwrap();
+    let rest: Vec<(&str, u64)> = (0..2)
+        .map(|_| order.recv_timeout(Duration::from_secs(15)).expect("served"))
+        .collect();
+    let took = released.elapsed();
+    for thread in threads {
+        thread.joined();
+    }
+    assert_eq!(proxy.dropped_replies(), 1);
+    assert_eq!(rest[0].0, "waiter", "{rest:?}");
+    assert_eq!(rest[1].0, "other", "{rest:?}");
+    assert!(rest[0].1 > holders && rest[1].1 > rest[0].1, "{rest:?}");
+    assert!(took < Duration::from_secs(5), "both served after {took:?}");
+    assert_eq!(queue_len(&server, NAME), 0);
+    assert_eq!(there.fair_lock(NAME).unwrap().holder().unwrap(), None);
+}

@@ -258,9 +258,14 @@ across_topologies! {
 /// client, the release wakes it in memory, with no token pushed (no wake
 /// script, no `RPUSH`, no look of the parking hub), and arrival order
 /// holds. Five threads of one client queue behind its holder; each
-/// releases to the next.
+/// releases to the next. The holder took the lock before anyone queued, so
+/// its release wakes the first waiter, which takes the lock in an attempt;
+/// every later holder took it while the next waited, and its release's
+/// script hands the lock to that waiter (`fair/handoff.lua`), which wakes
+/// holding it: one script per hand-off, with a fencing token above the
+/// last.
 #[test]
-fn a_release_to_a_parked_thread_of_the_same_client_pushes_no_token() {
+fn a_release_hands_the_lock_to_the_next_parked_thread_of_the_same_client_in_its_script() {
     const WAITERS: u64 = 5;
     let server = RedisServer::start();
     let client = Client::builder(server.url())
@@ -269,6 +274,7 @@ fn a_release_to_a_parked_thread_of_the_same_client_pushes_no_token() {
         .unwrap();
     let lock = client.fair_lock("inside").unwrap();
     let held = lock.lock().unwrap();
+    let first_token = held.fencing_token();
     let (tx, rx) = mpsc::channel();
     let waiters: Vec<_> = (0..WAITERS)
         .map(|i| {
@@ -278,7 +284,7 @@ fn a_release_to_a_parked_thread_of_the_same_client_pushes_no_token() {
                     .try_lock_for(Duration::from_secs(20))
                     .unwrap()
                     .expect("served");
-                tx.send(i).unwrap();
+                tx.send((i, guard.fencing_token())).unwrap();
                 guard.unlock().unwrap();
             });
             support::eventually(Duration::from_secs(10), "the waiter's place", || {
@@ -293,20 +299,104 @@ fn a_release_to_a_parked_thread_of_the_same_client_pushes_no_token() {
     });
     let before = server.command_calls();
     held.unlock().unwrap();
-    let order: Vec<u64> = (0..WAITERS)
+    let served: Vec<(u64, u64)> = (0..WAITERS)
         .map(|_| rx.recv_timeout(Duration::from_secs(10)).expect("served"))
         .collect();
     for waiter in waiters {
         waiter.joined();
     }
     let during = server.commands_since(&before);
+    let order: Vec<u64> = served.iter().map(|&(i, _)| i).collect();
     assert_eq!(order, [0, 1, 2, 3, 4]);
+    let mut last = first_token;
+    for &(i, token) in &served {
+        assert!(token > last, "waiter {i}: token {token} after {last}");
+        last = token;
+    }
     assert_eq!(
         during.get("rpush").copied().unwrap_or(0),
         0,
         "a token was pushed: {during:?}"
     );
+    // The holder's release, the first waiter's attempt, four hand-offs,
+    // the last waiter's release. Each waiter's attempt and release instead
+    // of the hand-offs would make eleven.
+    assert_eq!(support::scripts_run(&during), WAITERS + 2, "{during:?}");
     assert_eq!(queue_len(&server, "inside"), 0);
+}
+
+/// A parked thread of the releasing client that the holder's acquisition
+/// found next in line, but that is no longer the head of the queue
+/// (another client's waiter came back to an earlier place), is not handed
+/// the lock: the hand-off's script changes nothing, and the release frees
+/// the lock for the head as usual. Arrival order holds.
+#[test]
+fn a_thread_of_the_same_client_that_is_no_longer_the_head_is_not_handed_the_lock() {
+    let server = RedisServer::start();
+    let client = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let other = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let first = other.fair_lock("passed-over").unwrap().lock().unwrap();
+    let (served, order) = mpsc::channel();
+    let (go, holder_may_go) = mpsc::channel::<()>();
+    // The holder (of `client`), then a waiter of `client`, then one of
+    // `other`, each parked in turn.
+    let mut holder_may_go = Some(holder_may_go);
+    let waiters: Vec<_> = [("holder", &client), ("local", &client), ("remote", &other)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (who, client))| {
+            let (lock, served) = (client.fair_lock("passed-over").unwrap(), served.clone());
+            let may_go = if i == 0 { holder_may_go.take() } else { None };
+            let waiter = thread::spawn(move || {
+                let guard = lock
+                    .try_lock_for(Duration::from_secs(25))
+                    .unwrap()
+                    .expect("served");
+                served.send(who).unwrap();
+                if let Some(may_go) = may_go {
+                    may_go.recv().unwrap();
+                }
+                guard.unlock().unwrap();
+            });
+            support::eventually(Duration::from_secs(10), "the waiter parked", || {
+                queue_len(&server, "passed-over") == i as u64 + 1
+                    && support::parked(&server) == i as u64 + 1
+            });
+            waiter
+        })
+        .collect();
+    first.unlock().unwrap();
+    assert_eq!(order.recv_timeout(Duration::from_secs(10)), Ok("holder"));
+    // The remote waiter takes an earlier place than the local one.
+    let mut con = server.connection();
+    let queue = arrivals(&mut con, "passed-over");
+    let [(_, local), (remote, _)] = &queue[..] else {
+        panic!("two places: {queue:?}");
+    };
+    redis::cmd("ZADD")
+        .arg(queue_key("passed-over"))
+        .arg(local - 1.0)
+        .arg(remote)
+        .query::<()>(&mut con)
+        .unwrap();
+    let released = Instant::now();
+    go.send(()).unwrap();
+    let rest: Vec<&str> = (0..2)
+        .map(|_| order.recv_timeout(Duration::from_secs(15)).expect("served"))
+        .collect();
+    let took = released.elapsed();
+    for waiter in waiters {
+        waiter.joined();
+    }
+    assert_eq!(rest, ["remote", "local"]);
+    assert!(took < Duration::from_secs(5), "both served after {took:?}");
+    assert_eq!(queue_len(&server, "passed-over"), 0);
 }
 
 /// A release whose next waiter is another client's thread parked as the

@@ -91,22 +91,36 @@ end
 
 local now = server_ms()
 drop_dead_waiters(queue, places, now)
-local head = redis.call('ZRANGE', queue, 0, 0)[1]
+local first = redis.call('ZRANGE', queue, 0, 1)
+local head = first[1]
 
-if (held[1] == false or held[1] == ARGV[1]) and (head == nil or head == ARGV[1]) then
+-- A lock under the caller's identity that no live guard of its holds (a
+-- request or a hand-off whose reply was lost, see fair/handoff.lua) came
+-- to it in its turn: it is taken afresh whoever the head is now (the
+-- hand-off dropped the caller's place).
+if held[1] == ARGV[1] or (held[1] == false and (head == nil or head == ARGV[1])) then
   local fence, ferr, token = next_fence(KEYS[2], ARGV[5])
   if ferr then
     return ferr
+  end
+  -- The waiter first in the queue behind the caller, read before the
+  -- caller's place goes: no key is read after a write may have deleted it
+  -- (the caller's place the last of the queue), nor deleted and written
+  -- again (a leftover lock): while the slot migrates, Redis refuses a
+  -- script's command on a key the node does not have, after the writes
+  -- before it.
+  local next_in_line = first[1]
+  if next_in_line == ARGV[1] then
+    next_in_line = first[2]
   end
   redis.call('ZREM', queue, ARGV[1])
   redis.call('ZREM', places, ARGV[1])
   if held[1] then
     -- A leftover of the caller's: nothing of it (a `next`) stays.
-    redis.call('DEL', KEYS[1])
+    redis.call('HDEL', KEYS[1], 'next', 'waited')
   end
   redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  local next_in_line = redis.call('ZRANGE', queue, 0, 0)[1]
   if next_in_line then
     redis.call('HSET', KEYS[1], 'waited', '1')
     return {1, fence, 1, next_in_line}

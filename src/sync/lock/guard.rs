@@ -313,6 +313,15 @@ impl LockGuard {
         if left > 0 {
             return Ok(Some(left));
         }
+        // The last guard of a fair lock whose next in line is a parked
+        // thread of this process: handed to it by the release's script,
+        // if it is still the head of the queue.
+        if let Some(reservation) = self.reserve_next_in_line() {
+            ownership.status.close_signal();
+            if self.hand_off(reservation)? {
+                return Ok(None);
+            }
+        }
         // The last guard: hand the lock to a waiter of this process if
         // there is one (and the run of local hand-offs is not too long).
         if let Some(reservation) = context.lock_room.reserve(&self.keys.baton) {
@@ -320,11 +329,20 @@ impl LockGuard {
                 return self.pass(reservation).map(|()| None);
             }
             ownership.status.close_signal();
-            return self.hand_off(reservation).map(|()| None);
+            return self.hand_off(reservation).map(|_| None);
         }
         ownership.status.close_signal();
         context.lock_room.released_globally(&self.keys.baton);
         Ok(Some(0))
+    }
+
+    /// A fair lock's: reserves the waiter this ownership's acquisition
+    /// found next in line, if it is a thread of this process waiting now.
+    fn reserve_next_in_line(&self) -> Option<Reservation<Claim, Grant>> {
+        let next = self.ownership.next_in_line.as_deref()?;
+        self.context
+            .lock_room
+            .reserve_parker(&self.keys.wake_list(next))
     }
 
     /// Whether this ownership may pass in memory, as it is, to the waiter
@@ -479,11 +497,13 @@ impl LockGuard {
         self.context.finish_later(cleanup);
     }
 
-    /// Passes the lock to the reserved local waiter. On failure the waiter
+    /// Passes the lock to the reserved local waiter; whether it did (not:
+    /// a fair lock's waiter that is no longer the head, and nothing
+    /// changed, so the caller releases as usual). On failure the waiter
     /// looks at the lock itself: if the hand-off happened unseen, its
     /// attempt finds the lock under its identity and takes it afresh; if
     /// not, the watchdog thread frees this ownership once Redis answers.
-    fn hand_off(&self, reservation: Reservation<Claim, Grant>) -> Result<(), Error> {
+    fn hand_off(&self, reservation: Reservation<Claim, Grant>) -> Result<bool, Error> {
         let request = self.context.next_request();
         let ownership = &self.ownership;
         let args = HandoffArgs {
@@ -496,15 +516,37 @@ impl LockGuard {
             proposed_token: 0,
             reserve: self.reserve(),
         };
+        // A reserved parker's list: its park ends once the lock is its
+        // own, or may be.
+        let parks_on = reservation.parks_on.clone();
+        let end_park = || {
+            if let Some(list) = &parks_on {
+                self.raw.end_park(&self.keys, list);
+            }
+        };
         let sent = Instant::now();
         let handed = self.raw.hand_off(&self.keys, args);
+        let release_instead = match &handed {
+            Ok(Sent { value, .. }) => value.not_head,
+            // A fair lock's hand-off Redis refused before it changed
+            // anything (`TRYAGAIN` while the slot migrates, `BUSY`): the
+            // release, which has its own way through a migration, goes
+            // as usual.
+            Err(failed) => self.keys.fair.is_some() && !failed.outcome_unknown,
+        };
+        if release_instead {
+            reservation.fail();
+            return Ok(false);
+        }
         self.settled();
         match handed {
             Ok(Sent {
                 value:
                     HandoffReply {
                         fence: Some(fence),
+                        next_in_line,
                         in_part,
+                        ..
                     },
                 ..
             }) => {
@@ -516,8 +558,13 @@ impl LockGuard {
                 }
                 // The new lease as the slowest clock may count it.
                 let sent = earlier(sent, self.raw.clock_margin(args.lease));
-                reservation.grant(Grant::Fresh { fence, sent });
-                Ok(())
+                reservation.grant(Grant::Fresh {
+                    fence,
+                    sent,
+                    next_in_line,
+                });
+                end_park();
+                Ok(true)
             }
             // Sent twice, and the second found the lock no longer ours: the
             // first may have handed it over. The waiter looks for itself.
@@ -526,7 +573,8 @@ impl LockGuard {
                 resent: true,
             }) => {
                 reservation.fail();
-                Ok(())
+                end_park();
+                Ok(true)
             }
             Ok(Sent {
                 value: HandoffReply { fence: None, .. },
@@ -550,6 +598,7 @@ impl LockGuard {
                 );
                 self.context.finish_later(undo);
                 reservation.fail();
+                end_park();
                 Err(failed.error)
             }
         }

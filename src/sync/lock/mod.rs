@@ -459,7 +459,8 @@ impl Lock {
             }
             _ => room.wait_until(name, &wait_key, watch, claim, deadline, claims, attempt),
         };
-        if self.keys.fair.is_some() && !matches!(waited, Ok(Waited::Acquired(_))) {
+        let served = matches!(waited, Ok(Waited::Acquired(_) | Waited::Granted(_)));
+        if self.keys.fair.is_some() && !served {
             // A fair lock's waiter that leaves without the lock gives its
             // place up at once, rather than blocking the queue until the
             // place expires.
@@ -560,9 +561,11 @@ impl Lock {
     /// ownership passed in memory (already filed under `thread`).
     fn granted(&self, thread: &Arc<str>, grant: Grant) -> LockGuard {
         match grant {
-            Grant::Fresh { fence, sent } => {
-                self.guard(thread, thread, fence, self.mode(), sent, None)
-            }
+            Grant::Fresh {
+                fence,
+                sent,
+                next_in_line,
+            } => self.guard(thread, thread, fence, self.mode(), sent, next_in_line),
             Grant::Passed(passed) => self.guard_of(Ownership {
                 thread: Arc::clone(thread),
                 identity: passed.identity,

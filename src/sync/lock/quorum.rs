@@ -945,8 +945,8 @@ impl RawLock for QuorumLock {
             if let Some(token) = one_token(&handed) {
                 return Ok(Sent {
                     value: HandoffReply {
-                        fence: Some(token),
                         in_part,
+                        ..HandoffReply::to(Some(token))
                     },
                     resent: false,
                 });
@@ -955,8 +955,8 @@ impl RawLock for QuorumLock {
                 Ok(token) => {
                     return Ok(Sent {
                         value: HandoffReply {
-                            fence: Some(token),
                             in_part,
+                            ..HandoffReply::to(Some(token))
                         },
                         resent: false,
                     })

@@ -140,7 +140,8 @@ pub(crate) trait RawLock: RenewLeases {
         .map_err(|failed| failed.error)
     }
 
-    /// Passes the ownership straight to a local waiter.
+    /// Passes the ownership straight to a local waiter (a fair lock's only
+    /// when that waiter is the head of its queue, see `fair/handoff.lua`).
     fn hand_off(
         &self,
         keys: &LockKeys,
@@ -186,6 +187,16 @@ pub(crate) trait RawLock: RenewLeases {
     /// every `max_park`.
     fn pass_baton(&self, keys: &LockKeys) {
         let _ = keys;
+    }
+
+    /// Ends the park on `list` of a waiter of this client that a hand-off
+    /// gave the lock (see `LocalQueues::reserve_parker`): in memory when it
+    /// is parked now, else (it is about to park) with a token on the list,
+    /// whose announcement ends the park it is starting. Failing here only
+    /// delays that waiter to the end of its park: logged, not reported.
+    /// Nothing on a quorum, whose waiters are never reserved so.
+    fn end_park(&self, keys: &LockKeys, list: &str) {
+        let _ = (keys, list);
     }
 
     /// A fair lock's waiter `identity` that leaves without the lock gives
@@ -673,10 +684,11 @@ impl RawLock for DeploymentLock {
         args: HandoffArgs<'_>,
     ) -> Result<Sent<HandoffReply>, Failed> {
         let handed = |reply: &HandoffReply| reply.fence.is_some();
-        let sent =
-            self.call_confirmed(At::lock(keys), &calls::handoff(keys, args), handed, |_| {
-                Ok(())
-            })?;
+        let call = match &keys.fair {
+            Some(fair) => calls::fair_handoff(keys, fair, args),
+            None => calls::handoff(keys, args),
+        };
+        let sent = self.call_confirmed(At::lock(keys), &call, handed, |_| Ok(()))?;
         match sent.value {
             (reply, None) => Ok(Sent {
                 value: reply,
@@ -777,6 +789,20 @@ impl RawLock for DeploymentLock {
 
     fn passes_in_memory(&self) -> bool {
         true
+    }
+
+    fn end_park(&self, keys: &LockKeys, list: &str) {
+        if self.backend.wake_parked(list) {
+            return;
+        }
+        let call = calls::push_baton(list, self.baton_ttl);
+        let pushed: Result<i64, Error> = self.backend.run(list, &keys.name, |c| call.invoke(c));
+        if let Err(err) = pushed {
+            log::debug!(
+                "redbaton: waking the waiter handed lock {:?} failed: {err}",
+                keys.name
+            );
+        }
     }
 
     fn pass_baton(&self, keys: &LockKeys) {
