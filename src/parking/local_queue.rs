@@ -355,6 +355,21 @@ impl<C, G: Clone> Member<'_, C, G> {
 }
 
 impl<C, G: Clone> Member<'_, C, G> {
+    /// Becomes the parker now if nobody of this process waits in Redis for
+    /// the key (as [`next_turn`](Member::next_turn) would, without
+    /// waiting); whether it did.
+    pub(crate) fn park_at_once(&self) -> bool {
+        let mut state = self.queue.state.lock();
+        let has_parker = state.slots.iter().any(|s| s.status.is_parker());
+        match state.slot_mut(self.id) {
+            Some(slot) if !has_parker && matches!(slot.status, Status::Waiting) => {
+                slot.status = Status::Parker;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The parker, before each attempt: `None` to go on and attempt
     /// (nothing can reserve it until [`parker_parks`](Member::parker_parks)),
     /// or the lock a releasing thread handed it meanwhile. While it is
@@ -597,6 +612,17 @@ mod tests {
         assert!(queues.reserve_parker("own").is_none(), "reserved once");
         reservation.grant(5);
         assert_eq!(parker.parker_turn(), Some(5));
+    }
+
+    #[test]
+    fn only_a_waiter_with_nobody_parked_before_it_parks_at_once() {
+        let queues = Queues::new(8, Duration::from_secs(60));
+        let first = queues.join("k", "a");
+        let second = queues.join("k", "b");
+        assert!(first.park_at_once());
+        assert!(!second.park_at_once(), "one parker");
+        drop(first);
+        assert!(second.park_at_once(), "the parker left");
     }
 
     #[test]

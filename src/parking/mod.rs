@@ -205,6 +205,12 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
     /// core sets it before an attempt that should, after a park that ended
     /// with the list's change ([`Parked::Rang`]), and the attempt clears
     /// it. `None`: the waiter's tokens are popped for it by a look.
+    ///
+    /// `first`: what the attempt the caller made just before found, when
+    /// another attempt made now would find nothing more (a fair lock's:
+    /// both take or keep the waiter's place); a waiter that parks at
+    /// once, with nobody of this process waiting before it, parks on it
+    /// without attempting again. `None`: it attempts first.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn wait_until<T>(
         &self,
@@ -214,6 +220,7 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
         claim: C,
         deadline: Option<Instant>,
         takes_token: Option<&Cell<bool>>,
+        first: Option<Attempt<T>>,
         attempt: impl FnMut() -> Result<Attempt<T>, Error>,
     ) -> Result<Waited<T, G>, Error> {
         let wait = Wait {
@@ -222,7 +229,7 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
             watch,
             takes_token,
         };
-        self.wait_told(wait, claim, deadline, true, attempt)
+        self.wait_told(wait, claim, deadline, true, first, attempt)
     }
 
     /// [`wait_until`](WaitingRoom::wait_until) for one stretch of a longer
@@ -237,6 +244,7 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
         claim: C,
         until: Instant,
         takes_token: Option<&Cell<bool>>,
+        first: Option<Attempt<T>>,
         attempt: impl FnMut() -> Result<Attempt<T>, Error>,
     ) -> Result<Waited<T, G>, Error> {
         let wait = Wait {
@@ -245,7 +253,7 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
             watch,
             takes_token,
         };
-        self.wait_told(wait, claim, Some(until), false, attempt)
+        self.wait_told(wait, claim, Some(until), false, first, attempt)
     }
 
     /// A wait, told to the event hook; a time out only when `final_end`.
@@ -255,6 +263,7 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
         claim: C,
         deadline: Option<Instant>,
         final_end: bool,
+        first: Option<Attempt<T>>,
         attempt: impl FnMut() -> Result<Attempt<T>, Error>,
     ) -> Result<Waited<T, G>, Error> {
         let wait = Wait {
@@ -262,13 +271,13 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
             ..wait
         };
         if !self.observer.is_set() {
-            return self.wait_in_queue(wait, claim, deadline, attempt);
+            return self.wait_in_queue(wait, claim, deadline, first, attempt);
         }
         let name = wait.name;
         let kind = keys::kind_waited_on(&self.prefix, name, wait.baton_key);
         let start = Instant::now();
         self.observer.emit(|| Event::Parked { name, kind });
-        let waited = self.wait_in_queue(wait, claim, deadline, attempt);
+        let waited = self.wait_in_queue(wait, claim, deadline, first, attempt);
         let elapsed = start.elapsed();
         self.observer.emit(|| Event::Woken {
             name,
@@ -296,9 +305,15 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
         wait: Wait<'_>,
         claim: C,
         deadline: Option<Instant>,
+        first: Option<Attempt<T>>,
         mut attempt: impl FnMut() -> Result<Attempt<T>, Error>,
     ) -> Result<Waited<T, G>, Error> {
         let member = self.queues.join(wait.baton_key, claim);
+        // The caller's attempt still stands for a waiter that parks at
+        // once; one that waited in the queue first attempts again.
+        if first.is_some() && member.park_at_once() {
+            return self.park_until_acquired(wait, &member, deadline, first, attempt);
+        }
         loop {
             match member.next_turn(deadline) {
                 Turn::TimedOut => return Ok(Waited::TimedOut),
@@ -323,20 +338,25 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
                 },
                 // Leaving, whichever way, hands the parker role on
                 // (`Member`'s drop).
-                Turn::Park => return self.park_until_acquired(wait, &member, deadline, attempt),
+                Turn::Park => {
+                    return self.park_until_acquired(wait, &member, deadline, None, attempt)
+                }
             }
         }
     }
 
     /// The parker's loop: attempt, park in Redis, attempt again.
+    /// `first`: what an attempt made just before found, which stands for
+    /// the loop's first attempt.
     fn park_until_acquired<T>(
         &self,
         wait: Wait<'_>,
         member: &Member<'_, C, G>,
         deadline: Option<Instant>,
+        first: Option<Attempt<T>>,
         attempt: impl FnMut() -> Result<Attempt<T>, Error>,
     ) -> Result<Waited<T, G>, Error> {
-        let parked = self.park_loop(wait, member, deadline, attempt);
+        let parked = self.park_loop(wait, member, deadline, first, attempt);
         if let Ok(Waited::Acquired(_) | Waited::Granted(_)) = parked {
             return parked;
         }
@@ -358,6 +378,7 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
         wait: Wait<'_>,
         member: &Member<'_, C, G>,
         deadline: Option<Instant>,
+        mut first: Option<Attempt<T>>,
         mut attempt: impl FnMut() -> Result<Attempt<T>, Error>,
     ) -> Result<Waited<T, G>, Error> {
         // A run of unconfirmed writes a previous parker gave up on goes on:
@@ -384,8 +405,12 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
                 return Ok(Waited::Granted(grant));
             }
             // The previous parker may have left because it acquired, so
-            // look before parking.
-            let (lease_left, park_on, passed_on) = match attempt() {
+            // look before parking (unless the caller just did).
+            let attempted = match first.take() {
+                Some(found) => Ok(found),
+                None => attempt(),
+            };
+            let (lease_left, park_on, passed_on) = match attempted {
                 Ok(Attempt::Acquired(value)) => {
                     member.end_unconfirmed_run();
                     return Ok(Waited::Acquired(value));

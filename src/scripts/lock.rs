@@ -34,9 +34,10 @@ pub(crate) enum Asking {
 }
 
 impl Asking {
-    /// Whether the caller has been waiting.
-    fn waited(self) -> bool {
-        matches!(self, Asking::Waited(_))
+    /// Whether the caller waits if it must: a fair lock's attempt then
+    /// takes (or keeps) a place in the queue, from the first attempt on.
+    fn waits(self) -> bool {
+        !matches!(self, Asking::Once)
     }
 
     /// The plain lock scripts' encoding: -1 once, 0 first, else the
@@ -110,7 +111,7 @@ pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
     .arg(args.request);
     if let Some(fair) = &keys.fair {
         // The fair lock's waiters queue in Redis: no hand-over window.
-        let call = call.arg(if args.asking.waited() { "1" } else { "0" });
+        let call = call.arg(if args.asking.waits() { "1" } else { "0" });
         let call = call.arg(millis(args.place_ttl)).arg(args.arrival);
         if !args.takes_token && !args.on_heads_list {
             return call.arg("0").arg("0");

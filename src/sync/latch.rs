@@ -234,6 +234,7 @@ impl CountDownLatch {
             deadline,
             // Attempts take no token: a look pops it for them.
             None,
+            None,
             || {
                 Ok(match self.look(Some(&round))? {
                     Look::Open => Attempt::Acquired(()),

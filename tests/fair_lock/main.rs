@@ -694,6 +694,36 @@ fn a_killed_holders_lock_goes_to_the_next_waiter_when_its_lease_ends() {
     guard.unlock().unwrap();
 }
 
+/// A waiter's first attempt takes its place in the queue, and its wait
+/// parks on what that attempt found: one script from the call until it is
+/// parked, where a second attempt before parking (to take the place) made
+/// two.
+#[test]
+fn a_waiter_parks_on_its_first_attempt() {
+    let server = RedisServer::start();
+    let client = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let lock = client.fair_lock("at-once").unwrap();
+    let held = lock.lock().unwrap();
+    let before = server.command_calls();
+    let waiter = thread::spawn(move || {
+        let guard = lock
+            .try_lock_for(Duration::from_secs(20))
+            .unwrap()
+            .expect("served");
+        guard.unlock().unwrap();
+    });
+    support::eventually(Duration::from_secs(10), "the waiter parked", || {
+        queue_len(&server, "at-once") == 1 && support::parked(&server) == 1
+    });
+    let until_parked = server.commands_since(&before);
+    held.unlock().unwrap();
+    waiter.joined();
+    assert_eq!(support::scripts_run(&until_parked), 1, "{until_parked:?}");
+}
+
 #[test]
 fn waiting_costs_a_look_and_a_park_per_slice() {
     const WAITERS: u64 = 10;

@@ -6,7 +6,8 @@
 //!     cargo run --release --manifest-path benches/peers/Cargo.toml --example local_handoff
 //!
 //! `LOCAL_HANDOFF_SECS` sets the run's length (default 3), `LOCAL_HANDOFF_THREADS`
-//! the threads (default 16).
+//! the threads (default 16), `LOCAL_HANDOFF_KIND=fair` takes a fair lock
+//! instead of the plain one.
 
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -45,7 +46,15 @@ fn main() {
         .expect("connect");
     let client = redbaton::Client::open(&redis.url).expect("url");
     // Warm up: scripts loaded, connections open.
-    let lock = client.lock("bench:local-handoff").expect("name");
+    let fair = std::env::var("LOCAL_HANDOFF_KIND").is_ok_and(|kind| kind == "fair");
+    let open = move |client: &redbaton::Client| {
+        if fair {
+            client.fair_lock("bench:local-handoff").expect("name")
+        } else {
+            client.lock("bench:local-handoff").expect("name")
+        }
+    };
+    let lock = open(&client);
     lock.lock().expect("lock").unlock().expect("unlock");
 
     let start = Arc::new(Barrier::new(threads + 1));
@@ -53,7 +62,7 @@ fn main() {
         .map(|_| {
             let (client, start) = (client.clone(), Arc::clone(&start));
             thread::spawn(move || {
-                let lock = client.lock("bench:local-handoff").expect("name");
+                let lock = open(&client);
                 lock.lock().expect("lock").unlock().expect("unlock");
                 start.wait();
                 let (end, mut taken) = (Instant::now() + run, 0u64);

@@ -418,12 +418,21 @@ impl Lock {
             .registry
             .held(&self.keys.lock, &identity)
             .is_some();
+        // A fair lock's waiter keeps its first arrival across park slices.
+        let mut place = FairPlace::default();
+        // What the first attempt found, for the wait to park on at once: a
+        // fair lock's first attempt took the caller's place in the queue,
+        // as the wait's first would (a plain lock's wait attempts again,
+        // as a caller that has waited, see `lib/hand_over.lua`).
+        let mut first = None;
         if holds || !context.lock_room.has_waiters(&self.keys.baton) {
-            match self.attempt(&identity, Asking::First, &mut FairPlace::default(), false) {
+            match self.attempt(&identity, Asking::First, &mut place, false) {
                 Ok(Attempt::Acquired(guard)) => {
                     return Ok(Some(self.acquired(guard, start, Acquisition::FirstAttempt)))
                 }
-                Ok(Attempt::Held { .. }) => {}
+                Ok(held @ Attempt::Held { .. }) => {
+                    first = self.keys.fair.as_ref().map(|_| held);
+                }
                 // The wait loop rides out a failing Redis within the
                 // deadline, as it does for its own attempts.
                 Err(err) if err.is_transient() => {
@@ -437,8 +446,6 @@ impl Lock {
             mode: self.mode(),
             takes_passed: true,
         };
-        // A fair lock's waiter keeps its first arrival across park slices.
-        let mut place = FairPlace::default();
         let wait_key = self.wait_key(&identity);
         // A fair waiter keeps its place by coming back every park.
         let watch = self.keys.fair.is_none().then_some(self.keys.lock.as_str());
@@ -455,9 +462,11 @@ impl Lock {
         let name = &self.keys.name;
         let waited = match deadline {
             Some(until) if !last => {
-                room.wait_a_stretch(name, &wait_key, watch, claim, until, claims, attempt)
+                room.wait_a_stretch(name, &wait_key, watch, claim, until, claims, first, attempt)
             }
-            _ => room.wait_until(name, &wait_key, watch, claim, deadline, claims, attempt),
+            _ => room.wait_until(
+                name, &wait_key, watch, claim, deadline, claims, first, attempt,
+            ),
         };
         let served = matches!(waited, Ok(Waited::Acquired(_) | Waited::Granted(_)));
         if self.keys.fair.is_some() && !served {

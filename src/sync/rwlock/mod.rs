@@ -379,6 +379,7 @@ impl RwLock {
                 (),
                 deadline,
                 Some(&takes_token),
+                None,
                 || self.attempt_read(&identity, true, takes_token.take()),
             )?;
             match waited {
@@ -446,6 +447,7 @@ impl RwLock {
                 (),
                 deadline,
                 Some(&takes_token),
+                None,
                 || {
                     placed = true;
                     self.attempt_write(&identity, true, takes_token.take())

@@ -165,6 +165,7 @@ impl RwLock {
                 deadline,
                 // Attempts take no token: a look pops it for them.
                 None,
+                None,
                 || self.attempt_upgradable(&identity, true),
             )?;
             match waited {
@@ -235,6 +236,7 @@ impl RwLock {
                 (),
                 deadline,
                 // Attempts take no token: a look pops it for them.
+                None,
                 None,
                 || {
                     marked = true;

@@ -504,6 +504,7 @@ impl Semaphore {
             (),
             deadline,
             Some(&takes_token),
+            None,
             attempt,
         );
         match waited {
