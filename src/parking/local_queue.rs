@@ -15,6 +15,12 @@
 //! until the reservation is settled, so the lock is never handed to a thread
 //! that has given up. After a run of hand-offs the holder releases globally
 //! instead (baton in Redis), so that other processes get their turn.
+//!
+//! A fair lock's waiter is alone in its queue (keyed by its own list), so
+//! it is always the parker. A releasing thread whose next in line it is
+//! reserves it between two of its attempts (`reserve_parker`), and ends
+//! its park once the hand-off is settled; a reserved parker makes no
+//! attempt and does not leave until then.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -371,7 +377,8 @@ impl<C, G: Clone> Member<'_, C, G> {
     }
 
     /// The parker, before each attempt: `None` to go on and attempt
-    /// (nothing can reserve it until [`parker_parks`](Member::parker_parks)),
+    /// (from then on nothing can reserve it until
+    /// [`parker_parks`](Member::parker_parks)),
     /// or the lock a releasing thread handed it meanwhile. While it is
     /// reserved, it waits for the hand-off to be settled (the releaser's
     /// script returns within its I/O timeouts).
