@@ -707,21 +707,15 @@ fn a_waiter_parks_on_its_first_attempt() {
         .unwrap();
     let lock = client.fair_lock("at-once").unwrap();
     let held = lock.lock().unwrap();
-    let before = server.command_calls();
-    let waiter = thread::spawn(move || {
+    let wait = move || {
         let guard = lock
             .try_lock_for(Duration::from_secs(20))
             .unwrap()
             .expect("served");
         guard.unlock().unwrap();
-    });
-    support::eventually(Duration::from_secs(10), "the waiter parked", || {
-        queue_len(&server, "at-once") == 1 && support::parked(&server) == 1
-    });
-    let until_parked = server.commands_since(&before);
-    held.unlock().unwrap();
-    waiter.joined();
-    assert_eq!(support::scripts_run(&until_parked), 1, "{until_parked:?}");
+    };
+    let scripts = support::scripts_until_parked(&server, wait, || held.unlock().unwrap());
+    assert_eq!(scripts, 1);
 }
 
 #[test]

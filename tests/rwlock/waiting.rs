@@ -6,7 +6,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::across_topologies;
-use crate::support::{eventually, hand_off_commands, parked, JoinWithin};
+use crate::support::{eventually, hand_off_commands, parked, scripts_until_parked, JoinWithin};
 use redbaton::Client;
 use testkit::RedisServer;
 
@@ -152,4 +152,26 @@ fn another_clients_waiters_take_their_baton_in_their_attempt_without_a_look() {
         assert_eq!(used.get("llen"), None, "{what}: {used:?}");
         assert_eq!(used.get("lpop"), Some(&1), "{what}: {used:?}");
     }
+}
+
+/// A writer's first attempt takes its place among the waiting writers,
+/// and its wait parks on what that attempt found: one script from the
+/// call until it is parked, where the wait's own first attempt made two.
+#[test]
+fn a_writer_parks_on_its_first_attempt() {
+    let server = RedisServer::start();
+    let client = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let lock = client.rw_lock("at-once").unwrap();
+    let held = lock.read().unwrap();
+    let wait = move || {
+        drop(
+            lock.try_write_for(Duration::from_secs(20))
+                .unwrap()
+                .expect("woken"),
+        );
+    };
+    assert_eq!(scripts_until_parked(&server, wait, || drop(held)), 1);
 }

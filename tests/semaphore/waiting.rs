@@ -447,3 +447,27 @@ fn another_clients_waiter_takes_the_baton_in_its_attempt_without_a_look() {
     assert_eq!(used.get("llen"), Some(&scripts), "{used:?}");
     assert_eq!(used.get("lpop"), Some(&1), "{used:?}");
 }
+
+/// A waiter's first attempt takes its place, and its wait parks on what
+/// that attempt found: one script from the call until it is parked, where
+/// the wait's own first attempt made two.
+#[test]
+fn a_waiter_parks_on_its_first_attempt() {
+    let server = RedisServer::start();
+    let client = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let sem = client.semaphore("at-once").unwrap();
+    sem.try_set_permits(1).unwrap();
+    let held = sem.acquire().unwrap();
+    let wait = move || {
+        let permit = sem
+            .try_acquire_for(Duration::from_secs(20))
+            .unwrap()
+            .expect("woken");
+        permit.release().unwrap();
+    };
+    let scripts = support::scripts_until_parked(&server, wait, || held.release().unwrap());
+    assert_eq!(scripts, 1);
+}

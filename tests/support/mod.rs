@@ -345,6 +345,26 @@ pub fn hand_off_commands(
     server.commands_since(&before)
 }
 
+/// The scripts `server` ran from a call until its waiter parked: `wait`
+/// runs on a thread of its own (it asks, and its client parks it on
+/// `server`); once it is the one waiter parked there, `release` lets go.
+/// Counted from just before `wait` started until it parked.
+pub fn scripts_until_parked(
+    server: &RedisServer,
+    wait: impl FnOnce() + Send + 'static,
+    release: impl FnOnce(),
+) -> u64 {
+    let before = server.command_calls();
+    let waiter = std::thread::spawn(wait);
+    eventually(Duration::from_secs(10), "the waiter parked", || {
+        parked(server) == 1
+    });
+    let until_parked = server.commands_since(&before);
+    release();
+    waiter.joined();
+    scripts_run(&until_parked)
+}
+
 /// The scripts that ran, from [`RedisServer::commands_since`]'s counts:
 /// `EVALSHA` calls but those answered `NOSCRIPT` (one per `SCRIPT LOAD`
 /// that followed).

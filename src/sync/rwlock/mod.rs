@@ -418,6 +418,9 @@ impl RwLock {
         }
         // Whether this writer may have a place to leave when it gives up.
         let mut placed = false;
+        // What a first attempt that took the writer's place found, for the
+        // wait to park on at once (its own first attempt would be the same).
+        let mut first = None;
         if holds || !context.room.has_waiters(&self.keys.write_baton) {
             // A writer that will wait takes its place with this attempt.
             let queue = deadline.is_none_or(|deadline| deadline > Instant::now());
@@ -426,7 +429,7 @@ impl RwLock {
                 Ok(Attempt::Acquired(guard)) => {
                     return Ok(Some((guard, Acquisition::FirstAttempt)))
                 }
-                Ok(Attempt::Held { .. }) => {}
+                Ok(held @ Attempt::Held { .. }) => first = queue.then_some(held),
                 Err(err) if err.is_transient() => {
                     log::debug!(
                         "redbaton: first write attempt on {:?} failed: {err}",
@@ -447,7 +450,7 @@ impl RwLock {
                 (),
                 deadline,
                 Some(&takes_token),
-                None,
+                first.take(),
                 || {
                     placed = true;
                     self.attempt_write(&identity, true, takes_token.take())

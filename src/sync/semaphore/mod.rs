@@ -484,13 +484,16 @@ impl Semaphore {
             })
         };
         // A newcomer queues behind waiting threads of this process instead
-        // of trying first, so that they are served in order.
+        // of trying first, so that they are served in order. What its
+        // first attempt found (it took the waiter's place, as the wait's
+        // would) is what the wait parks on at once.
+        let mut first = None;
         if !context.room.has_waiters(&self.keys.baton) {
             match attempt() {
                 Ok(Attempt::Acquired(permit)) => {
                     return Ok(Some((permit, Acquisition::FirstAttempt)))
                 }
-                Ok(Attempt::Held { .. }) => {}
+                Ok(held @ Attempt::Held { .. }) => first = Some(held),
                 Err(err) if err.is_transient() => {
                     log::debug!("redbaton: first attempt on {:?} failed: {err}", self.name());
                 }
@@ -504,7 +507,7 @@ impl Semaphore {
             (),
             deadline,
             Some(&takes_token),
-            None,
+            first,
             attempt,
         );
         match waited {
