@@ -207,10 +207,11 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
     /// it. `None`: the waiter's tokens are popped for it by a look.
     ///
     /// `first`: what the attempt the caller made just before found, when
-    /// another attempt made now would find nothing more (a fair lock's:
-    /// both take or keep the waiter's place); a waiter that parks at
-    /// once, with nobody of this process waiting before it, parks on it
-    /// without attempting again. `None`: it attempts first.
+    /// another attempt made now would find nothing more (a fair lock's, a
+    /// semaphore's, a writer's: both take or keep the waiter's place). A
+    /// waiter that parks at once, with nobody of this process waiting
+    /// before it, parks on it without attempting again. `None`: it
+    /// attempts first.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn wait_until<T>(
         &self,
