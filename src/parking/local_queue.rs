@@ -378,26 +378,12 @@ impl<C, G: Clone> Member<'_, C, G> {
 
     /// The parker, before each attempt: `None` to go on and attempt
     /// (from then on nothing can reserve it until
-    /// [`parker_parks`](Member::parker_parks)),
-    /// or the lock a releasing thread handed it meanwhile. While it is
-    /// reserved, it waits for the hand-off to be settled (the releaser's
-    /// script returns within its I/O timeouts).
+    /// [`parker_parks`](Member::parker_parks)), or the lock a releasing
+    /// thread handed it meanwhile. While it is reserved, it waits for the
+    /// hand-off to be settled (the releaser's script returns within its
+    /// I/O timeouts).
     pub(crate) fn parker_turn(&self) -> Option<G> {
-        let mut state = self.queue.state.lock();
-        loop {
-            let slot = state.slot_mut(self.id)?;
-            match slot.status {
-                Status::ParkerReserved => {
-                    let wake = Arc::clone(&slot.wake);
-                    wake.wait(&mut state);
-                }
-                Status::Granted(ref grant) => return Some(grant.clone()),
-                _ => {
-                    slot.status = Status::ParkerAttempting;
-                    return None;
-                }
-            }
-        }
+        self.parker_settled(Status::ParkerAttempting)
     }
 
     /// The parker, after an attempt that found the object held, before it
@@ -419,6 +405,13 @@ impl<C, G: Clone> Member<'_, C, G> {
     /// is gone). While it is reserved, it waits for the hand-off to be
     /// settled.
     pub(crate) fn parker_leaves(&self) -> Option<G> {
+        self.parker_settled(Status::Leaving)
+    }
+
+    /// The lock handed to the parker, if it was (once a hand-off under
+    /// way is settled); if not, the parker goes on as `next`, which no
+    /// releasing thread picks.
+    fn parker_settled(&self, next: Status<G>) -> Option<G> {
         let mut state = self.queue.state.lock();
         loop {
             let slot = state.slot_mut(self.id)?;
@@ -429,7 +422,7 @@ impl<C, G: Clone> Member<'_, C, G> {
                 }
                 Status::Granted(ref grant) => return Some(grant.clone()),
                 _ => {
-                    slot.status = Status::Leaving;
+                    slot.status = next;
                     return None;
                 }
             }

@@ -8,7 +8,7 @@ use redbaton::Client;
 use testkit::{FaultProxy, RedisServer};
 
 use crate::support::{self, spawn_child, JoinWithin};
-use crate::{queue_key, queue_len};
+use crate::{parked_in_turn, queue_key, queue_len};
 
 /// Issue 21 item 8: P's acquisition of a free fair lock runs, its reply is
 /// lost with the connection, and D queues before P's client sends it
@@ -208,36 +208,10 @@ fn a_hand_off_whose_reply_was_lost_leaves_the_lock_to_its_waiter_at_once() {
     .load(&mut server.connection())
     .unwrap();
     let first = there.fair_lock(NAME).unwrap().lock().unwrap();
-    let (served, order) = std::sync::mpsc::channel();
-    let (go, may_go) = std::sync::mpsc::channel::<()>();
-    let mut may_go = Some(may_go);
-    // The holder and a waiter of `here`, then a waiter of `there`, each
-    // parked in turn; the holder's acquisition finds the waiter next.
-    let threads: Vec<_> = [("holder", &here), ("waiter", &here), ("other", &there)]
-        .into_iter()
-        .enumerate()
-        .map(|(i, (who, client))| {
-            let (lock, served) = (client.fair_lock(NAME).unwrap(), served.clone());
-            let may_go = if i == 0 { may_go.take() } else { None };
-            let thread = thread::spawn(move || {
-                let guard = lock
-                    .try_lock_for(Duration::from_secs(25))
-                    .unwrap()
-                    .expect("served");
-                served.send((who, guard.fencing_token())).unwrap();
-                if let Some(may_go) = may_go {
-                    may_go.recv().unwrap();
-                }
-                guard
-                    .unlock()
-                    .expect("the resent hand-off is not a lost lock");
-            });
-            support::eventually(Duration::from_secs(10), "the waiter parked", || {
-                queue_len(&server, NAME) == i as u64 + 1 && support::parked(&server) == i as u64 + 1
-            });
-            thread
-        })
-        .collect();
+    // The holder and a waiter of `here`, then a waiter of `there`: the
+    // holder's acquisition finds the waiter next.
+    let waiters = [("holder", &here), ("waiter", &here), ("other", &there)];
+    let (threads, order, go) = parked_in_turn(&server, NAME, &waiters);
     first.unlock().unwrap();
     let (who, holders) = order.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(who, "holder");

@@ -342,37 +342,13 @@ fn a_thread_of_the_same_client_that_is_no_longer_the_head_is_not_handed_the_lock
         .build()
         .unwrap();
     let first = other.fair_lock("passed-over").unwrap().lock().unwrap();
-    let (served, order) = mpsc::channel();
-    let (go, holder_may_go) = mpsc::channel::<()>();
     // The holder (of `client`), then a waiter of `client`, then one of
-    // `other`, each parked in turn.
-    let mut holder_may_go = Some(holder_may_go);
-    let waiters: Vec<_> = [("holder", &client), ("local", &client), ("remote", &other)]
-        .into_iter()
-        .enumerate()
-        .map(|(i, (who, client))| {
-            let (lock, served) = (client.fair_lock("passed-over").unwrap(), served.clone());
-            let may_go = if i == 0 { holder_may_go.take() } else { None };
-            let waiter = thread::spawn(move || {
-                let guard = lock
-                    .try_lock_for(Duration::from_secs(25))
-                    .unwrap()
-                    .expect("served");
-                served.send(who).unwrap();
-                if let Some(may_go) = may_go {
-                    may_go.recv().unwrap();
-                }
-                guard.unlock().unwrap();
-            });
-            support::eventually(Duration::from_secs(10), "the waiter parked", || {
-                queue_len(&server, "passed-over") == i as u64 + 1
-                    && support::parked(&server) == i as u64 + 1
-            });
-            waiter
-        })
-        .collect();
+    // `other`.
+    let waiters = [("holder", &client), ("local", &client), ("remote", &other)];
+    let (waiters, order, go) = parked_in_turn(&server, "passed-over", &waiters);
     first.unlock().unwrap();
-    assert_eq!(order.recv_timeout(Duration::from_secs(10)), Ok("holder"));
+    let (who, _) = order.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(who, "holder");
     // The remote waiter takes an earlier place than the local one.
     let mut con = server.connection();
     let queue = arrivals(&mut con, "passed-over");
@@ -388,7 +364,12 @@ fn a_thread_of_the_same_client_that_is_no_longer_the_head_is_not_handed_the_lock
     let released = Instant::now();
     go.send(()).unwrap();
     let rest: Vec<&str> = (0..2)
-        .map(|_| order.recv_timeout(Duration::from_secs(15)).expect("served"))
+        .map(|_| {
+            order
+                .recv_timeout(Duration::from_secs(15))
+                .expect("served")
+                .0
+        })
         .collect();
     let took = released.elapsed();
     for waiter in waiters {
@@ -397,6 +378,53 @@ fn a_thread_of_the_same_client_that_is_no_longer_the_head_is_not_handed_the_lock
     assert_eq!(rest, ["remote", "local"]);
     assert!(took < Duration::from_secs(5), "both served after {took:?}");
     assert_eq!(queue_len(&server, "passed-over"), 0);
+}
+
+/// The threads [`parked_in_turn`] started, the receiver they say their
+/// name and fencing token on once served, and the sender that lets the
+/// first unlock.
+type InTurn = (
+    Vec<thread::JoinHandle<()>>,
+    mpsc::Receiver<(&'static str, u64)>,
+    mpsc::Sender<()>,
+);
+
+/// Threads of `waiters`' clients, each named, ask for the fair lock `name`
+/// on `server` in turn, each parked before the next asks. Each says its
+/// name and fencing token on the receiver once served, then unlocks: the
+/// first only once told on the sender.
+fn parked_in_turn(
+    server: &RedisServer,
+    name: &'static str,
+    waiters: &[(&'static str, &Client)],
+) -> InTurn {
+    let (served, order) = mpsc::channel();
+    let (go, first_may_go) = mpsc::channel::<()>();
+    let mut first_may_go = Some(first_may_go);
+    let threads = waiters
+        .iter()
+        .enumerate()
+        .map(|(i, &(who, client))| {
+            let (lock, served) = (client.fair_lock(name).unwrap(), served.clone());
+            let may_go = first_may_go.take();
+            let thread = thread::spawn(move || {
+                let guard = lock
+                    .try_lock_for(Duration::from_secs(25))
+                    .unwrap()
+                    .expect("served");
+                served.send((who, guard.fencing_token())).unwrap();
+                if let Some(may_go) = may_go {
+                    may_go.recv().unwrap();
+                }
+                guard.unlock().expect("unlocked");
+            });
+            support::eventually(Duration::from_secs(10), "the waiter parked", || {
+                queue_len(server, name) == i as u64 + 1 && support::parked(server) == i as u64 + 1
+            });
+            thread
+        })
+        .collect();
+    (threads, order, go)
 }
 
 /// A release whose next waiter is another client's thread parked as the
