@@ -350,17 +350,7 @@ fn a_thread_of_the_same_client_that_is_no_longer_the_head_is_not_handed_the_lock
     let (who, _) = order.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(who, "holder");
     // The remote waiter takes an earlier place than the local one.
-    let mut con = server.connection();
-    let queue = arrivals(&mut con, "passed-over");
-    let [(_, local), (remote, _)] = &queue[..] else {
-        panic!("two places: {queue:?}");
-    };
-    redis::cmd("ZADD")
-        .arg(queue_key("passed-over"))
-        .arg(local - 1.0)
-        .arg(remote)
-        .query::<()>(&mut con)
-        .unwrap();
+    move_second_first(&server, "passed-over");
     let released = Instant::now();
     go.send(()).unwrap();
     let rest: Vec<&str> = (0..2)
@@ -546,6 +536,15 @@ fn second_waiter_moved_first(
     String,
 ) {
     let (waiters, rx) = two_parked_waiters(server, name, url, None);
+    let second = move_second_first(server, name);
+    (waiters, rx, second)
+}
+
+/// Gives the second of the two places in the queue of `name` an earlier
+/// place than the first, as a waiter whose place ended while it lived
+/// takes its first arrival again when it comes back; returns its
+/// identity.
+fn move_second_first(server: &RedisServer, name: &str) -> String {
     let mut con = server.connection();
     let queue = arrivals(&mut con, name);
     let [(_, first), (second, _)] = &queue[..] else {
@@ -557,7 +556,7 @@ fn second_waiter_moved_first(
         .arg(second)
         .query::<()>(&mut con)
         .unwrap();
-    (waiters, rx, second.clone())
+    second.clone()
 }
 
 /// Releases `held`, then checks that the waiters of
