@@ -341,39 +341,45 @@ fn scenario(server: &RedisServer) -> (Client, FaultProxy) {
     thread::sleep(ms(300));
     assert!(fair.force_unlock().unwrap());
     assert!(parked.joined());
-    // A hand-off to a parked thread of this client (fair/handoff.lua): a
-    // holder that took the lock while that thread waited releases it.
-    let blocker = another.fair_lock("keys-fair").unwrap().lock().unwrap();
-    let parked_before = support::parked(server);
-    let (took, holder_took) = std::sync::mpsc::channel();
-    let (go, holder_may_go) = std::sync::mpsc::channel::<()>();
-    let holder = {
-        let fair = fair.clone();
-        thread::spawn(move || {
-            let guard = fair.lock().unwrap();
-            took.send(()).unwrap();
-            holder_may_go.recv().unwrap();
-            guard.unlock().unwrap();
-        })
-    };
-    support::eventually(Duration::from_secs(10), "the holder queued", || {
-        fair.queued_waiters().unwrap() == 1
-    });
-    let waiter = {
-        let fair = fair.clone();
-        thread::spawn(move || {
-            let guard = fair.try_lock_for(Duration::from_secs(10)).unwrap().unwrap();
-            guard.unlock().unwrap();
-        })
-    };
-    support::eventually(Duration::from_secs(10), "both parked", || {
-        fair.queued_waiters().unwrap() == 2 && support::parked(server) >= parked_before + 2
-    });
-    blocker.unlock().unwrap();
-    holder_took.recv_timeout(Duration::from_secs(10)).unwrap();
-    go.send(()).unwrap();
-    holder.joined();
-    waiter.joined();
+    // A hand-off to a parked thread of this client: a holder that took the
+    // lock while that thread waited releases it. Under a fixed lease, by
+    // the release's script (fair/handoff.lua); under a renewed one, in
+    // memory, and the waiter's release drops the place it was served for.
+    let scripted = fair.with_fixed_lease(ms(30_000)).unwrap();
+    for fair in [&scripted, &fair] {
+        let blocker = another.fair_lock("keys-fair").unwrap().lock().unwrap();
+        let parked_before = support::parked(server);
+        let (took, holder_took) = std::sync::mpsc::channel();
+        let (go, holder_may_go) = std::sync::mpsc::channel::<()>();
+        let holder = {
+            let fair = fair.clone();
+            thread::spawn(move || {
+                let guard = fair.lock().unwrap();
+                took.send(()).unwrap();
+                holder_may_go.recv().unwrap();
+                guard.unlock().unwrap();
+            })
+        };
+        support::eventually(Duration::from_secs(10), "the holder queued", || {
+            fair.queued_waiters().unwrap() == 1
+        });
+        let waiter = {
+            let fair = fair.clone();
+            thread::spawn(move || {
+                let guard = fair.try_lock_for(Duration::from_secs(10)).unwrap().unwrap();
+                guard.unlock().unwrap();
+            })
+        };
+        support::eventually(Duration::from_secs(10), "both parked", || {
+            fair.queued_waiters().unwrap() == 2 && support::parked(server) >= parked_before + 2
+        });
+        blocker.unlock().unwrap();
+        holder_took.recv_timeout(Duration::from_secs(10)).unwrap();
+        go.send(()).unwrap();
+        holder.joined();
+        waiter.joined();
+        assert_eq!(fair.queued_waiters().unwrap(), 0);
+    }
 
     // Read-write lock: readers, a writer waiting behind them, readers
     // waiting behind a writer, a writer that gives up, renewals.

@@ -10,6 +10,7 @@ pub(crate) mod confirm;
 mod registry;
 mod watchdog;
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -255,13 +256,59 @@ pub(crate) struct Passed {
     pub(crate) token: u64,
     pub(crate) mode: LeaseMode,
     pub(crate) status: Arc<LeaseStatus>,
+    /// A fair lock's: the run the ownership goes on with.
+    pub(crate) run: FairRun,
 }
 
 impl PartialEq for Passed {
     fn eq(&self, other: &Self) -> bool {
-        (&self.identity, self.fence, self.token, self.mode)
-            == (&other.identity, other.fence, other.token, other.mode)
+        (&self.identity, self.fence, self.token, self.mode, &self.run)
+            == (
+                &other.identity,
+                other.fence,
+                other.token,
+                other.mode,
+                &other.run,
+            )
             && Arc::ptr_eq(&self.status, &other.status)
+    }
+}
+
+/// A fair lock's run of in-memory hand-offs: the threads of this client
+/// first in the queue behind the ownership's acquisition, which it passes
+/// to in their order, and those it was passed to already. Empty for every
+/// other ownership.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct FairRun {
+    /// The waiters still ahead, with their arrivals (server µs), in queue
+    /// order.
+    pub(crate) ahead: VecDeque<(String, u64)>,
+    /// The waiter behind them, if any: whom the run's last release will
+    /// likely wake.
+    pub(crate) after: Option<String>,
+    /// The waiters the ownership was passed to, with the arrivals of the
+    /// places they were served for: those places stay in the queue until
+    /// the run's last release drops them.
+    pub(crate) served: Vec<(String, u64)>,
+}
+
+impl FairRun {
+    /// The waiter a release will likely wake: the next ahead, else the
+    /// one after the line.
+    pub(crate) fn next_in_line(&self) -> Option<&str> {
+        self.ahead
+            .front()
+            .map(|(waiter, _)| waiter.as_str())
+            .or(self.after.as_deref())
+    }
+
+    /// The run once its next waiter is served.
+    pub(crate) fn advanced(&self) -> FairRun {
+        let mut run = self.clone();
+        if let Some(next) = run.ahead.pop_front() {
+            run.served.push(next);
+        }
+        run
     }
 }
 

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::{LeaseMode, LeaseStatus, Leased, Passed};
+use super::{FairRun, LeaseMode, LeaseStatus, Leased, Passed};
 use crate::observe::LostReason;
 
 /// One ownership: a lock held by one thread under one fencing token.
@@ -51,6 +51,9 @@ pub(crate) struct Entry {
     /// Set when any acquisition of this ownership asked for renewal.
     pub(crate) renewal: Option<Renewal>,
     pub(crate) status: Arc<LeaseStatus>,
+    /// A fair lock's run of in-memory hand-offs: set by the acquisition
+    /// that created the ownership, advanced by each pass.
+    run: FairRun,
 }
 
 /// The watchdog's schedule for one ownership.
@@ -146,6 +149,7 @@ impl Ownerships {
             guards: 0,
             renewal: None,
             status: Arc::new(LeaseStatus::new(sent + mode.lease())),
+            run: FairRun::default(),
         };
         let mut entries = self.entries.lock();
         let list = entries.entry(leased.key.to_string()).or_default();
@@ -180,6 +184,40 @@ impl Ownerships {
             token: entry.token,
             new_renewal,
         }
+    }
+
+    /// Sets the run of `thread`'s ownership of `key` whose status is
+    /// `status`: a fair lock's, taken afresh with threads of this client
+    /// next in its queue.
+    pub(crate) fn start_run(
+        &self,
+        key: &str,
+        thread: &Arc<str>,
+        status: &Arc<LeaseStatus>,
+        run: FairRun,
+    ) {
+        let mut entries = self.entries.lock();
+        let entry = entries.get_mut(key).and_then(|list| {
+            list.iter_mut()
+                .find(|entry| entry.thread == *thread && Arc::ptr_eq(&entry.status, status))
+        });
+        if let Some(entry) = entry {
+            entry.run = run;
+        }
+    }
+
+    /// The run of `thread`'s ownership of `key` whose status is `status`
+    /// (empty when it has none, or is no longer recorded).
+    pub(crate) fn run(&self, key: &str, thread: &Arc<str>, status: &Arc<LeaseStatus>) -> FairRun {
+        let entries = self.entries.lock();
+        entries
+            .get(key)
+            .and_then(|list| {
+                list.iter()
+                    .find(|entry| entry.thread == *thread && Arc::ptr_eq(&entry.status, status))
+            })
+            .map(|entry| entry.run.clone())
+            .unwrap_or_default()
     }
 
     /// The ownership `thread` holds on `key` through live guards.
@@ -271,12 +309,14 @@ impl Ownerships {
         entry.thread = Arc::clone(to);
         entry.token += 1;
         entry.guards = 1;
+        entry.run = entry.run.advanced();
         let passed = Passed {
             identity: Arc::clone(&entry.identity),
             fence: entry.fence,
             token: entry.token,
             mode: entry.mode,
             status: Arc::clone(&entry.status),
+            run: entry.run.clone(),
         };
         Some((passed, entry.renewal.map(|renewal| renewal.due)))
     }

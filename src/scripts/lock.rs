@@ -113,8 +113,13 @@ pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
         // The fair lock's waiters queue in Redis: no hand-over window.
         let call = call.arg(if args.asking.waits() { "1" } else { "0" });
         let call = call.arg(millis(args.place_ttl)).arg(args.arrival);
+        // ARGV[12] and ARGV[13] follow ARGV[10] and ARGV[11].
+        let line_and_free = |call: Call| {
+            call.arg(args.reserve)
+                .arg(if args.free_only { "1" } else { "0" })
+        };
         if !args.takes_token && !args.on_heads_list {
-            return call.arg("0").arg("0");
+            return line_and_free(call.arg("0").arg("0"));
         }
         // The list the caller parked on: popped, or (the head's list)
         // pushed again for the head; left out while the slot migrates
@@ -124,11 +129,12 @@ pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
         } else {
             keys.wake_list(args.identity)
         };
-        let without = call.clone().arg("0").arg("0");
-        call.key(&parked_on)
+        let without = line_and_free(call.clone().arg("0").arg("0"));
+        let with = call
+            .key(&parked_on)
             .arg(if args.takes_token { "1" } else { "0" })
-            .arg(if args.on_heads_list { "1" } else { "0" })
-            .or_when_split(without)
+            .arg(if args.on_heads_list { "1" } else { "0" });
+        line_and_free(with).or_when_split(without)
     } else {
         let call = call
             .arg(args.asking.arg())
@@ -323,7 +329,9 @@ pub(crate) fn force_unlock(keys: &LockKeys, baton_ttl: Duration) -> Call {
 /// The fair lock's [`release`]: its reply also names the waiter to wake
 /// ([`push_baton`]), unless the release woke it itself: the head parked on
 /// the head's list, or `next_in_line`, the waiter the ownership's
-/// acquisition found first in the queue, when it is still the head.
+/// acquisition found first in the queue, when it is still the head. A
+/// last release drops the places of the waiters `served` (waiter,
+/// arrival): those the ownership was passed to in memory.
 // One argument per ARGV of the script, as `release` has, and the keys.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fair_release(
@@ -335,8 +343,9 @@ pub(crate) fn fair_release(
     lease: Duration,
     baton_ttl: Duration,
     next_in_line: Option<&str>,
+    served: &[(String, u64)],
 ) -> Call {
-    let without = Call::new(&FAIR_RELEASE)
+    let base = Call::new(&FAIR_RELEASE)
         .key(&keys.lock)
         .key(&fair.queue)
         .key(&fair.places)
@@ -345,14 +354,21 @@ pub(crate) fn fair_release(
         .arg(guards_left)
         .arg(millis(lease))
         .arg(millis(baton_ttl));
+    let with_served = |mut call: Call| {
+        for (waiter, arrival) in served {
+            call = call.arg(waiter.as_str()).arg(*arrival);
+        }
+        call
+    };
     // The lists, mostly empty, are left out while the slot migrates (see
     // `fair/release.lua`).
-    let with = without.clone().key(&fair.next);
+    let without = with_served(base.clone().arg(""));
+    let with = base.key(&fair.next);
     let with = match next_in_line {
         Some(waiter) => with.key(&keys.wake_list(waiter)).arg(waiter),
-        None => with,
+        None => with.arg(""),
     };
-    with.or_when_split(without)
+    with_served(with).or_when_split(without)
 }
 
 /// The fair lock's [`release_request`], naming the waiter to wake.

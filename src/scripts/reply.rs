@@ -11,10 +11,14 @@ pub(crate) enum AcquireReply {
     /// Taken afresh (depth 1) or re-entered, under `fence`.
     /// `next_in_line`: a fair lock taken afresh while others wait, the
     /// waiter first in its queue now (whom the release will likely wake).
+    /// `line`: the waiters of the caller's client first in that queue,
+    /// which the ownership may pass along in memory (see
+    /// `fair/acquire.lua`).
     Acquired {
         fence: u64,
         depth: u64,
         next_in_line: Option<String>,
+        line: Line,
     },
     /// Held by another identity, whose lease ends in `lease_left` (`None`:
     /// the key has no expiry). `arrival`: a fair lock's waiter's arrival
@@ -32,22 +36,54 @@ pub(crate) enum AcquireReply {
     },
 }
 
+/// A fair lock's line of waiters for a run of in-memory hand-offs
+/// (`fair/acquire.lua`'s `line` and `after`): the waiters of the
+/// acquiring thread's client first in the queue behind it, in order, with
+/// their arrivals; and the waiter behind them, if any.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Line {
+    pub(crate) waiters: Vec<(String, u64)>,
+    pub(crate) after: Option<String>,
+}
+
+impl Line {
+    /// `fair/acquire.lua`'s `line` (waiter, arrival, ...) and `after`.
+    fn parse(line: Value, after: Option<Value>) -> Result<Self, ParsingError> {
+        let items: Vec<Value> = FromRedisValue::from_redis_value(line)?;
+        let mut waiters = Vec::with_capacity(items.len() / 2);
+        let mut items = items.into_iter();
+        while let (Some(waiter), Some(arrival)) = (items.next(), items.next()) {
+            waiters.push((
+                String::from_redis_value(waiter)?,
+                u64::from_redis_value(arrival)?,
+            ));
+        }
+        let after = after.map(String::from_redis_value).transpose()?;
+        Ok(Line { waiters, after })
+    }
+}
+
 impl FromRedisValue for AcquireReply {
     fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
         let mut items: Vec<Value> = FromRedisValue::from_redis_value(value)?;
-        // Only a fair lock's fresh acquisition ends in a name.
-        let next_in_line = match items.last() {
-            Some(Value::BulkString(_) | Value::SimpleString(_)) => {
-                Some(String::from_redis_value(items.pop().unwrap_or(Value::Nil))?)
+        // Only a fair lock's fresh acquisition has a name fourth: the next
+        // in line, then perhaps its line of waiters and the one after.
+        let mut next_in_line = None;
+        let mut line = Line::default();
+        if let Some(Value::BulkString(_) | Value::SimpleString(_)) = items.get(3) {
+            let mut tail = items.split_off(3).into_iter();
+            next_in_line = tail.next().map(String::from_redis_value).transpose()?;
+            if let Some(waiters) = tail.next() {
+                line = Line::parse(waiters, tail.next())?;
             }
-            _ => None,
-        };
+        }
         let reply = i64::from_redis_values(items)?;
         match reply[..] {
             [1, fence, depth] => Ok(AcquireReply::Acquired {
                 fence: fence.unsigned_abs(),
                 depth: depth.unsigned_abs(),
                 next_in_line,
+                line,
             }),
             _ if next_in_line.is_some() => {
                 Err(format!("unexpected reply {reply:?} and a name from fair/acquire.lua").into())
@@ -346,7 +382,8 @@ mod tests {
             AcquireReply::Acquired {
                 fence: 42,
                 depth: 2,
-                next_in_line: None
+                next_in_line: None,
+                line: Line::default(),
             }
         );
         let mut fresh = vec![Value::Int(1), Value::Int(43), Value::Int(1)];
@@ -356,7 +393,49 @@ mod tests {
             AcquireReply::Acquired {
                 fence: 43,
                 depth: 1,
-                next_in_line: Some("c:7".into())
+                next_in_line: Some("c:7".into()),
+                line: Line::default(),
+            }
+        );
+        let bulk = |text: &str| Value::BulkString(text.as_bytes().to_vec());
+        let line = Value::Array(vec![
+            bulk("a:2"),
+            Value::Int(1_764_000_000_000_001),
+            bulk("a:3"),
+            Value::Int(1_764_000_000_000_002),
+        ]);
+        let with_line = |after: Option<Value>| {
+            let mut reply = vec![Value::Int(1), bulk("44"), Value::Int(1), bulk("a:2")];
+            reply.push(line.clone());
+            reply.extend(after);
+            AcquireReply::from_redis_value(Value::Array(reply)).unwrap()
+        };
+        let waiters = vec![
+            ("a:2".to_owned(), 1_764_000_000_000_001),
+            ("a:3".to_owned(), 1_764_000_000_000_002),
+        ];
+        assert_eq!(
+            with_line(None),
+            AcquireReply::Acquired {
+                fence: 44,
+                depth: 1,
+                next_in_line: Some("a:2".into()),
+                line: Line {
+                    waiters: waiters.clone(),
+                    after: None
+                },
+            }
+        );
+        assert_eq!(
+            with_line(Some(bulk("b:9"))),
+            AcquireReply::Acquired {
+                fence: 44,
+                depth: 1,
+                next_in_line: Some("a:2".into()),
+                line: Line {
+                    waiters,
+                    after: Some("b:9".into())
+                },
             }
         );
         assert_eq!(

@@ -179,15 +179,30 @@ fn a_release_naming_the_next_waiters_list_rides_out_a_slot_migration() {
 }
 
 /// A release that hands the lock to a parked thread of its own client
-/// (`fair/handoff.lua`) while the slot migrates, one of that script's keys
-/// (the fencing counter) already moved: Redis refuses the hand-off with
-/// `TRYAGAIN` before it runs, and the lock is released as usual instead
-/// (a release rides out a migration, see above), at once. The waiter is
-/// served once the keys have moved.
+/// (`fair/handoff.lua`, under a fixed lease) while the slot migrates, one
+/// of that script's keys (the fencing counter) already moved: Redis
+/// refuses the hand-off with `TRYAGAIN` before it runs, and the lock is
+/// released as usual instead (a release rides out a migration, see above),
+/// at once. The waiter is served once the keys have moved.
 #[test]
 fn a_hand_off_refused_while_the_slot_migrates_becomes_a_release() {
+    hand_off_while_the_slot_migrates("moving-handoff", Some(Duration::from_secs(30)));
+}
+
+/// The same under a renewed lease: the holder passes the lock in memory,
+/// and the waiter's release, the last of the run, drops the place it was
+/// served for while the slot migrates, reading no key after a write (see
+/// `head_after_drops`): its release is not refused half done.
+#[test]
+fn a_runs_last_release_while_the_slot_migrates_drops_the_places_served() {
+    hand_off_while_the_slot_migrates("moving-run", None);
+}
+
+/// A holder and a waiter of one client, the holder's acquisition finding
+/// the waiter next in line; the holder releases while the slot migrates,
+/// the fencing counter already moved.
+fn hand_off_while_the_slot_migrates(name: &'static str, fixed_lease: Option<Duration>) {
     let deployment = Deployment::start(Topology::Cluster);
-    let name = "moving-handoff";
     let migration = SlotMigration::of(deployment.cluster(), &queue_key(name));
     let (first, here) = (client(&deployment), client(&deployment));
     let blocker = first.fair_lock(name).unwrap().lock().unwrap();
@@ -201,7 +216,12 @@ fn a_hand_off_refused_while_the_slot_migrates_becomes_a_release() {
         .into_iter()
         .enumerate()
         .map(|(i, who)| {
-            let (lock, served) = (here.fair_lock(name).unwrap(), served.clone());
+            let lock = here.fair_lock(name).unwrap();
+            let lock = match fixed_lease {
+                Some(lease) => lock.with_fixed_lease(lease).unwrap(),
+                None => lock,
+            };
+            let served = served.clone();
             let holder = holder.take();
             let thread = thread::spawn(move || {
                 let guard = lock

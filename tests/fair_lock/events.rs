@@ -1,6 +1,7 @@
 //! Deployment events: a reply lost after the acquisition ran, a waiter
 //! killed while queued.
 
+use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -8,7 +9,7 @@ use redbaton::Client;
 use testkit::{FaultProxy, RedisServer};
 
 use crate::support::{self, spawn_child, JoinWithin};
-use crate::{parked_in_turn, queue_key, queue_len};
+use crate::{parked_in_turn, queue_key, queue_len, SCRIPTED};
 
 /// Issue 21 item 8: P's acquisition of a free fair lock runs, its reply is
 /// lost with the connection, and D queues before P's client sends it
@@ -211,7 +212,7 @@ fn a_hand_off_whose_reply_was_lost_leaves_the_lock_to_its_waiter_at_once() {
     // The holder and a waiter of `here`, then a waiter of `there`: the
     // holder's acquisition finds the waiter next.
     let waiters = [("holder", &here), ("waiter", &here), ("other", &there)];
-    let (threads, order, go) = parked_in_turn(&server, NAME, &waiters);
+    let (threads, order, go) = parked_in_turn(&server, NAME, &waiters, SCRIPTED);
     first.unlock().unwrap();
     let (who, holders) = order.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(who, "holder");
@@ -232,4 +233,79 @@ fn a_hand_off_whose_reply_was_lost_leaves_the_lock_to_its_waiter_at_once() {
     assert!(took < Duration::from_secs(5), "both served after {took:?}");
     assert_eq!(queue_len(&server, NAME), 0);
     assert_eq!(there.fair_lock(NAME).unwrap().holder().unwrap(), None);
+}
+
+/// The last release of a run in memory that Redis did not answer (every
+/// request through the proxy swallowed) is sent again in the background
+/// once Redis answers, and drops the place of the waiter the run served:
+/// another client's waiter behind that place is served at once, not when
+/// the place ends (45.5 s at this `max_park`).
+#[test]
+fn a_runs_last_release_sent_again_in_the_background_drops_the_places_served() {
+    const NAME: &str = "run-later";
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let here = Client::builder(proxy.url())
+        .max_park(Duration::from_secs(30))
+        .io_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let there = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let first = there.fair_lock(NAME).unwrap().lock().unwrap();
+    let (served, order) = mpsc::channel();
+    let (holder_go, holder_may_go) = mpsc::channel::<()>();
+    let (local_go, local_may_go) = mpsc::channel::<()>();
+    let waiters = [
+        ("holder", &here, Some(holder_may_go)),
+        ("local", &here, Some(local_may_go)),
+        ("remote", &there, None),
+    ];
+    let threads: Vec<_> = waiters
+        .into_iter()
+        .enumerate()
+        .map(|(i, (who, client, gate))| {
+            let (lock, served) = (client.fair_lock(NAME).unwrap(), served.clone());
+            let thread = thread::spawn(move || {
+                let guard = lock
+                    .try_lock_for(Duration::from_secs(25))
+                    .unwrap()
+                    .expect("served");
+                served.send((who, guard.fencing_token())).unwrap();
+                if let Some(gate) = gate {
+                    gate.recv().unwrap();
+                }
+                let unlocked = guard.unlock();
+                assert_eq!(unlocked.is_ok(), who != "local", "{who}: {unlocked:?}");
+            });
+            support::eventually(Duration::from_secs(10), "the waiter parked", || {
+                queue_len(&server, NAME) == i as u64 + 1 && support::parked(&server) == i as u64 + 1
+            });
+            thread
+        })
+        .collect();
+    first.unlock().unwrap();
+    let holder = order.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(holder.0, "holder");
+    holder_go.send(()).unwrap();
+    let local = order.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(local, ("local", holder.1 + 1), "passed in memory");
+    proxy.set_silent(true);
+    local_go.send(()).unwrap();
+    // The local release timed out; Redis answers again.
+    support::eventually(Duration::from_secs(10), "the release timed out", || {
+        threads[1].is_finished()
+    });
+    proxy.set_silent(false);
+    let answered = Instant::now();
+    let remote = order.recv_timeout(Duration::from_secs(20)).unwrap();
+    let took = answered.elapsed();
+    assert_eq!(remote.0, "remote");
+    assert!(took < Duration::from_secs(10), "served after {took:?}");
+    for thread in threads {
+        thread.joined();
+    }
+    assert_eq!(queue_len(&server, NAME), 0);
 }

@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread;
@@ -50,6 +51,18 @@ fn arrivals(con: &mut redis::Connection, name: &str) -> Vec<(String, f64)> {
         .arg(-1)
         .arg("WITHSCORES")
         .query(con)
+        .unwrap()
+}
+
+/// When each place in the queue of the fair lock `name` ends unless its
+/// waiter comes back (server ms).
+fn place_ends(server: &RedisServer, name: &str) -> BTreeMap<String, f64> {
+    redis::cmd("ZRANGE")
+        .arg(format!("redbaton:{{{name}}}:fair:lock:places"))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(&mut server.connection())
         .unwrap()
 }
 
@@ -253,28 +266,72 @@ across_topologies! {
     }
 }
 
-/// The fair lock's hand-off inside a process (speed issue, item 1): when
-/// the next waiter in arrival order is a parked thread of the releasing
-/// client, the release wakes it in memory, with no token pushed (no wake
-/// script, no `RPUSH`, no look of the parking hub), and arrival order
-/// holds. Five threads of one client queue behind its holder; each
-/// releases to the next. The holder took the lock before anyone queued, so
-/// its release wakes the first waiter, which takes the lock in an attempt;
-/// every later holder took it while the next waited, and its release's
-/// script hands the lock to that waiter (`fair/handoff.lua`), which wakes
-/// holding it: one script per hand-off, with a fencing token above the
-/// last.
+/// The fair lock's hand-off inside a process (speed issue, item 1), by
+/// script: when the next waiter in arrival order is a parked thread of the
+/// releasing client, the release wakes it in memory, with no token pushed
+/// (no wake script, no `RPUSH`, no look of the parking hub), and arrival
+/// order holds. Under a fixed lease (which never passes in memory), each
+/// release's script hands the lock to that waiter (`fair/handoff.lua`),
+/// which wakes holding it: one script per hand-off, with a fencing token
+/// above the last.
 #[test]
 fn a_release_hands_the_lock_to_the_next_parked_thread_of_the_same_client_in_its_script() {
+    let (tokens, during) = hand_offs_inside_one_client("inside", SCRIPTED);
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "{tokens:?}"
+    );
+    // The holder's release, the first waiter's attempt, four hand-offs,
+    // the last waiter's release. Each waiter's attempt and release instead
+    // of the hand-offs would make eleven.
+    assert_eq!(support::scripts_run(&during), 7, "{during:?}");
+}
+
+/// The fair lock's hand-off inside a process in memory (speed issue, item
+/// 1): an ownership taken afresh while threads of its client wait next in
+/// the queue passes along them in their arrival order with no command at
+/// all, each under the next fencing token; the last of them releases in
+/// Redis, dropping the places of those served, and the next acquisition's
+/// token is above all of theirs.
+#[test]
+fn a_release_passes_the_lock_in_memory_along_the_threads_of_its_client_next_in_the_queue() {
+    let (tokens, during) = hand_offs_inside_one_client("along", None);
+    // The first waiter took the lock in Redis; the others, in memory,
+    // each one token above the one before.
+    assert!(tokens[0] < tokens[1], "{tokens:?}");
+    assert!(
+        tokens[1..].windows(2).all(|pair| pair[1] == pair[0] + 1),
+        "{tokens:?}"
+    );
+    // The holder's release, the first waiter's attempt, the last waiter's
+    // release; without passing in memory, seven (see above).
+    assert_eq!(support::scripts_run(&during), 3, "{during:?}");
+}
+
+/// Five threads of one client queue behind its holder, which took the
+/// fair lock `name` (under `fixed_lease`, if any) before anyone queued,
+/// so that its release wakes the first waiter, which takes the lock in an
+/// attempt; each then releases to the next. Checks that they are served
+/// in arrival order, with no token pushed, the queue empty at the end,
+/// and a fresh acquisition's token above theirs; returns the first token
+/// and the waiters' tokens, and the commands from the holder's release on.
+fn hand_offs_inside_one_client(
+    name: &'static str,
+    fixed_lease: Option<Duration>,
+) -> (Vec<u64>, BTreeMap<String, u64>) {
     const WAITERS: u64 = 5;
     let server = RedisServer::start();
     let client = Client::builder(server.url())
         .max_park(Duration::from_secs(30))
         .build()
         .unwrap();
-    let lock = client.fair_lock("inside").unwrap();
+    let lock = client.fair_lock(name).unwrap();
+    let lock = match fixed_lease {
+        Some(lease) => lock.with_fixed_lease(lease).unwrap(),
+        None => lock,
+    };
     let held = lock.lock().unwrap();
-    let first_token = held.fencing_token();
+    let mut tokens = vec![held.fencing_token()];
     let (tx, rx) = mpsc::channel();
     let waiters: Vec<_> = (0..WAITERS)
         .map(|i| {
@@ -288,7 +345,7 @@ fn a_release_hands_the_lock_to_the_next_parked_thread_of_the_same_client_in_its_
                 guard.unlock().unwrap();
             });
             support::eventually(Duration::from_secs(10), "the waiter's place", || {
-                queue_len(&server, "inside") == i + 1
+                queue_len(&server, name) == i + 1
             });
             waiter
         })
@@ -308,21 +365,158 @@ fn a_release_hands_the_lock_to_the_next_parked_thread_of_the_same_client_in_its_
     let during = server.commands_since(&before);
     let order: Vec<u64> = served.iter().map(|&(i, _)| i).collect();
     assert_eq!(order, [0, 1, 2, 3, 4]);
-    let mut last = first_token;
-    for &(i, token) in &served {
-        assert!(token > last, "waiter {i}: token {token} after {last}");
-        last = token;
-    }
+    tokens.extend(served.iter().map(|&(_, token)| token));
     assert_eq!(
         during.get("rpush").copied().unwrap_or(0),
         0,
         "a token was pushed: {during:?}"
     );
-    // The holder's release, the first waiter's attempt, four hand-offs,
-    // the last waiter's release. Each waiter's attempt and release instead
-    // of the hand-offs would make eleven.
-    assert_eq!(support::scripts_run(&during), WAITERS + 2, "{during:?}");
-    assert_eq!(queue_len(&server, "inside"), 0);
+    assert_eq!(queue_len(&server, name), 0);
+    let next = lock.lock().unwrap().fencing_token();
+    assert!(
+        tokens.iter().all(|&token| token < next),
+        "{next} after {tokens:?}"
+    );
+    (tokens, during)
+}
+
+/// A run in memory follows the queue's order across processes: it stops
+/// at a waiter of another client that arrived before the next thread of
+/// its own. The holder's acquisition finds a thread of its client next,
+/// then another client's waiter, then a second thread of its client: the
+/// first thread is passed the lock in memory (the next token), and its
+/// release wakes the other client's waiter before the second thread.
+#[test]
+fn a_run_in_memory_stops_at_a_waiter_of_another_client_that_arrived_before_the_next_thread() {
+    let server = RedisServer::start();
+    let client = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let other = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let first = other.fair_lock("interleaved").unwrap().lock().unwrap();
+    let waiters = [
+        ("holder", &client),
+        ("local", &client),
+        ("remote", &other),
+        ("later", &client),
+    ];
+    let (waiters, order, go) = parked_in_turn(&server, "interleaved", &waiters, None);
+    first.unlock().unwrap();
+    let released = Instant::now();
+    let holder = order.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(holder.0, "holder");
+    go.send(()).unwrap();
+    let rest: Vec<(&str, u64)> = (0..3)
+        .map(|_| order.recv_timeout(Duration::from_secs(15)).expect("served"))
+        .collect();
+    let took = released.elapsed();
+    for waiter in waiters {
+        waiter.joined();
+    }
+    let who: Vec<&str> = rest.iter().map(|&(who, _)| who).collect();
+    assert_eq!(who, ["local", "remote", "later"]);
+    assert_eq!(rest[0].1, holder.1 + 1, "passed in memory: {rest:?}");
+    assert!(rest[1].1 > rest[0].1 && rest[2].1 > rest[1].1, "{rest:?}");
+    assert!(took < Duration::from_secs(5), "all served after {took:?}");
+    assert_eq!(queue_len(&server, "interleaved"), 0);
+}
+
+/// A thread served by a run in memory that asks again while the run goes
+/// on arrives anew, behind those that arrived meanwhile: the place it was
+/// served for (still in the queue, unknown to Redis as served) neither
+/// puts it first again nor, dropped by the run's last release, takes its
+/// new place with it.
+#[test]
+fn a_thread_served_in_memory_that_asks_again_queues_behind_later_arrivals() {
+    const NAME: &str = "again";
+    let server = RedisServer::start();
+    let client = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let other = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let first = other.fair_lock(NAME).unwrap().lock().unwrap();
+    let (served, order) = mpsc::channel();
+    let (holder_go, holder_may_go) = mpsc::channel::<()>();
+    let (second_go, second_may_go) = mpsc::channel::<()>();
+    let mut gates = [Some(holder_may_go), None, Some(second_may_go), None];
+    let who = [
+        ("holder", &client),
+        ("first", &client),
+        ("second", &client),
+        ("remote", &other),
+    ];
+    let threads: Vec<_> = who
+        .iter()
+        .enumerate()
+        .map(|(i, &(who, client))| {
+            let (lock, served) = (client.fair_lock(NAME).unwrap(), served.clone());
+            let gate = gates[i].take();
+            let thread = thread::spawn(move || {
+                let wait = Duration::from_secs(25);
+                let guard = lock.try_lock_for(wait).unwrap().expect("served");
+                served.send(who).unwrap();
+                if let Some(gate) = gate {
+                    gate.recv().unwrap();
+                }
+                guard.unlock().unwrap();
+                if who == "first" {
+                    let guard = lock.try_lock_for(wait).unwrap().expect("served again");
+                    served.send("first again").unwrap();
+                    guard.unlock().unwrap();
+                }
+            });
+            support::eventually(Duration::from_secs(10), "the waiter parked", || {
+                queue_len(&server, NAME) == i as u64 + 1 && support::parked(&server) == i as u64 + 1
+            });
+            thread
+        })
+        .collect();
+    first.unlock().unwrap();
+    assert_eq!(order.recv_timeout(Duration::from_secs(10)), Ok("holder"));
+    let places = place_ends(&server, NAME);
+    let released = Instant::now();
+    holder_go.send(()).unwrap();
+    assert_eq!(order.recv_timeout(Duration::from_secs(10)), Ok("first"));
+    assert_eq!(order.recv_timeout(Duration::from_secs(10)), Ok("second"));
+    // The first asked again while the second holds the lock: its attempt
+    // renewed its place (nobody else's: the others hold or are parked for
+    // 30 s).
+    let mut asked_again = None;
+    support::eventually(Duration::from_secs(10), "the first asked again", || {
+        asked_again = place_ends(&server, NAME)
+            .into_iter()
+            .find(|(waiter, end)| places.get(waiter).is_some_and(|before| end > before))
+            .map(|(waiter, _)| waiter);
+        asked_again.is_some()
+    });
+    // It arrived anew: last in the queue, behind the remote waiter and the
+    // second's place (dropped by the second's release).
+    let queue = arrivals(&mut server.connection(), NAME);
+    assert_eq!(queue.len(), 3, "{queue:?}");
+    assert_eq!(
+        queue.last().map(|(waiter, _)| waiter),
+        asked_again.as_ref(),
+        "{queue:?}"
+    );
+    second_go.send(()).unwrap();
+    let rest: Vec<&str> = (0..2)
+        .map(|_| order.recv_timeout(Duration::from_secs(15)).expect("served"))
+        .collect();
+    let took = released.elapsed();
+    for thread in threads {
+        thread.joined();
+    }
+    assert_eq!(rest, ["remote", "first again"]);
+    assert!(took < Duration::from_secs(5), "all served after {took:?}");
+    assert_eq!(queue_len(&server, NAME), 0);
 }
 
 /// A parked thread of the releasing client that the holder's acquisition
@@ -345,7 +539,7 @@ fn a_thread_of_the_same_client_that_is_no_longer_the_head_is_not_handed_the_lock
     // The holder (of `client`), then a waiter of `client`, then one of
     // `other`.
     let waiters = [("holder", &client), ("local", &client), ("remote", &other)];
-    let (waiters, order, go) = parked_in_turn(&server, "passed-over", &waiters);
+    let (waiters, order, go) = parked_in_turn(&server, "passed-over", &waiters, SCRIPTED);
     first.unlock().unwrap();
     let (who, _) = order.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(who, "holder");
@@ -370,6 +564,134 @@ fn a_thread_of_the_same_client_that_is_no_longer_the_head_is_not_handed_the_lock
     assert_eq!(queue_len(&server, "passed-over"), 0);
 }
 
+/// The thread that took an ownership in Redis and passed it on in memory
+/// does not take it back while the thread it passed it to holds it: the
+/// lock under its identity in Redis is that thread's, not a leftover of
+/// its own (`fair/acquire.lua`'s ARGV[13]).
+#[test]
+fn the_thread_that_took_a_run_in_redis_does_not_take_it_back_while_another_holds_it() {
+    const NAME: &str = "lent";
+    let server = RedisServer::start();
+    let client = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let other = Client::open(&server.url()).unwrap();
+    let first = other.fair_lock(NAME).unwrap().lock().unwrap();
+    let (served, order) = mpsc::channel();
+    let (holder_go, holder_may_go) = mpsc::channel::<()>();
+    let (waiter_go, waiter_may_go) = mpsc::channel::<()>();
+    let gates = [("holder", holder_may_go), ("waiter", waiter_may_go)];
+    let threads: Vec<_> = gates
+        .into_iter()
+        .enumerate()
+        .map(|(i, (who, gate))| {
+            let (lock, served) = (client.fair_lock(NAME).unwrap(), served.clone());
+            let thread = thread::spawn(move || {
+                let guard = lock
+                    .try_lock_for(Duration::from_secs(25))
+                    .unwrap()
+                    .expect("served");
+                served.send((who, guard.fencing_token(), false)).unwrap();
+                gate.recv().unwrap();
+                guard.unlock().unwrap();
+                if who == "holder" {
+                    let again = lock.try_lock().unwrap();
+                    served.send(("holder again", 0, again.is_some())).unwrap();
+                }
+            });
+            support::eventually(Duration::from_secs(10), "the waiter parked", || {
+                queue_len(&server, NAME) == i as u64 + 1 && support::parked(&server) == i as u64 + 1
+            });
+            thread
+        })
+        .collect();
+    first.unlock().unwrap();
+    let holder = order.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(holder.0, "holder");
+    holder_go.send(()).unwrap();
+    let waiter = order.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        (waiter.0, waiter.1),
+        ("waiter", holder.1 + 1),
+        "passed in memory"
+    );
+    let again = order.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        again,
+        ("holder again", 0, false),
+        "taken while the waiter holds it"
+    );
+    waiter_go.send(()).unwrap();
+    for thread in threads {
+        thread.joined();
+    }
+    assert_eq!(client.fair_lock(NAME).unwrap().holder().unwrap(), None);
+}
+
+/// The last release of a run (`fair/release.lua`, run here as the client
+/// sends it) drops the places of the waiters it served that still have the
+/// arrivals they were served for, and keeps a served waiter's new place
+/// (it asked again, and arrived anew); it then wakes the head behind them.
+#[test]
+fn a_runs_last_release_drops_only_the_places_it_served() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let name = "served";
+    let lock = format!("redbaton:{{{name}}}:fair:lock");
+    let (queue, places) = (queue_key(name), format!("{lock}:places"));
+    redis::pipe()
+        .cmd("HSET")
+        .arg(&lock)
+        .arg(&["flag", "c:1", "count", "1", "fence", "10", "waited", "1"])
+        .cmd("PEXPIRE")
+        .arg(&lock)
+        .arg(30_000)
+        // c:2 and c:3 were served in memory; c:3 asked again since.
+        .cmd("ZADD")
+        .arg(&queue)
+        .arg(&["100", "c:2", "200", "r:9", "300", "c:3"])
+        .query::<()>(&mut con)
+        .unwrap();
+    for waiter in ["c:2", "r:9", "c:3"] {
+        redis::cmd("ZADD")
+            .arg(&places)
+            .arg(u64::MAX >> 12)
+            .arg(waiter)
+            .query::<()>(&mut con)
+            .unwrap();
+    }
+    let release = redis::Script::new(concat!(
+        include_str!("../../src/scripts/lib/lease.lua"),
+        include_str!("../../src/scripts/lib/fair_queue.lua"),
+        include_str!("../../src/scripts/lib/baton.lua"),
+        include_str!("../../src/scripts/fair/release.lua")
+    ));
+    let reply: (i64, String, i64) = release
+        .key(&lock)
+        .key(&queue)
+        .key(&places)
+        .arg(&["c:1", "10", "0", "30000", "60000", ""])
+        .arg(&["c:2", "100", "c:3", "50"])
+        .invoke(&mut con)
+        .unwrap();
+    assert_eq!(reply, (0, "r:9".to_owned(), 0));
+    let left: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&queue)
+        .arg(0)
+        .arg(-1)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(left, ["r:9", "c:3"]);
+    let left: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&places)
+        .arg(0)
+        .arg(-1)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(left, ["c:3", "r:9"]);
+}
+
 /// The threads [`parked_in_turn`] started, the receiver they say their
 /// name and fencing token on once served, and the sender that lets the
 /// first unlock.
@@ -379,14 +701,20 @@ type InTurn = (
     mpsc::Sender<()>,
 );
 
+/// A fixed lease for the hand-off tests: an ownership under a fixed lease
+/// never passes in memory, so a release hands it to a parked thread of
+/// its client by the hand-off script (`fair/handoff.lua`).
+const SCRIPTED: Option<Duration> = Some(Duration::from_secs(30));
+
 /// Threads of `waiters`' clients, each named, ask for the fair lock `name`
-/// on `server` in turn, each parked before the next asks. Each says its
-/// name and fencing token on the receiver once served, then unlocks: the
-/// first only once told on the sender.
+/// on `server` in turn (under `fixed_lease`, if any), each parked before
+/// the next asks. Each says its name and fencing token on the receiver
+/// once served, then unlocks: the first only once told on the sender.
 fn parked_in_turn(
     server: &RedisServer,
     name: &'static str,
     waiters: &[(&'static str, &Client)],
+    fixed_lease: Option<Duration>,
 ) -> InTurn {
     let (served, order) = mpsc::channel();
     let (go, first_may_go) = mpsc::channel::<()>();
@@ -395,7 +723,12 @@ fn parked_in_turn(
         .iter()
         .enumerate()
         .map(|(i, &(who, client))| {
-            let (lock, served) = (client.fair_lock(name).unwrap(), served.clone());
+            let lock = client.fair_lock(name).unwrap();
+            let lock = match fixed_lease {
+                Some(lease) => lock.with_fixed_lease(lease).unwrap(),
+                None => lock,
+            };
+            let served = served.clone();
             let may_go = first_may_go.take();
             let thread = thread::spawn(move || {
                 let guard = lock

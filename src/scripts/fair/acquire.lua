@@ -21,12 +21,31 @@
 --          first, whatever comes of the attempt, as the look would have
 --          popped it; else "0"
 -- ARGV[11] "1" when that list is the head's list, else "0"
+-- ARGV[12] the most waiters of the caller's client an ownership taken
+--          afresh may be passed to in memory ("0": none), see `line` below
+-- ARGV[13] "1" when the lock must be free to be taken: the caller has no
+--          live guards, and another thread of its client holds what the
+--          caller took under its identity (passed on in memory), so a lock
+--          under the caller's identity is that thread's, not a leftover
 --
 -- Returns {1, fence, depth}         acquired: fresh (depth 1) or re-entered
 --         {1, fence, 1, next}       acquired afresh with others waiting:
 --                                   `next` is the head of the queue now,
 --                                   whom the release will likely wake
 --                                   (see fair/release.lua)
+--         {1, fence, 1, next, line} the same, where the first waiters
+--                                   behind the caller are threads of its
+--                                   client: `line` is {waiter, arrival,
+--                                   ...} for each of them, in queue order,
+--                                   up to ARGV[12] of them, and as many
+--                                   tokens above `fence` are set aside (see
+--                                   next_fence) for the client to pass the
+--                                   ownership along that line in memory;
+--                                   their places stay until the run's last
+--                                   release drops them (fair/release.lua)
+--         {1, fence, 1, next, line, after}  the same, with the waiter
+--                                   behind the line (whom the run's last
+--                                   release will likely wake)
 --         {0, wait, arrival, head}  not this caller's turn; `wait` is how
 --                                   long, in ms, until something may change
 --                                   without a wake-up: the holder's
@@ -62,6 +81,9 @@
 -- dropped while it still lived (it came back late: a slow machine, a
 -- server tick late) takes its place again at its first arrival, which it
 -- sends back at every attempt, so it never loses its turn to later ones.
+-- A call's first attempt (ARGV[9] "0") always arrives anew: a place the
+-- caller still has is an earlier call's, left in the queue by a run that
+-- passed the lock to it in memory.
 -- An ownership taken while others wait carries the `waited` mark, so that
 -- its release wakes the new head.
 --
@@ -91,27 +113,49 @@ end
 
 local now = server_ms()
 drop_dead_waiters(queue, places, now)
-local first = redis.call('ZRANGE', queue, 0, 1)
+-- The first waiters, with their arrivals: the head, and as many behind
+-- it as a line may hold.
+local most = tonumber(ARGV[12])
+local first = redis.call('ZRANGE', queue, 0, math.max(most, 1), 'WITHSCORES')
 local head = first[1]
 
 -- A lock under the caller's identity that no live guard of its holds (a
 -- request or a hand-off whose reply was lost, see fair/handoff.lua) came
 -- to it in its turn: it is taken afresh whoever the head is now (the
--- hand-off dropped the caller's place).
-if held[1] == ARGV[1] or (held[1] == false and (head == nil or head == ARGV[1])) then
-  local fence, ferr, token = next_fence(KEYS[2], ARGV[5])
+-- hand-off dropped the caller's place). Not while another thread of the
+-- caller's client holds it (ARGV[13]).
+local leftover = held[1] == ARGV[1] and ARGV[13] ~= '1'
+if leftover or (held[1] == false and (head == nil or head == ARGV[1])) then
+  -- The waiters behind the caller, read before the caller's place goes:
+  -- no key is read after a write may have deleted it (the caller's place
+  -- the last of the queue), nor deleted and written again (a leftover
+  -- lock): while the slot migrates, Redis refuses a script's command on a
+  -- key the node does not have, after the writes before it. `line`: the
+  -- first of them, while they are threads of the caller's client.
+  local next_in_line, after
+  local line = {}
+  local client = string.match(ARGV[1], '^(.*:)')
+  local open = most > 0 and client ~= nil
+  for i = 1, #first, 2 do
+    local waiter = first[i]
+    if waiter ~= ARGV[1] then
+      next_in_line = next_in_line or waiter
+      open = open and #line < 2 * most and string.sub(waiter, 1, #client) == client
+      if not open then
+        after = waiter
+        break
+      end
+      line[#line + 1] = waiter
+      line[#line + 1] = tonumber(first[i + 1])
+    end
+  end
+  local reserve = nil
+  if #line > 0 then
+    reserve = tostring(#line / 2)
+  end
+  local fence, ferr, token = next_fence(KEYS[2], ARGV[5], nil, reserve)
   if ferr then
     return ferr
-  end
-  -- The waiter first in the queue behind the caller, read before the
-  -- caller's place goes: no key is read after a write may have deleted it
-  -- (the caller's place the last of the queue), nor deleted and written
-  -- again (a leftover lock): while the slot migrates, Redis refuses a
-  -- script's command on a key the node does not have, after the writes
-  -- before it.
-  local next_in_line = first[1]
-  if next_in_line == ARGV[1] then
-    next_in_line = first[2]
   end
   redis.call('ZREM', queue, ARGV[1])
   redis.call('ZREM', places, ARGV[1])
@@ -123,6 +167,11 @@ if held[1] == ARGV[1] or (held[1] == false and (head == nil or head == ARGV[1]))
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if next_in_line then
     redis.call('HSET', KEYS[1], 'waited', '1')
+    if after and #line > 0 then
+      return {1, fence, 1, next_in_line, line, after}
+    elseif #line > 0 then
+      return {1, fence, 1, next_in_line, line}
+    end
     return {1, fence, 1, next_in_line}
   end
   return {1, fence, 1}
@@ -130,9 +179,12 @@ end
 
 local arrival, is_head = 0, 0
 if ARGV[7] == '1' then
-  arrival = tonumber(redis.call('ZSCORE', queue, ARGV[1]))
-  if not arrival then
-    arrival = tonumber(ARGV[9])
+  local stored = nil
+  if ARGV[9] ~= '0' then
+    stored = tonumber(redis.call('ZSCORE', queue, ARGV[1]))
+  end
+  arrival = stored or tonumber(ARGV[9])
+  if not stored then
     if arrival == 0 then
       local now_us = redis.call('TIME')
       arrival = tonumber(now_us[1]) * 1000000 + tonumber(now_us[2])

@@ -12,7 +12,13 @@
 -- ARGV[1]..ARGV[4]  as lock/release.lua: identity, fence, the caller's
 --                   live guards after this release, the ownership's lease
 -- ARGV[5]  baton TTL in milliseconds
--- ARGV[6]  with KEYS[5]: that waiter's identity
+-- ARGV[6]  with KEYS[5]: that waiter's identity; else ""
+-- ARGV[7], ARGV[8], ...  pairs of a waiter and its arrival: the threads of
+--          the caller's client this ownership was passed to in memory
+--          (fair/acquire.lua's `line`). Their places are still in the
+--          queue, first; a last release drops each that still has that
+--          arrival (one that asked again since arrived anew, and stays),
+--          and wakes the head behind them.
 --
 -- Returns {code, head, parked_on}: code as lock/release.lua (-1 not the
 -- owner, nothing changed; > 0 the depth left; 0 freed); head is the
@@ -48,7 +54,9 @@ if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
     if err then
       return err
     end
-    return {-1, head_to_wake(KEYS[2], KEYS[3]), 2}
+    local head, drop = head_after_drops(KEYS[2], KEYS[3], 7)
+    drop_places(KEYS[2], KEYS[3], drop)
+    return {-1, head, 2}
   end
   return {-1, '', 0}
 end
@@ -66,11 +74,18 @@ local err = queue_error(KEYS[2], KEYS[3])
 if err then
   return err
 end
+-- Nobody asked for this ownership (`waited`), and nobody was served in
+-- memory: nothing to drop, nobody to wake.
+if not held[3] and #ARGV < 7 then
+  redis.call('DEL', KEYS[1])
+  return {0, '', 0}
+end
+local head, drop = head_after_drops(KEYS[2], KEYS[3], 7)
 redis.call('DEL', KEYS[1])
+drop_places(KEYS[2], KEYS[3], drop)
 if not held[3] then
   return {0, '', 0}
 end
-local head = head_to_wake(KEYS[2], KEYS[3])
 local on_heads_list = head == held[4]
 if held[4] and not on_heads_list and KEYS[4] then
   -- The waiter recorded as the head no longer is (another came back to
@@ -83,7 +98,7 @@ local parked_on = on_heads_list and 1 or 0
 local list
 if on_heads_list then
   list = KEYS[4]
-elseif head == ARGV[6] then
+elseif ARGV[6] ~= '' and head == ARGV[6] then
   list = KEYS[5]
 end
 -- An identity is `<client instance>:<n>`: a head of the releasing client

@@ -34,6 +34,47 @@ local function drop_dead_waiters(queue, places, now)
   end
 end
 
+-- head_after_drops(queue, places, from): reads only. The head the queue
+-- has once the places to drop are dropped ('' for none), and those places:
+-- dead waiters' (as drop_dead_waiters), and those of the waiters named in
+-- ARGV from `from` on, in pairs (waiter, arrival), that a run passed the
+-- lock to in memory, whose places stayed in the queue. Such a place is
+-- dropped only while it still has that arrival: a waiter that asked again
+-- since has a new place, which stays. Reading everything first, the
+-- script reads no key after a write may have deleted it (while the slot
+-- migrates, Redis refuses that, after the writes before it).
+local function head_after_drops(queue, places, from)
+  local drop, dropping = {}, {}
+  for _, waiter in ipairs(redis.call('ZRANGEBYSCORE', places, '-inf', server_ms())) do
+    drop[#drop + 1] = waiter
+    dropping[waiter] = true
+  end
+  for i = from, #ARGV - 1, 2 do
+    local waiter = ARGV[i]
+    local arrival = redis.call('ZSCORE', queue, waiter)
+    if not dropping[waiter] and arrival and tonumber(arrival) == tonumber(ARGV[i + 1]) then
+      drop[#drop + 1] = waiter
+      dropping[waiter] = true
+    end
+  end
+  -- Of the first #drop + 1 waiters, one at least stays (if any does).
+  for _, waiter in ipairs(redis.call('ZRANGE', queue, 0, #drop)) do
+    if not dropping[waiter] then
+      return waiter, drop
+    end
+  end
+  return '', drop
+end
+
+-- drop_places(queue, places, drop): drops the places head_after_drops
+-- named.
+local function drop_places(queue, places, drop)
+  if #drop > 0 then
+    redis.call('ZREM', queue, unpack(drop))
+    redis.call('ZREM', places, unpack(drop))
+  end
+end
+
 -- head_to_wake(queue, places): the identity of the oldest live waiter,
 -- or '' when nobody waits. The script returns it, and the client pushes
 -- that waiter's own list in a second call that names the list in its

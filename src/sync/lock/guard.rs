@@ -13,7 +13,7 @@ use crate::config::validate_lease;
 use crate::context::Context;
 use crate::error::Error;
 use crate::keys::LockKeys;
-use crate::lease::{earlier, Claim, Grant, LeaseMode, LeaseStatus, Watchdog};
+use crate::lease::{earlier, Claim, FairRun, Grant, LeaseMode, LeaseStatus, Ownerships, Watchdog};
 use crate::observe::{Event, HoldKind, LostReason};
 use crate::parking::Reservation;
 use crate::scripts::lock::HandoffArgs;
@@ -40,8 +40,15 @@ pub(super) struct Ownership {
     /// waiter that acquisition found first in the queue behind it. The
     /// release names that waiter's list, and wakes it itself when it is
     /// still the head (see `fair/release.lua`); a re-entry's guard released
-    /// last, without it, leaves the wake-up to a second call.
+    /// last, without it, leaves the wake-up to a second call. On an
+    /// ownership passed along a run: the run's next in line.
     pub(super) next_in_line: Option<String>,
+    /// A fair lock's run of in-memory hand-offs (empty for the others):
+    /// the threads of this client the ownership may pass to next, in
+    /// queue order, and those it was passed to. The registry keeps it for
+    /// the ownership (a re-entry's guard may be released last); read from
+    /// there by the last release.
+    pub(super) run: FairRun,
 }
 
 /// Held while the calling thread owns a [`Lock`](crate::Lock); releases one level of it
@@ -91,6 +98,12 @@ impl LockGuard {
             acquired,
             _not_send: PhantomData,
         }
+    }
+
+    /// Records `run` as its ownership's (see [`Ownership::run`]).
+    pub(super) fn start_run(&self, registry: &Ownerships, run: FairRun) {
+        let ownership = &self.ownership;
+        registry.start_run(&self.keys.lock, &ownership.thread, &ownership.status, run);
     }
 
     /// What this guard holds, for events.
@@ -313,13 +326,36 @@ impl LockGuard {
         if left > 0 {
             return Ok(Some(left));
         }
+        if self.keys.fair.is_some() && self.raw.passes_in_memory() {
+            // A fair lock's last release: the ownership's run, whichever
+            // of its guards this is.
+            let run = registry.run(&self.keys.lock, &ownership.thread, &ownership.status);
+            let ownership = &mut self.ownership;
+            if ownership.next_in_line.is_none() {
+                ownership.next_in_line = run.next_in_line().map(str::to_owned);
+            }
+            ownership.run = run;
+        }
+        let context = &self.context;
+        let ownership = &self.ownership;
         // The last guard of a fair lock whose next in line is a parked
-        // thread of this process: handed to it by the release's script,
-        // if it is still the head of the queue.
+        // thread of this process: passed to it in memory when it is next
+        // on the ownership's run (nobody of another process arrived
+        // before it); else handed to it by the release's script, if it is
+        // still the head of the queue. An ownership passed along a run
+        // already is released instead, which drops the places of those
+        // it was passed to.
         if let Some(reservation) = self.reserve_next_in_line() {
-            ownership.status.close_signal();
-            if self.hand_off(reservation)? {
-                return Ok(None);
+            if self.next_on_run(&reservation.claim) && self.may_pass_to(&reservation.claim) {
+                return self.pass(reservation).map(|()| None);
+            }
+            if ownership.run.served.is_empty() {
+                ownership.status.close_signal();
+                if self.hand_off(reservation)? {
+                    return Ok(None);
+                }
+            } else {
+                reservation.fail();
             }
         }
         // The last guard: hand the lock to a waiter of this process if
@@ -345,16 +381,23 @@ impl LockGuard {
             .reserve_parker(&self.keys.wake_list(next))
     }
 
+    /// A fair lock's: whether the waiter of `claim` is the next on this
+    /// ownership's run, the line of this client's waiters first in the
+    /// queue when Redis last issued the ownership.
+    fn next_on_run(&self, claim: &Claim) -> bool {
+        let next = self.ownership.run.ahead.front();
+        next.is_some_and(|(waiter, _)| **waiter == *claim.identity)
+    }
+
     /// Whether this ownership may pass in memory, as it is, to the waiter
-    /// of `claim`: a plain lock's waiter asking for the same renewed lease
-    /// (a fixed lease counts from its own acquisition; another renewed
-    /// lease is another crash window), while tokens set aside for it in
-    /// Redis remain.
+    /// of `claim`: a waiter asking for the same renewed lease (a fixed
+    /// lease counts from its own acquisition; another renewed lease is
+    /// another crash window), while tokens set aside for it in Redis
+    /// remain (a fair lock's waiter must be next on its run, too).
     fn may_pass_to(&self, claim: &Claim) -> bool {
         let ownership = &self.ownership;
         let reserve = u64::from(self.reserve());
         claim.takes_passed
-            && self.keys.fair.is_none()
             && self.raw.passes_in_memory()
             && claim.mode == ownership.mode
             && matches!(ownership.mode, LeaseMode::Renewed(_))
@@ -362,7 +405,8 @@ impl LockGuard {
     }
 
     /// Passes this ownership to the reserved waiter in memory: Redis is not
-    /// told; the waiter holds it under the next token.
+    /// told; the waiter holds it under the next token (a fair lock's
+    /// waiter, parked in Redis, has its park ended).
     fn pass(&self, reservation: Reservation<Claim, Grant>) -> Result<(), Error> {
         let ownership = &self.ownership;
         let passed = self.context.leases.registry.pass(
@@ -376,7 +420,11 @@ impl LockGuard {
                 // This hold ends: its receivers are disconnected, the next
                 // holder's made afresh.
                 ownership.status.hand_over_signal();
+                let parks_on = reservation.parks_on.clone();
                 reservation.grant(Grant::Passed(passed));
+                if let Some(list) = &parks_on {
+                    self.raw.end_park(&self.keys, list);
+                }
                 // Renewals go on for the new holder (the watchdog left the
                 // ownership alone while it had no guard).
                 if let Some(due) = due {
@@ -422,6 +470,7 @@ impl LockGuard {
             guards_left: left,
             lease: self.ownership.mode.lease(),
             next_in_line: self.ownership.next_in_line.as_deref(),
+            served: &self.ownership.run.served,
         }
     }
 
@@ -492,6 +541,7 @@ impl LockGuard {
             &ownership.identity,
             ownership.fence,
             ownership.mode.lease(),
+            ownership.run.served.clone(),
             sent,
         );
         self.context.finish_later(cleanup);

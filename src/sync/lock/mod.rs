@@ -20,7 +20,7 @@ use crate::config::validate_lease;
 use crate::context::Context;
 use crate::error::Error;
 use crate::keys::LockKeys;
-use crate::lease::{earlier, Claim, Grant, LeaseMode, Leased, RenewLeases};
+use crate::lease::{earlier, Claim, FairRun, Grant, LeaseMode, Leased, RenewLeases};
 use crate::observe::{Acquisition, Event, HoldKind, LostSignal};
 use crate::parking::{self, Attempt, ParkOn, Waited};
 use crate::scripts::lock::{AcquireArgs, Asking};
@@ -561,6 +561,7 @@ impl Lock {
             mode: entered.mode,
             status: entered.status,
             next_in_line,
+            run: FairRun::default(),
         };
         self.guard_of(ownership)
     }
@@ -582,7 +583,8 @@ impl Lock {
                 token: passed.token,
                 mode: passed.mode,
                 status: passed.status,
-                next_in_line: None,
+                next_in_line: passed.run.next_in_line().map(str::to_owned),
+                run: passed.run,
             }),
         }
     }
@@ -640,18 +642,23 @@ impl Lock {
             Ok(AcquireReply::Acquired {
                 fence,
                 next_in_line,
+                line,
                 ..
             }) => {
                 // The lease as the slowest clock may count it.
                 let sent = earlier(sent, self.raw.clock_margin(mode.lease()));
-                Ok(Attempt::Acquired(self.guard(
-                    identity,
-                    &owner,
-                    fence,
-                    mode,
-                    sent,
-                    next_in_line,
-                )))
+                let guard = self.guard(identity, &owner, fence, mode, sent, next_in_line);
+                if !line.waiters.is_empty() {
+                    // Threads of this client are next in the queue: the
+                    // ownership may pass along them in memory.
+                    let run = FairRun {
+                        ahead: line.waiters.into(),
+                        after: line.after,
+                        served: Vec::new(),
+                    };
+                    guard.start_run(registry, run);
+                }
+                Ok(Attempt::Acquired(guard))
             }
             Ok(AcquireReply::Held {
                 lease_left,

@@ -28,7 +28,7 @@ use crate::keys::LockKeys;
 use crate::lease::{RenewLeases, RenewOutcome, RenewRequest};
 use crate::scripts::lock::{self as calls, AcquireArgs, HandoffArgs, ManyArgs, ManyName};
 use crate::scripts::reply::{
-    AcquireReply, Done, HandoffReply, HolderReply, ManyReply, ReleaseReply,
+    AcquireReply, Done, HandoffReply, HolderReply, Line, ManyReply, ReleaseReply,
 };
 use crate::scripts::Call;
 
@@ -510,6 +510,7 @@ impl RawLock for QuorumLock {
                     fence: args.held_fence,
                     depth: args.depth as u64,
                     next_in_line: None,
+                    line: Line::default(),
                 });
             }
             if let Some(token) = one_token(&granted) {
@@ -517,6 +518,7 @@ impl RawLock for QuorumLock {
                     fence: token,
                     depth: 1,
                     next_in_line: None,
+                    line: Line::default(),
                 });
             }
             match self.agree_on_token(keys, args.identity, &granted, args.lease, started) {
@@ -525,6 +527,7 @@ impl RawLock for QuorumLock {
                         fence: token,
                         depth: 1,
                         next_in_line: None,
+                        line: Line::default(),
                     })
                 }
                 Err(error) => {
@@ -889,6 +892,7 @@ impl RawLock for QuorumLock {
         identity: &str,
         fence: u64,
         lease: Duration,
+        _: &[(String, u64)],
         answered: &mut Answered,
     ) -> Result<(), Error> {
         let call = calls::release(keys, identity, fence, 0, lease, self.baton_ttl);

@@ -118,13 +118,16 @@ pub(crate) trait RawLock: RenewLeases {
     /// confirm that ([`Error::NotReplicated`] otherwise: send it again).
     /// Owner- and fence-checked, so it never frees someone else's.
     /// `answered`: what the clean-up's earlier sends achieved (a quorum's
-    /// masters that answered, which are not sent it again).
+    /// masters that answered, which are not sent it again). `served`: a
+    /// fair lock's waiters whose places the release drops (see
+    /// [`ReleaseOne::served`]).
     fn release_again(
         &self,
         keys: &LockKeys,
         identity: &str,
         fence: u64,
         lease: Duration,
+        served: &[(String, u64)],
         answered: &mut Answered,
     ) -> Result<(), Error> {
         let _ = answered;
@@ -135,6 +138,7 @@ pub(crate) trait RawLock: RenewLeases {
             guards_left: 0,
             lease,
             next_in_line: None,
+            served,
         })
         .map(drop)
         .map_err(|failed| failed.error)
@@ -236,6 +240,9 @@ pub(crate) struct ReleaseOne<'a> {
     /// A fair lock's: the waiter the ownership's acquisition found first
     /// in the queue ([`calls::fair_release`]).
     pub(crate) next_in_line: Option<&'a str>,
+    /// A fair lock's: the waiters the ownership was passed to in memory,
+    /// with the arrivals of their places, which a last release drops.
+    pub(crate) served: &'a [(String, u64)],
 }
 
 /// What a clean-up's sends of a release or an undo achieved so far: on a
@@ -247,19 +254,21 @@ pub(crate) struct ReleaseOne<'a> {
 pub(crate) struct Answered(pub(crate) Vec<bool>);
 
 /// A clean-up that sends the last release of an ownership again until
-/// Redis answers (or its lease, at most `lease` from `sent`, has ended).
+/// Redis answers (or its lease, at most `lease` from `sent`, has ended);
+/// `served`: as [`ReleaseOne::served`].
 pub(crate) fn release_later(
     raw: &Arc<dyn RawLock>,
     keys: &Arc<LockKeys>,
     identity: &Arc<str>,
     fence: u64,
     lease: Duration,
+    served: Vec<(String, u64)>,
     sent: Instant,
 ) -> Cleanup {
     let (raw, keys, identity) = (Arc::clone(raw), Arc::clone(keys), Arc::clone(identity));
     let mut answered = Answered::default();
     Cleanup::new(&keys.name.clone(), sent, lease, move || {
-        raw.release_again(&keys, &identity, fence, lease, &mut answered)
+        raw.release_again(&keys, &identity, fence, lease, &served, &mut answered)
     })
 }
 
@@ -540,6 +549,7 @@ impl RawLock for DeploymentLock {
             guards_left,
             lease,
             next_in_line,
+            served,
         } = release;
         // The last release is confirmed like the acquisition was: one that
         // only this master has is lost if a replica is promoted, which then
@@ -559,6 +569,7 @@ impl RawLock for DeploymentLock {
             lease,
             self.baton_ttl,
             next_in_line,
+            served,
         );
         // A release resent after a lost reply whose first run freed the
         // lock is told "not the owner", and names the head all the same
@@ -656,6 +667,7 @@ impl RawLock for DeploymentLock {
         identity: &str,
         fence: u64,
         lease: Duration,
+        served: &[(String, u64)],
         _: &mut Answered,
     ) -> Result<(), Error> {
         // "Not the owner" is confirmed too: the earlier release may be on
@@ -669,7 +681,17 @@ impl RawLock for DeploymentLock {
                 .map(drop)
                 .map_err(|f| f.error);
         };
-        let call = calls::fair_release(keys, fair, identity, fence, 0, lease, self.baton_ttl, None);
+        let call = calls::fair_release(
+            keys,
+            fair,
+            identity,
+            fence,
+            0,
+            lease,
+            self.baton_ttl,
+            None,
+            served,
+        );
         let any = |_: &FairReply<ReleaseReply>| true;
         let sent = self
             .exchange_confirmed(keys, any, &call)
