@@ -498,7 +498,8 @@ fn a_thread_served_in_memory_that_asks_again_queues_behind_later_arrivals() {
         asked_again.is_some()
     });
     // It arrived anew: last in the queue, behind the remote waiter and the
-    // second's place (dropped by the second's release).
+    // second's place (dropped by the second's release); the place it was
+    // served for, still first until then, did not make it the head.
     let queue = arrivals(&mut server.connection(), NAME);
     assert_eq!(queue.len(), 3, "{queue:?}");
     assert_eq!(
@@ -506,6 +507,12 @@ fn a_thread_served_in_memory_that_asks_again_queues_behind_later_arrivals() {
         asked_again.as_ref(),
         "{queue:?}"
     );
+    let next: Option<String> = redis::cmd("HGET")
+        .arg(format!("redbaton:{{{NAME}}}:fair:lock"))
+        .arg("next")
+        .query(&mut server.connection())
+        .unwrap();
+    assert_ne!(next, asked_again, "recorded as the head");
     second_go.send(()).unwrap();
     let rest: Vec<&str> = (0..2)
         .map(|_| order.recv_timeout(Duration::from_secs(15)).expect("served"))
@@ -562,6 +569,67 @@ fn a_thread_of_the_same_client_that_is_no_longer_the_head_is_not_handed_the_lock
     assert_eq!(rest, ["remote", "local"]);
     assert!(took < Duration::from_secs(5), "both served after {took:?}");
     assert_eq!(queue_len(&server, "passed-over"), 0);
+}
+
+/// Sixteen threads of one client take the fair lock in turn as fast as
+/// they can: runs in memory, each thread asking again at once, never leave
+/// a thread waiting out a park (10 s here) for a wake-up that does not
+/// come, and no thread takes it twice in a row while others wait.
+#[test]
+fn threads_of_one_client_taking_the_fair_lock_in_turn_never_wait_out_a_park() {
+    const THREADS: usize = 16;
+    let server = RedisServer::start();
+    let client = Client::builder(server.url())
+        .max_park(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let lock = client.fair_lock("turns").unwrap();
+    let taken = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let start = Arc::new(std::sync::Barrier::new(THREADS));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|i| {
+            let (lock, taken, start) = (lock.clone(), Arc::clone(&taken), Arc::clone(&start));
+            thread::spawn(move || {
+                start.wait();
+                let end = Instant::now() + Duration::from_secs(1);
+                let mut longest = Duration::ZERO;
+                while Instant::now() < end {
+                    let asked = Instant::now();
+                    let guard = lock.lock().unwrap();
+                    longest = longest.max(asked.elapsed());
+                    taken.lock().unwrap().push((guard.fencing_token(), i));
+                    guard.unlock().unwrap();
+                }
+                longest
+            })
+        })
+        .collect();
+    let longest = threads
+        .into_iter()
+        .map(|thread| thread.joined())
+        .max()
+        .unwrap();
+    assert!(
+        longest < Duration::from_secs(3),
+        "a thread waited {longest:?}"
+    );
+    let mut taken = taken.lock().unwrap().clone();
+    assert!(taken.len() > 100, "{} acquisitions", taken.len());
+    // In token order (the order they held it): no token twice, and no
+    // thread twice in a row but at the very end, when the others may have
+    // stopped asking.
+    taken.sort_unstable();
+    let tokens: Vec<u64> = taken.iter().map(|&(token, _)| token).collect();
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "a token twice"
+    );
+    let body = &taken[..taken.len() - THREADS];
+    let again = body
+        .windows(2)
+        .filter(|pair| pair[0].1 == pair[1].1)
+        .count();
+    assert_eq!(again, 0, "the same thread twice in a row {again} times");
 }
 
 /// The thread that took an ownership in Redis and passed it on in memory

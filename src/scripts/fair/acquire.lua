@@ -100,7 +100,7 @@ end
 if ARGV[10] == '1' then
   redis.call('LPOP', KEYS[5])
 end
-local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'req', 'count')
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'req', 'count', 'next')
 
 if held[1] == ARGV[1] and held[2] == ARGV[3] then
   redis.call('HSET', KEYS[1], 'count', ARGV[4])
@@ -118,6 +118,11 @@ drop_dead_waiters(queue, places, now)
 local most = tonumber(ARGV[12])
 local first = redis.call('ZRANGE', queue, 0, math.max(most, 1), 'WITHSCORES')
 local head = first[1]
+-- A call's first attempt has no place yet: one under the caller's
+-- identity is an earlier call's (see above), and not its turn.
+if head == ARGV[1] and ARGV[9] == '0' then
+  head = first[3]
+end
 
 -- A lock under the caller's identity that no live guard of its holds (a
 -- request or a hand-off whose reply was lost, see fair/handoff.lua) came
@@ -199,6 +204,11 @@ if ARGV[7] == '1' then
       redis.call('HSET', KEYS[1], 'waited', '1', 'next', ARGV[1])
     else
       redis.call('HSET', KEYS[1], 'waited', '1')
+      if held[5] == ARGV[1] then
+        -- Recorded as the head in an earlier wait (a run served it in
+        -- memory since): it parks on its own list now.
+        redis.call('HDEL', KEYS[1], 'next')
+      end
     end
   end
 end

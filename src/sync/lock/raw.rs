@@ -369,7 +369,9 @@ impl DeploymentLock {
         // A thread of this client parked now: woken in memory, and it looks
         // at once (no push, no announcement, no look of the hub's). One
         // not parked now (between two looks) gets its token as any other.
-        if lists.iter().any(|list| self.backend.wake_parked(list)) {
+        // Its own list first: only it parks there.
+        if self.backend.wake_parked(&own) || lists.iter().any(|list| self.backend.wake_parked(list))
+        {
             return;
         }
         for list in lists {
