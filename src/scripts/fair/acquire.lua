@@ -113,15 +113,14 @@ end
 
 local now = server_ms()
 drop_dead_waiters(queue, places, now)
--- The first waiters, with their arrivals: the head, and as many behind
--- it as a line may hold.
-local most = tonumber(ARGV[12])
-local first = redis.call('ZRANGE', queue, 0, math.max(most, 1), 'WITHSCORES')
+-- The first waiters: the head (past the caller's own place, below), and
+-- the first behind it.
+local first = redis.call('ZRANGE', queue, 0, 2)
 local head = first[1]
 -- A call's first attempt has no place yet: one under the caller's
 -- identity is an earlier call's (see above), and not its turn.
 if head == ARGV[1] and ARGV[9] == '0' then
-  head = first[3]
+  head = first[2]
 end
 
 -- A lock under the caller's identity that no live guard of its holds (a
@@ -135,23 +134,34 @@ if leftover or (held[1] == false and (head == nil or head == ARGV[1])) then
   -- no key is read after a write may have deleted it (the caller's place
   -- the last of the queue), nor deleted and written again (a leftover
   -- lock): while the slot migrates, Redis refuses a script's command on a
-  -- key the node does not have, after the writes before it. `line`: the
-  -- first of them, while they are threads of the caller's client.
-  local next_in_line, after
-  local line = {}
-  local client = string.match(ARGV[1], '^(.*:)')
-  local open = most > 0 and client ~= nil
-  for i = 1, #first, 2 do
-    local waiter = first[i]
+  -- key the node does not have, after the writes before it.
+  local next_in_line
+  for _, waiter in ipairs(first) do
     if waiter ~= ARGV[1] then
-      next_in_line = next_in_line or waiter
-      open = open and #line < 2 * most and string.sub(waiter, 1, #client) == client
-      if not open then
-        after = waiter
-        break
+      next_in_line = waiter
+      break
+    end
+  end
+  -- `line`: the first of them, while they are threads of the caller's
+  -- client (read only when the first is one), and the one `after` them.
+  local most = tonumber(ARGV[12])
+  local client = string.match(ARGV[1], '^(.*:)')
+  local function local_waiter(waiter)
+    return string.sub(waiter, 1, #client) == client
+  end
+  local line, after = {}, nil
+  if most > 0 and client and next_in_line and local_waiter(next_in_line) then
+    local waiting = redis.call('ZRANGE', queue, 0, most, 'WITHSCORES')
+    for i = 1, #waiting, 2 do
+      local waiter = waiting[i]
+      if waiter ~= ARGV[1] then
+        if #line == 2 * most or not local_waiter(waiter) then
+          after = waiter
+          break
+        end
+        line[#line + 1] = waiter
+        line[#line + 1] = tonumber(waiting[i + 1])
       end
-      line[#line + 1] = waiter
-      line[#line + 1] = tonumber(first[i + 1])
     end
   end
   local reserve = nil
