@@ -9,7 +9,10 @@ use redbaton::Client;
 use testkit::{FaultProxy, RedisServer};
 
 use crate::support::{self, spawn_child, JoinWithin};
-use crate::{parked_in_turn, queue_key, queue_len, SCRIPTED};
+use crate::{
+    parked_in_turn, patient, queue_key, queue_len, queued_in_turn, unlocked, AfterUnlock,
+    InTurnWaiter, SCRIPTED,
+};
 
 /// Issue 21 item 8: P's acquisition of a free fair lock runs, its reply is
 /// lost with the connection, and D queues before P's client sends it
@@ -250,42 +253,32 @@ fn a_runs_last_release_sent_again_in_the_background_drops_the_places_served() {
         .io_timeout(Duration::from_millis(300))
         .build()
         .unwrap();
-    let there = Client::builder(server.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let there = patient(&server);
     let first = there.fair_lock(NAME).unwrap().lock().unwrap();
-    let (served, order) = mpsc::channel();
     let (holder_go, holder_may_go) = mpsc::channel::<()>();
     let (local_go, local_may_go) = mpsc::channel::<()>();
-    let waiters = [
-        ("holder", &here, Some(holder_may_go)),
-        ("local", &here, Some(local_may_go)),
-        ("remote", &there, None),
+    let times_out: AfterUnlock = |_, unlocked, _| assert!(unlocked.is_err(), "{unlocked:?}");
+    let waiters = vec![
+        InTurnWaiter {
+            who: "holder",
+            client: &here,
+            gate: Some(holder_may_go),
+            then: unlocked,
+        },
+        InTurnWaiter {
+            who: "local",
+            client: &here,
+            gate: Some(local_may_go),
+            then: times_out,
+        },
+        InTurnWaiter {
+            who: "remote",
+            client: &there,
+            gate: None,
+            then: unlocked,
+        },
     ];
-    let threads: Vec<_> = waiters
-        .into_iter()
-        .enumerate()
-        .map(|(i, (who, client, gate))| {
-            let (lock, served) = (client.fair_lock(NAME).unwrap(), served.clone());
-            let thread = thread::spawn(move || {
-                let guard = lock
-                    .try_lock_for(Duration::from_secs(25))
-                    .unwrap()
-                    .expect("served");
-                served.send((who, guard.fencing_token())).unwrap();
-                if let Some(gate) = gate {
-                    gate.recv().unwrap();
-                }
-                let unlocked = guard.unlock();
-                assert_eq!(unlocked.is_ok(), who != "local", "{who}: {unlocked:?}");
-            });
-            support::eventually(Duration::from_secs(10), "the waiter parked", || {
-                queue_len(&server, NAME) == i as u64 + 1 && support::parked(&server) == i as u64 + 1
-            });
-            thread
-        })
-        .collect();
+    let (threads, order) = queued_in_turn(&server, NAME, waiters, None);
     first.unlock().unwrap();
     let holder = order.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(holder.0, "holder");

@@ -321,10 +321,7 @@ fn hand_offs_inside_one_client(
 ) -> (Vec<u64>, BTreeMap<String, u64>) {
     const WAITERS: u64 = 5;
     let server = RedisServer::start();
-    let client = Client::builder(server.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let client = patient(&server);
     let lock = client.fair_lock(name).unwrap();
     let lock = match fixed_lease {
         Some(lease) => lock.with_fixed_lease(lease).unwrap(),
@@ -389,14 +386,7 @@ fn hand_offs_inside_one_client(
 #[test]
 fn a_run_in_memory_stops_at_a_waiter_of_another_client_that_arrived_before_the_next_thread() {
     let server = RedisServer::start();
-    let client = Client::builder(server.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let other = Client::builder(server.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let (client, other) = (patient(&server), patient(&server));
     let first = other.fair_lock("interleaved").unwrap().lock().unwrap();
     let waiters = [
         ("holder", &client),
@@ -434,58 +424,56 @@ fn a_run_in_memory_stops_at_a_waiter_of_another_client_that_arrived_before_the_n
 fn a_thread_served_in_memory_that_asks_again_queues_behind_later_arrivals() {
     const NAME: &str = "again";
     let server = RedisServer::start();
-    let client = Client::builder(server.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let other = Client::builder(server.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let (client, other) = (patient(&server), patient(&server));
     let first = other.fair_lock(NAME).unwrap().lock().unwrap();
-    let (served, order) = mpsc::channel();
     let (holder_go, holder_may_go) = mpsc::channel::<()>();
     let (second_go, second_may_go) = mpsc::channel::<()>();
-    let mut gates = [Some(holder_may_go), None, Some(second_may_go), None];
-    let who = [
-        ("holder", &client),
-        ("first", &client),
-        ("second", &client),
-        ("remote", &other),
+    let asks_again: AfterUnlock = |lock, unlocked, served| {
+        unlocked.expect("unlocked");
+        let wait = Duration::from_secs(25);
+        let guard = lock.try_lock_for(wait).unwrap().expect("served again");
+        served.send(("first again", guard.fencing_token())).unwrap();
+        guard.unlock().unwrap();
+    };
+    let waiters = vec![
+        InTurnWaiter {
+            who: "holder",
+            client: &client,
+            gate: Some(holder_may_go),
+            then: unlocked,
+        },
+        InTurnWaiter {
+            who: "first",
+            client: &client,
+            gate: None,
+            then: asks_again,
+        },
+        InTurnWaiter {
+            who: "second",
+            client: &client,
+            gate: Some(second_may_go),
+            then: unlocked,
+        },
+        InTurnWaiter {
+            who: "remote",
+            client: &other,
+            gate: None,
+            then: unlocked,
+        },
     ];
-    let threads: Vec<_> = who
-        .iter()
-        .enumerate()
-        .map(|(i, &(who, client))| {
-            let (lock, served) = (client.fair_lock(NAME).unwrap(), served.clone());
-            let gate = gates[i].take();
-            let thread = thread::spawn(move || {
-                let wait = Duration::from_secs(25);
-                let guard = lock.try_lock_for(wait).unwrap().expect("served");
-                served.send(who).unwrap();
-                if let Some(gate) = gate {
-                    gate.recv().unwrap();
-                }
-                guard.unlock().unwrap();
-                if who == "first" {
-                    let guard = lock.try_lock_for(wait).unwrap().expect("served again");
-                    served.send("first again").unwrap();
-                    guard.unlock().unwrap();
-                }
-            });
-            support::eventually(Duration::from_secs(10), "the waiter parked", || {
-                queue_len(&server, NAME) == i as u64 + 1 && support::parked(&server) == i as u64 + 1
-            });
-            thread
-        })
-        .collect();
+    let (threads, order) = queued_in_turn(&server, NAME, waiters, None);
+    let next = || {
+        order
+            .recv_timeout(Duration::from_secs(15))
+            .map(|(who, _)| who)
+    };
     first.unlock().unwrap();
-    assert_eq!(order.recv_timeout(Duration::from_secs(10)), Ok("holder"));
+    assert_eq!(next(), Ok("holder"));
     let places = place_ends(&server, NAME);
     let released = Instant::now();
     holder_go.send(()).unwrap();
-    assert_eq!(order.recv_timeout(Duration::from_secs(10)), Ok("first"));
-    assert_eq!(order.recv_timeout(Duration::from_secs(10)), Ok("second"));
+    assert_eq!(next(), Ok("first"));
+    assert_eq!(next(), Ok("second"));
     // The first asked again while the second holds the lock: its attempt
     // renewed its place (nobody else's: the others hold or are parked for
     // 30 s).
@@ -507,16 +495,14 @@ fn a_thread_served_in_memory_that_asks_again_queues_behind_later_arrivals() {
         asked_again.as_ref(),
         "{queue:?}"
     );
-    let next: Option<String> = redis::cmd("HGET")
+    let recorded_head: Option<String> = redis::cmd("HGET")
         .arg(format!("redbaton:{{{NAME}}}:fair:lock"))
         .arg("next")
         .query(&mut server.connection())
         .unwrap();
-    assert_ne!(next, asked_again, "recorded as the head");
+    assert_ne!(recorded_head, asked_again, "recorded as the head");
     second_go.send(()).unwrap();
-    let rest: Vec<&str> = (0..2)
-        .map(|_| order.recv_timeout(Duration::from_secs(15)).expect("served"))
-        .collect();
+    let rest: Vec<&str> = (0..2).map(|_| next().expect("served")).collect();
     let took = released.elapsed();
     for thread in threads {
         thread.joined();
@@ -534,14 +520,7 @@ fn a_thread_served_in_memory_that_asks_again_queues_behind_later_arrivals() {
 #[test]
 fn a_thread_of_the_same_client_that_is_no_longer_the_head_is_not_handed_the_lock() {
     let server = RedisServer::start();
-    let client = Client::builder(server.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let other = Client::builder(server.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let (client, other) = (patient(&server), patient(&server));
     let first = other.fair_lock("passed-over").unwrap().lock().unwrap();
     // The holder (of `client`), then a waiter of `client`, then one of
     // `other`.
@@ -640,54 +619,42 @@ fn threads_of_one_client_taking_the_fair_lock_in_turn_never_wait_out_a_park() {
 fn the_thread_that_took_a_run_in_redis_does_not_take_it_back_while_another_holds_it() {
     const NAME: &str = "lent";
     let server = RedisServer::start();
-    let client = Client::builder(server.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let other = Client::open(&server.url()).unwrap();
+    let (client, other) = (patient(&server), Client::open(&server.url()).unwrap());
     let first = other.fair_lock(NAME).unwrap().lock().unwrap();
-    let (served, order) = mpsc::channel();
     let (holder_go, holder_may_go) = mpsc::channel::<()>();
     let (waiter_go, waiter_may_go) = mpsc::channel::<()>();
-    let gates = [("holder", holder_may_go), ("waiter", waiter_may_go)];
-    let threads: Vec<_> = gates
-        .into_iter()
-        .enumerate()
-        .map(|(i, (who, gate))| {
-            let (lock, served) = (client.fair_lock(NAME).unwrap(), served.clone());
-            let thread = thread::spawn(move || {
-                let guard = lock
-                    .try_lock_for(Duration::from_secs(25))
-                    .unwrap()
-                    .expect("served");
-                served.send((who, guard.fencing_token(), false)).unwrap();
-                gate.recv().unwrap();
-                guard.unlock().unwrap();
-                if who == "holder" {
-                    let again = lock.try_lock().unwrap();
-                    served.send(("holder again", 0, again.is_some())).unwrap();
-                }
-            });
-            support::eventually(Duration::from_secs(10), "the waiter parked", || {
-                queue_len(&server, NAME) == i as u64 + 1 && support::parked(&server) == i as u64 + 1
-            });
-            thread
-        })
-        .collect();
+    // Says 1 when it took the lock again, else 0.
+    let tries_again: AfterUnlock = |lock, unlocked, served| {
+        unlocked.expect("unlocked");
+        let again = lock.try_lock().unwrap();
+        served
+            .send(("holder again", u64::from(again.is_some())))
+            .unwrap();
+    };
+    let waiters = vec![
+        InTurnWaiter {
+            who: "holder",
+            client: &client,
+            gate: Some(holder_may_go),
+            then: tries_again,
+        },
+        InTurnWaiter {
+            who: "waiter",
+            client: &client,
+            gate: Some(waiter_may_go),
+            then: unlocked,
+        },
+    ];
+    let (threads, order) = queued_in_turn(&server, NAME, waiters, None);
+    let next = || order.recv_timeout(Duration::from_secs(10)).unwrap();
     first.unlock().unwrap();
-    let holder = order.recv_timeout(Duration::from_secs(10)).unwrap();
+    let holder = next();
     assert_eq!(holder.0, "holder");
     holder_go.send(()).unwrap();
-    let waiter = order.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(next(), ("waiter", holder.1 + 1), "passed in memory");
     assert_eq!(
-        (waiter.0, waiter.1),
-        ("waiter", holder.1 + 1),
-        "passed in memory"
-    );
-    let again = order.recv_timeout(Duration::from_secs(10)).unwrap();
-    assert_eq!(
-        again,
-        ("holder again", 0, false),
+        next(),
+        ("holder again", 0),
         "taken while the waiter holds it"
     );
     waiter_go.send(()).unwrap();
@@ -784,30 +751,77 @@ fn parked_in_turn(
     waiters: &[(&'static str, &Client)],
     fixed_lease: Option<Duration>,
 ) -> InTurn {
-    let (served, order) = mpsc::channel();
     let (go, first_may_go) = mpsc::channel::<()>();
     let mut first_may_go = Some(first_may_go);
-    let threads = waiters
+    let waiters = waiters
         .iter()
+        .map(|&(who, client)| InTurnWaiter {
+            who,
+            client,
+            gate: first_may_go.take(),
+            then: unlocked,
+        })
+        .collect();
+    let (threads, order) = queued_in_turn(server, name, waiters, fixed_lease);
+    (threads, order, go)
+}
+
+/// A thread of [`queued_in_turn`].
+struct InTurnWaiter<'a> {
+    who: &'static str,
+    client: &'a Client,
+    /// Told when it may unlock (`None`: at once).
+    gate: Option<mpsc::Receiver<()>>,
+    /// What it does next, with its lock, told how its unlock went: it may
+    /// say more on the sender.
+    then: AfterUnlock,
+}
+
+/// What a thread of [`queued_in_turn`] does once it has unlocked.
+type AfterUnlock = fn(&redbaton::Lock, Result<(), Error>, &mpsc::Sender<(&'static str, u64)>);
+
+/// The usual [`AfterUnlock`]: the unlock succeeded, and that is all.
+fn unlocked(_: &redbaton::Lock, unlocked: Result<(), Error>, _: &mpsc::Sender<(&str, u64)>) {
+    unlocked.expect("unlocked");
+}
+
+/// Threads of `waiters` ask for the fair lock `name` on `server` in turn
+/// (under `fixed_lease`, if any), each parked before the next asks. Each
+/// says its name and fencing token on the receiver once served, waits for
+/// its gate, unlocks and does what it does then.
+fn queued_in_turn(
+    server: &RedisServer,
+    name: &'static str,
+    waiters: Vec<InTurnWaiter<'_>>,
+    fixed_lease: Option<Duration>,
+) -> (
+    Vec<thread::JoinHandle<()>>,
+    mpsc::Receiver<(&'static str, u64)>,
+) {
+    let (served, order) = mpsc::channel();
+    let threads = waiters
+        .into_iter()
         .enumerate()
-        .map(|(i, &(who, client))| {
-            let lock = client.fair_lock(name).unwrap();
+        .map(|(i, waiter)| {
+            let lock = waiter.client.fair_lock(name).unwrap();
             let lock = match fixed_lease {
                 Some(lease) => lock.with_fixed_lease(lease).unwrap(),
                 None => lock,
             };
             let served = served.clone();
-            let may_go = first_may_go.take();
+            let InTurnWaiter {
+                who, gate, then, ..
+            } = waiter;
             let thread = thread::spawn(move || {
                 let guard = lock
                     .try_lock_for(Duration::from_secs(25))
                     .unwrap()
                     .expect("served");
                 served.send((who, guard.fencing_token())).unwrap();
-                if let Some(may_go) = may_go {
-                    may_go.recv().unwrap();
+                if let Some(gate) = gate {
+                    gate.recv().unwrap();
                 }
-                guard.unlock().expect("unlocked");
+                then(&lock, guard.unlock(), &served);
             });
             support::eventually(Duration::from_secs(10), "the waiter parked", || {
                 queue_len(server, name) == i as u64 + 1 && support::parked(server) == i as u64 + 1
@@ -815,7 +829,16 @@ fn parked_in_turn(
             thread
         })
         .collect();
-    (threads, order, go)
+    (threads, order)
+}
+
+/// A client of `server` whose waiters park for up to 30 s: a waiter
+/// served within a few seconds was woken, not timed out of its park.
+fn patient(server: &RedisServer) -> Client {
+    Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap()
 }
 
 /// A release whose next waiter is another client's thread parked as the
@@ -1129,10 +1152,7 @@ fn a_killed_holders_lock_goes_to_the_next_waiter_when_its_lease_ends() {
 #[test]
 fn a_waiter_parks_on_its_first_attempt() {
     let server = RedisServer::start();
-    let client = Client::builder(server.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let client = patient(&server);
     let lock = client.fair_lock("at-once").unwrap();
     let held = lock.lock().unwrap();
     let wait = move || {
