@@ -87,6 +87,7 @@ fn child_entry() {
             "fair_worker" => fair_worker(url),
             "fair_waiter" => fair_waiter(url),
             "fair_holder" => fair_holder(url),
+            "fair_run" => fair_run(url),
             _ => return false,
         }
         true
@@ -176,6 +177,123 @@ fn fair_holder(url: &str) {
     println!("HOLDING {}", epoch_us());
     thread::sleep(Duration::from_secs(60));
     drop(guard);
+}
+
+/// Two threads queue in turn for the fair lock "run" (held by the
+/// parent), under a renewed 1 s lease: the first, served, passes the lock
+/// in memory to the second as it releases, which then holds it until this
+/// process is killed.
+fn fair_run(url: &str) {
+    let client = Client::builder(url)
+        .max_park(Duration::from_millis(200))
+        .default_lease(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let mut raw = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let threads: Vec<_> = ["FIRST", "HOLDING"]
+        .into_iter()
+        .enumerate()
+        .map(|(i, said)| {
+            let lock = client.fair_lock("run").unwrap();
+            let thread = thread::spawn(move || {
+                let guard = lock.lock().unwrap();
+                println!("{said} {}", guard.fencing_token());
+                if said == "HOLDING" {
+                    thread::sleep(Duration::from_secs(60));
+                }
+                drop(guard);
+            });
+            while redis::cmd("ZCARD")
+                .arg(queue_key("run"))
+                .query::<u64>(&mut raw)
+                .unwrap()
+                < i as u64 + 1
+            {
+                thread::sleep(Duration::from_millis(5));
+            }
+            thread
+        })
+        .collect();
+    println!("QUEUED");
+    for thread in threads {
+        thread.joined();
+    }
+}
+
+/// A process killed (SIGKILL) while a thread of it holds the fair lock
+/// passed in memory: another process's waiter, queued behind the run, gets
+/// the lock once the lease of the ownership Redis knows ends (renewals
+/// stopped with the process) and the places the run served end, never
+/// before the kill, and under a fencing token above every one the dead
+/// process held.
+#[test]
+fn a_process_killed_while_its_run_holds_the_lock_gives_it_up_in_token_order() {
+    let server = RedisServer::start();
+    // A waiter finds the end of a holder that died at its next look (a
+    // park lasts at most `max_park`): nothing else announces it.
+    let other = Client::builder(server.url())
+        .max_park(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let first = other.fair_lock("run").unwrap().lock().unwrap();
+    let mut child = spawn_child("fair_run", &server);
+    child.wait_for_line("QUEUED", Duration::from_secs(30));
+    let token = |line: String| -> u64 { line.trim().parse().unwrap() };
+    let (served, remote) = mpsc::channel();
+    let waiter = {
+        let lock = other.fair_lock("run").unwrap();
+        thread::spawn(move || {
+            let guard = lock
+                .try_lock_for(Duration::from_secs(20))
+                .unwrap()
+                .expect("served");
+            served
+                .send((Instant::now(), guard.fencing_token()))
+                .unwrap();
+        })
+    };
+    support::eventually(Duration::from_secs(10), "the remote waiter's place", || {
+        queue_len(&server, "run") == 3
+    });
+    first.unlock().unwrap();
+    let first_token = token(child.wait_for_line("FIRST", Duration::from_secs(10)));
+    let holding = token(child.wait_for_line("HOLDING", Duration::from_secs(10)));
+    assert_eq!(holding, first_token + 1, "passed in memory");
+    // The watchdog renews the lease for the thread it was passed to: three
+    // renewals (a lease and more) while it holds it.
+    let pttl = || -> i64 {
+        redis::cmd("PTTL")
+            .arg("redbaton:{run}:fair:lock")
+            .query(&mut server.connection())
+            .unwrap()
+    };
+    for _ in 0..3 {
+        let mut last = pttl();
+        support::eventually(Duration::from_secs(3), "a renewal", || {
+            let now = pttl();
+            let renewed = now > last;
+            last = now;
+            renewed
+        });
+    }
+    assert!(
+        remote.try_recv().is_err(),
+        "served while the run holds the lock"
+    );
+    let killed = Instant::now();
+    child.kill();
+    let (at, remote_token) = remote.recv_timeout(Duration::from_secs(15)).unwrap();
+    waiter.joined();
+    assert!(at > killed);
+    assert!(remote_token > holding, "{remote_token} after {holding}");
+    // The lease (1 s) and the served place (1.5 x 200 ms + 500 ms) ended,
+    // then the waiter looked (within 300 ms).
+    assert!(
+        at - killed < Duration::from_secs(5),
+        "served {:?} after the kill",
+        at - killed
+    );
+    assert_eq!(queue_len(&server, "run"), 0);
 }
 
 #[test]
