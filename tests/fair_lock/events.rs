@@ -302,3 +302,76 @@ fn a_runs_last_release_sent_again_in_the_background_drops_the_places_served() {
     }
     assert_eq!(queue_len(&server, NAME), 0);
 }
+
+/// A thread holding a fair lock passed to it in memory finds it lost (the
+/// lock was force-unlocked, and the watchdog's renewal found it gone): its
+/// unlock sends no release, but the places its run served are dropped all
+/// the same, in the background, so that another client's waiter behind
+/// them is served at once, not when those places end (45.5 s here).
+#[test]
+fn a_run_found_lost_drops_the_places_it_served() {
+    const NAME: &str = "run-lost";
+    let server = RedisServer::start();
+    let (lost_tx, lost) = mpsc::channel();
+    let lost_tx = std::sync::Mutex::new(lost_tx);
+    let here = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .default_lease(Duration::from_secs(1))
+        .on_event(move |event| {
+            if let redbaton::Event::Lost { .. } = event {
+                let _ = lost_tx.lock().unwrap().send(());
+            }
+        })
+        .build()
+        .unwrap();
+    let there = patient(&server);
+    let first = there.fair_lock(NAME).unwrap().lock().unwrap();
+    let (holder_go, holder_may_go) = mpsc::channel::<()>();
+    let (local_go, local_may_go) = mpsc::channel::<()>();
+    let finds_it_lost: AfterUnlock = |_, unlocked, _| {
+        assert!(
+            matches!(unlocked, Err(redbaton::Error::LockLost { .. })),
+            "{unlocked:?}"
+        );
+    };
+    let waiters = vec![
+        InTurnWaiter {
+            who: "holder",
+            client: &here,
+            gate: Some(holder_may_go),
+            then: unlocked,
+        },
+        InTurnWaiter {
+            who: "local",
+            client: &here,
+            gate: Some(local_may_go),
+            then: finds_it_lost,
+        },
+        InTurnWaiter {
+            who: "remote",
+            client: &there,
+            gate: None,
+            then: unlocked,
+        },
+    ];
+    let (threads, order) = queued_in_turn(&server, NAME, waiters, None);
+    first.unlock().unwrap();
+    let holder = order.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(holder.0, "holder");
+    holder_go.send(()).unwrap();
+    let local = order.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(local, ("local", holder.1 + 1), "passed in memory");
+    assert!(there.fair_lock(NAME).unwrap().force_unlock().unwrap());
+    lost.recv_timeout(Duration::from_secs(10))
+        .expect("the watchdog finds the lock gone");
+    let released = Instant::now();
+    local_go.send(()).unwrap();
+    let remote = order.recv_timeout(Duration::from_secs(20)).unwrap();
+    let took = released.elapsed();
+    assert_eq!(remote.0, "remote");
+    assert!(took < Duration::from_secs(10), "served after {took:?}");
+    for thread in threads {
+        thread.joined();
+    }
+    assert_eq!(queue_len(&server, NAME), 0);
+}

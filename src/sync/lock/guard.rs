@@ -321,6 +321,13 @@ impl LockGuard {
             // The hold ends here: its loss signal is disconnected, never
             // told (what the release finds is this caller's to hear).
             ownership.status.close_signal();
+            if !ownership.run.served.is_empty() {
+                // A fair run's: the places it served would stay first in
+                // the queue until they end. The release, sent in the
+                // background, drops them if the lock is free (it frees
+                // nothing but this ownership).
+                self.release_later(Instant::now());
+            }
             return Err(self.lost_error());
         };
         if left > 0 {
