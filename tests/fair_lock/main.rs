@@ -712,9 +712,12 @@ fn threads_of_one_client_taking_the_fair_lock_in_turn_never_wait_out_a_park() {
     );
     let mut taken = taken.lock().unwrap().clone();
     assert!(taken.len() > 100, "{} acquisitions", taken.len());
-    // In token order (the order they held it): no token twice, and no
-    // thread twice in a row but at the very end, when the others may have
-    // stopped asking.
+    // In token order (the order they held it): no token twice, and hardly
+    // ever one thread twice in a row, which arrival order allows only when
+    // it asked again before every other thread (all of them between their
+    // release and their next place), and at the very end, when the others
+    // may have stopped asking. A lock that let the releasing thread barge
+    // would give it most turns.
     taken.sort_unstable();
     let tokens: Vec<u64> = taken.iter().map(|&(token, _)| token).collect();
     assert!(
@@ -726,7 +729,11 @@ fn threads_of_one_client_taking_the_fair_lock_in_turn_never_wait_out_a_park() {
         .windows(2)
         .filter(|pair| pair[0].1 == pair[1].1)
         .count();
-    assert_eq!(again, 0, "the same thread twice in a row {again} times");
+    assert!(
+        again * 100 <= body.len(),
+        "the same thread twice in a row {again} times in {}",
+        body.len()
+    );
 }
 
 /// The thread that took an ownership in Redis and passed it on in memory
