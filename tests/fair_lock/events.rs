@@ -245,7 +245,6 @@ fn a_hand_off_whose_reply_was_lost_leaves_the_lock_to_its_waiter_at_once() {
 /// the place ends (45.5 s at this `max_park`).
 #[test]
 fn a_runs_last_release_sent_again_in_the_background_drops_the_places_served() {
-    const NAME: &str = "run-later";
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
     let here = Client::builder(proxy.url())
@@ -253,54 +252,22 @@ fn a_runs_last_release_sent_again_in_the_background_drops_the_places_served() {
         .io_timeout(Duration::from_millis(300))
         .build()
         .unwrap();
-    let there = patient(&server);
-    let first = there.fair_lock(NAME).unwrap().lock().unwrap();
-    let (holder_go, holder_may_go) = mpsc::channel::<()>();
-    let (local_go, local_may_go) = mpsc::channel::<()>();
     let times_out: AfterUnlock = |_, unlocked, _| assert!(unlocked.is_err(), "{unlocked:?}");
-    let waiters = vec![
-        InTurnWaiter {
-            who: "holder",
-            client: &here,
-            gate: Some(holder_may_go),
-            then: unlocked,
+    let took = remote_served_after_a_run_of_two(
+        &server,
+        "run-later",
+        &here,
+        times_out,
+        || proxy.set_silent(true),
+        |local| {
+            // The local release timed out; Redis answers again.
+            support::eventually(Duration::from_secs(10), "the release timed out", || {
+                local.is_finished()
+            });
+            proxy.set_silent(false);
         },
-        InTurnWaiter {
-            who: "local",
-            client: &here,
-            gate: Some(local_may_go),
-            then: times_out,
-        },
-        InTurnWaiter {
-            who: "remote",
-            client: &there,
-            gate: None,
-            then: unlocked,
-        },
-    ];
-    let (threads, order) = queued_in_turn(&server, NAME, waiters, None);
-    first.unlock().unwrap();
-    let holder = order.recv_timeout(Duration::from_secs(10)).unwrap();
-    assert_eq!(holder.0, "holder");
-    holder_go.send(()).unwrap();
-    let local = order.recv_timeout(Duration::from_secs(10)).unwrap();
-    assert_eq!(local, ("local", holder.1 + 1), "passed in memory");
-    proxy.set_silent(true);
-    local_go.send(()).unwrap();
-    // The local release timed out; Redis answers again.
-    support::eventually(Duration::from_secs(10), "the release timed out", || {
-        threads[1].is_finished()
-    });
-    proxy.set_silent(false);
-    let answered = Instant::now();
-    let remote = order.recv_timeout(Duration::from_secs(20)).unwrap();
-    let took = answered.elapsed();
-    assert_eq!(remote.0, "remote");
+    );
     assert!(took < Duration::from_secs(10), "served after {took:?}");
-    for thread in threads {
-        thread.joined();
-    }
-    assert_eq!(queue_len(&server, NAME), 0);
 }
 
 /// A thread holding a fair lock passed to it in memory finds it lost (the
@@ -324,28 +291,58 @@ fn a_run_found_lost_drops_the_places_it_served() {
         })
         .build()
         .unwrap();
-    let there = patient(&server);
-    let first = there.fair_lock(NAME).unwrap().lock().unwrap();
-    let (holder_go, holder_may_go) = mpsc::channel::<()>();
-    let (local_go, local_may_go) = mpsc::channel::<()>();
     let finds_it_lost: AfterUnlock = |_, unlocked, _| {
         assert!(
             matches!(unlocked, Err(redbaton::Error::LockLost { .. })),
             "{unlocked:?}"
         );
     };
+    let operator = Client::open(&server.url()).unwrap();
+    let took = remote_served_after_a_run_of_two(
+        &server,
+        NAME,
+        &here,
+        finds_it_lost,
+        || {
+            assert!(operator.fair_lock(NAME).unwrap().force_unlock().unwrap());
+            lost.recv_timeout(Duration::from_secs(10))
+                .expect("the watchdog finds the lock gone");
+        },
+        |_| {},
+    );
+    assert!(took < Duration::from_secs(10), "served after {took:?}");
+}
+
+/// A holder and a waiter of `here` queue for the fair lock `name` behind
+/// a holder of another client, then a waiter of that client: the holder
+/// passes the lock to the local waiter in memory. While it holds it,
+/// `meanwhile` runs; it then unlocks (`then` checks how that went), and
+/// `after_unlock` runs with its thread. Returns how long after that the
+/// other client's waiter was served; checks that the queue is left empty.
+fn remote_served_after_a_run_of_two(
+    server: &RedisServer,
+    name: &'static str,
+    here: &Client,
+    then: AfterUnlock,
+    meanwhile: impl FnOnce(),
+    after_unlock: impl FnOnce(&thread::JoinHandle<()>),
+) -> Duration {
+    let there = patient(server);
+    let first = there.fair_lock(name).unwrap().lock().unwrap();
+    let (holder_go, holder_may_go) = mpsc::channel::<()>();
+    let (local_go, local_may_go) = mpsc::channel::<()>();
     let waiters = vec![
         InTurnWaiter {
             who: "holder",
-            client: &here,
+            client: here,
             gate: Some(holder_may_go),
             then: unlocked,
         },
         InTurnWaiter {
             who: "local",
-            client: &here,
+            client: here,
             gate: Some(local_may_go),
-            then: finds_it_lost,
+            then,
         },
         InTurnWaiter {
             who: "remote",
@@ -354,24 +351,23 @@ fn a_run_found_lost_drops_the_places_it_served() {
             then: unlocked,
         },
     ];
-    let (threads, order) = queued_in_turn(&server, NAME, waiters, None);
+    let (threads, order) = queued_in_turn(server, name, waiters, None);
     first.unlock().unwrap();
     let holder = order.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(holder.0, "holder");
     holder_go.send(()).unwrap();
     let local = order.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(local, ("local", holder.1 + 1), "passed in memory");
-    assert!(there.fair_lock(NAME).unwrap().force_unlock().unwrap());
-    lost.recv_timeout(Duration::from_secs(10))
-        .expect("the watchdog finds the lock gone");
-    let released = Instant::now();
+    meanwhile();
     local_go.send(()).unwrap();
+    after_unlock(&threads[1]);
+    let released = Instant::now();
     let remote = order.recv_timeout(Duration::from_secs(20)).unwrap();
     let took = released.elapsed();
     assert_eq!(remote.0, "remote");
-    assert!(took < Duration::from_secs(10), "served after {took:?}");
     for thread in threads {
         thread.joined();
     }
-    assert_eq!(queue_len(&server, NAME), 0);
+    assert_eq!(queue_len(server, name), 0);
+    took
 }

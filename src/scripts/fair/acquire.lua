@@ -182,10 +182,9 @@ if leftover or (held[1] == false and (head == nil or head == ARGV[1])) then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if next_in_line then
     redis.call('HSET', KEYS[1], 'waited', '1')
-    if after and #line > 0 then
+    if #line > 0 then
+      -- Without an `after` (nil), the reply ends with the line.
       return {1, fence, 1, next_in_line, line, after}
-    elseif #line > 0 then
-      return {1, fence, 1, next_in_line, line}
     end
     return {1, fence, 1, next_in_line}
   end

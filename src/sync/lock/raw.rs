@@ -369,8 +369,10 @@ impl DeploymentLock {
         // A thread of this client parked now: woken in memory, and it looks
         // at once (no push, no announcement, no look of the hub's). One
         // not parked now (between two looks) gets its token as any other.
-        // Its own list first: only it parks there.
-        if self.backend.wake_parked(&own) || lists.iter().any(|list| self.backend.wake_parked(list))
+        // Its own list first (only it parks there), whatever the release
+        // said: it may have parked there since.
+        let on_heads_list = !matches!(parked_on, ParkedOn::Own);
+        if self.backend.wake_parked(&own) || (on_heads_list && self.backend.wake_parked(&fair.next))
         {
             return;
         }
