@@ -517,6 +517,7 @@ fn a_run_in_memory_stops_at_a_waiter_of_another_client_that_arrived_before_the_n
     let released = Instant::now();
     let holder = order.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(holder.0, "holder");
+    let before = server.command_calls();
     go.send(()).unwrap();
     let rest: Vec<(&str, u64)> = (0..3)
         .map(|_| order.recv_timeout(Duration::from_secs(15)).expect("served"))
@@ -525,8 +526,13 @@ fn a_run_in_memory_stops_at_a_waiter_of_another_client_that_arrived_before_the_n
     for waiter in waiters {
         waiter.joined();
     }
+    let during = server.commands_since(&before);
     let who: Vec<&str> = rest.iter().map(|&(who, _)| who).collect();
     assert_eq!(who, ["local", "remote", "later"]);
+    // The local thread's release (the run's last) wakes the remote waiter
+    // in its own script, knowing it from the line's `after`; then each
+    // attempt and release: five scripts, no second call to wake anyone.
+    assert_eq!(support::scripts_run(&during), 5, "{during:?}");
     assert_eq!(rest[0].1, holder.1 + 1, "passed in memory: {rest:?}");
     assert!(rest[1].1 > rest[0].1 && rest[2].1 > rest[1].1, "{rest:?}");
     assert!(took < Duration::from_secs(5), "all served after {took:?}");
