@@ -103,6 +103,11 @@ pub(crate) struct Entered {
     pub(crate) token: u64,
     /// When the watchdog has a new ownership to renew: its first renewal.
     pub(crate) new_renewal: Option<Instant>,
+    /// The ownership's fair run, as it stands (a run changes only when the
+    /// ownership passes on, with no guard left): a re-entry's guard keeps
+    /// it, in case it is released last after the watchdog has dropped a
+    /// lost ownership's record with its run.
+    pub(crate) run: FairRun,
 }
 
 /// An ownership whose renewal is due, copied out of the table so that the
@@ -183,6 +188,7 @@ impl Ownerships {
             mode: entry.mode,
             token: entry.token,
             new_renewal,
+            run: entry.run.clone(),
         }
     }
 

@@ -257,7 +257,7 @@ fn a_runs_last_release_sent_again_in_the_background_drops_the_places_served() {
         &server,
         "run-later",
         &here,
-        times_out,
+        (times_out, false),
         || proxy.set_silent(true),
         |local| {
             // The local release timed out; Redis answers again.
@@ -277,7 +277,24 @@ fn a_runs_last_release_sent_again_in_the_background_drops_the_places_served() {
 /// them is served at once, not when those places end (45.5 s here).
 #[test]
 fn a_run_found_lost_drops_the_places_it_served() {
-    const NAME: &str = "run-lost";
+    let took = served_after_a_run_found_lost("run-lost", false);
+    assert!(took < Duration::from_secs(10), "served after {took:?}");
+}
+
+/// The same when the thread had re-entered and released its first level
+/// before the loss: the re-entry's guard, released last, finds the lock
+/// lost, and knows the places the run served, though the watchdog dropped
+/// the ownership's record.
+#[test]
+fn a_run_found_lost_at_a_reentrys_guard_drops_the_places_it_served() {
+    let took = served_after_a_run_found_lost("run-lost-reentered", true);
+    assert!(took < Duration::from_secs(10), "served after {took:?}");
+}
+
+/// How long after a run's holder found fair lock `name` lost at its
+/// unlock another client's waiter was served ([`remote_served_after_a_run_of_two`];
+/// `reenters`: of the holder).
+fn served_after_a_run_found_lost(name: &'static str, reenters: bool) -> Duration {
     let server = RedisServer::start();
     let (lost_tx, lost) = mpsc::channel();
     let lost_tx = std::sync::Mutex::new(lost_tx);
@@ -298,32 +315,32 @@ fn a_run_found_lost_drops_the_places_it_served() {
         );
     };
     let operator = Client::open(&server.url()).unwrap();
-    let took = remote_served_after_a_run_of_two(
+    remote_served_after_a_run_of_two(
         &server,
-        NAME,
+        name,
         &here,
-        finds_it_lost,
+        (finds_it_lost, reenters),
         || {
-            assert!(operator.fair_lock(NAME).unwrap().force_unlock().unwrap());
+            assert!(operator.fair_lock(name).unwrap().force_unlock().unwrap());
             lost.recv_timeout(Duration::from_secs(10))
                 .expect("the watchdog finds the lock gone");
         },
         |_| {},
-    );
-    assert!(took < Duration::from_secs(10), "served after {took:?}");
+    )
 }
 
 /// A holder and a waiter of `here` queue for the fair lock `name` behind
 /// a holder of another client, then a waiter of that client: the holder
 /// passes the lock to the local waiter in memory. While it holds it,
-/// `meanwhile` runs; it then unlocks (`then` checks how that went), and
+/// `meanwhile` runs; it then unlocks (`then` checks how that went; with
+/// `.1`, it had re-entered, and unlocks the re-entry's guard), and
 /// `after_unlock` runs with its thread. Returns how long after that the
 /// other client's waiter was served; checks that the queue is left empty.
 fn remote_served_after_a_run_of_two(
     server: &RedisServer,
     name: &'static str,
     here: &Client,
-    then: AfterUnlock,
+    (then, reenters): (AfterUnlock, bool),
     meanwhile: impl FnOnce(),
     after_unlock: impl FnOnce(&thread::JoinHandle<()>),
 ) -> Duration {
@@ -337,18 +354,21 @@ fn remote_served_after_a_run_of_two(
             client: here,
             gate: Some(holder_may_go),
             then: unlocked,
+            reenters: false,
         },
         InTurnWaiter {
             who: "local",
             client: here,
             gate: Some(local_may_go),
             then,
+            reenters,
         },
         InTurnWaiter {
             who: "remote",
             client: &there,
             gate: None,
             then: unlocked,
+            reenters: false,
         },
     ];
     let (threads, order) = queued_in_turn(server, name, waiters, None);

@@ -565,24 +565,28 @@ fn a_thread_served_in_memory_that_asks_again_queues_behind_later_arrivals() {
             client: &client,
             gate: Some(holder_may_go),
             then: unlocked,
+            reenters: false,
         },
         InTurnWaiter {
             who: "first",
             client: &client,
             gate: None,
             then: asks_again,
+            reenters: false,
         },
         InTurnWaiter {
             who: "second",
             client: &client,
             gate: Some(second_may_go),
             then: unlocked,
+            reenters: false,
         },
         InTurnWaiter {
             who: "remote",
             client: &other,
             gate: None,
             then: unlocked,
+            reenters: false,
         },
     ];
     let (threads, order) = queued_in_turn(&server, NAME, waiters, None);
@@ -768,12 +772,14 @@ fn the_thread_that_took_a_run_in_redis_does_not_take_it_back_while_another_holds
             client: &client,
             gate: Some(holder_may_go),
             then: tries_again,
+            reenters: false,
         },
         InTurnWaiter {
             who: "waiter",
             client: &client,
             gate: Some(waiter_may_go),
             then: unlocked,
+            reenters: false,
         },
     ];
     let (threads, order) = queued_in_turn(&server, NAME, waiters, None);
@@ -891,6 +897,7 @@ fn parked_in_turn(
             client,
             gate: first_may_go.take(),
             then: unlocked,
+            reenters: false,
         })
         .collect();
     let (threads, order) = queued_in_turn(server, name, waiters, fixed_lease);
@@ -906,6 +913,10 @@ struct InTurnWaiter<'a> {
     /// What it does next, with its lock, told how its unlock went: it may
     /// say more on the sender.
     then: AfterUnlock,
+    /// Whether it takes the lock again once served, and unlocks the first
+    /// level before it says so: the level left, a re-entry's guard, is
+    /// released last.
+    reenters: bool,
 }
 
 /// What a thread of [`queued_in_turn`] does once it has unlocked.
@@ -941,14 +952,24 @@ fn queued_in_turn(
             };
             let served = served.clone();
             let InTurnWaiter {
-                who, gate, then, ..
+                who,
+                gate,
+                then,
+                reenters,
+                ..
             } = waiter;
             let thread = thread::spawn(move || {
-                let guard = lock
+                let mut guard = lock
                     .try_lock_for(Duration::from_secs(25))
                     .unwrap()
                     .expect("served");
-                served.send((who, guard.fencing_token())).unwrap();
+                let token = guard.fencing_token();
+                if reenters {
+                    let inner = lock.lock().expect("re-entered");
+                    guard.unlock().expect("the first level released");
+                    guard = inner;
+                }
+                served.send((who, token)).unwrap();
                 if let Some(gate) = gate {
                     gate.recv().unwrap();
                 }

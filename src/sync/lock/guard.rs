@@ -47,7 +47,9 @@ pub(super) struct Ownership {
     /// the threads of this client the ownership may pass to next, in
     /// queue order, and those it was passed to. The registry keeps it for
     /// the ownership (a re-entry's guard may be released last); read from
-    /// there by the last release.
+    /// there by the last release. Each guard has a copy from its
+    /// acquisition too, for a release that finds the ownership lost, and
+    /// so no longer recorded.
     pub(super) run: FairRun,
 }
 

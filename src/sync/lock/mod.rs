@@ -561,7 +561,7 @@ impl Lock {
             mode: entered.mode,
             status: entered.status,
             next_in_line,
-            run: FairRun::default(),
+            run: entered.run,
         };
         self.guard_of(ownership)
     }
