@@ -6,13 +6,13 @@
 //! like anyone else.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::support::{eventually, JoinWithin};
+use crate::support::{self, eventually, JoinWithin};
 use redbaton::Client;
-use testkit::RedisServer;
+use testkit::{FaultProxy, RedisServer};
 
 /// How long each holder keeps the lock.
 const HOLD: Duration = Duration::from_millis(2);
@@ -119,4 +119,60 @@ fn a_window_its_waiter_left_costs_a_newcomer_little_and_a_try_lock_nothing() {
         lock.try_lock().unwrap().is_some(),
         "a try_lock takes a window"
     );
+}
+
+/// The waiter a window is kept for takes it, however late its attempt
+/// arrives. An attempt says how long its caller has been asking, by the
+/// caller's clock when it is sent; the window's age is the server's when
+/// it runs. A waiter that began asking shortly before the release, whose
+/// attempt is held up on its way (here by a proxy, 40 ms, within the
+/// 100 ms window), has been asking for less than that age on arrival: it
+/// would be taken for a newcomer and wait the window out, and so would
+/// every waiter of its process behind it. The window is kept for the
+/// waiter that last found the ownership in its way, whatever its clock
+/// says: one attempt takes the lock.
+#[test]
+fn the_waiter_a_window_is_kept_for_takes_it_however_late_its_attempt_arrives() {
+    const NAME: &str = "late";
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let holder = Client::open(&server.url()).unwrap();
+    let waiting = Client::builder(proxy.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let held = holder.lock(NAME).unwrap().lock().unwrap();
+    let lock = waiting.lock(NAME).unwrap();
+    let (served, taken) = mpsc::channel();
+    let (go, may_go) = mpsc::channel::<()>();
+    let waiter = thread::spawn(move || {
+        let guard = lock
+            .try_lock_for(Duration::from_secs(20))
+            .unwrap()
+            .expect("served");
+        served.send(()).unwrap();
+        may_go.recv().unwrap();
+        guard.unlock().unwrap();
+    });
+    // Parked, after an attempt that marked the holder's ownership.
+    let mut conn = server.connection();
+    eventually(Duration::from_secs(10), "the waiter parked", || {
+        let queued: Option<String> = redis::cmd("HGET")
+            .arg(support::lock_key(NAME))
+            .arg("queued")
+            .query(&mut conn)
+            .unwrap();
+        queued.is_some() && support::parked(&server) == 1
+    });
+    proxy.set_delay(Duration::from_millis(40));
+    held.unlock().unwrap();
+    let before = server.command_calls();
+    taken
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the waiter served");
+    let scripts = support::scripts_run(&server.commands_since(&before));
+    go.send(()).unwrap();
+    proxy.set_delay(Duration::ZERO);
+    waiter.joined();
+    assert_eq!(scripts, 1, "the waiter's attempts until it was served");
 }

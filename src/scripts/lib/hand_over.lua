@@ -12,7 +12,16 @@
 -- its attempt arrives. A caller that started asking later (a newcomer, or a
 -- thread that queued behind its own process's waiters after the release) is
 -- told what is left of the window ({0, pttl, -1}) and sleeps that long
--- without parking, so as not to pop the baton meant for the waiter. A
+-- without parking, so as not to pop the baton meant for the waiter.
+--
+-- That comparison is of the caller's clock when it sent its attempt with
+-- the server's when it runs, so it is off by the attempt's way there: a
+-- waiter that began asking shortly before the release, whose attempt is
+-- held up (a loaded machine, a slow network), would be taken for a
+-- newcomer and wait the window out, with every waiter of its process
+-- behind it. So the window is kept for the waiter that last found the
+-- ownership in its way too (`queued` holds its identity, `for` the
+-- window's), which takes it whatever its clock says. A
 -- `try_lock`, which would not wait, takes the lock in its window. A woken
 -- waiter that never comes (its process died, or its wait ended) costs the
 -- others at most the window. A first attempt or a `try_lock` that finds the
@@ -29,20 +38,25 @@ local function server_us()
   return now[1] .. string.rep('0', 6 - #now[2]) .. now[2]
 end
 
--- hand_over(key, ms): after the lock key was deleted, opens the window ("0":
--- none).
-local function hand_over(key, ms)
+-- hand_over(key, ms, waiter): after the lock key was deleted, opens the
+-- window ("0": none), kept for `waiter` (the identity in `queued`) and for
+-- callers that asked before it opened.
+local function hand_over(key, ms, waiter)
   if ms ~= '0' then
-    redis.call('HSET', key, 'handover', server_us())
+    redis.call('HSET', key, 'handover', server_us(), 'for', waiter)
     redis.call('PEXPIRE', key, ms)
   end
 end
 
--- may_take(opened, asking): whether a caller `asking` may take a lock whose
--- window opened at `opened` (server µs).
-local function may_take(opened, asking)
+-- may_take(window, asking, identity): whether caller `identity`, `asking`,
+-- may take a lock in its window; `window` is {opened (server µs), kept
+-- for}.
+local function may_take(window, asking, identity)
   if asking < 0 then
     return true
   end
-  return asking > 0 and asking > tonumber(server_us()) - tonumber(opened)
+  if asking == 0 then
+    return false
+  end
+  return window[2] == identity or asking > tonumber(server_us()) - tonumber(window[1])
 end

@@ -46,8 +46,9 @@
 -- cleared while the key lives. `seen` marks only the former (another caller
 -- found this ownership in its way): a quorum's undo of a minority grant
 -- wakes a waiter only then (release_request.lua). `queued` marks an
--- ownership a caller that has waited found in its way: its release opens
--- the hand-over window (lib/hand_over.lua).
+-- ownership a caller that has waited found in its way, with the last such
+-- caller's identity: its release opens the hand-over window, kept for that
+-- caller (lib/hand_over.lua).
 --
 -- The depth is set from ARGV, not incremented, so the stored count always
 -- mirrors the caller's live guards. Re-entry never shortens the lease
@@ -56,8 +57,8 @@
 -- is taken afresh with a new token instead of being re-entered.
 --
 -- A lock in its hand-over window (`handover`, see lib/hand_over.lua) is
--- free to a caller that asked before it opened (or will not wait), and
--- held for its time left to anyone else.
+-- free to the waiter it is kept for (`for`), to a caller that asked before
+-- it opened (or will not wait), and held for its time left to anyone else.
 --
 -- Errors come before any write but a waiter's pop of its token (which fails
 -- with WRONGTYPE first when the baton key is not a list): HMGET fails with
@@ -68,7 +69,7 @@
 if ARGV[11] == '1' then
   redis.call('LPOP', KEYS[3])
 end
-local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'handover')
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'handover', 'for')
 
 if held[1] == ARGV[1] and held[2] == ARGV[3] then
   redis.call('HSET', KEYS[1], 'count', ARGV[4])
@@ -77,7 +78,7 @@ if held[1] == ARGV[1] and held[2] == ARGV[3] then
 end
 
 local asking = tonumber(ARGV[7])
-if held[3] and not may_take(held[3], asking) then
+if held[3] and not may_take({held[3], held[4]}, asking, ARGV[1]) then
   return {0, redis.call('PTTL', KEYS[1]), -1}
 end
 
@@ -99,7 +100,7 @@ if held[1] == false or (held[1] == ARGV[1] and ARGV[10] ~= '1') then
 end
 
 if asking > 0 then
-  redis.call('HSET', KEYS[1], 'waited', 1, 'seen', 1, 'queued', 1)
+  redis.call('HSET', KEYS[1], 'waited', 1, 'seen', 1, 'queued', ARGV[1])
 else
   redis.call('HSET', KEYS[1], 'waited', 1, 'seen', 1)
 end

@@ -51,15 +51,15 @@ local window = {}
 
 for i = 1, names do
   local lock = KEYS[2 * i - 1]
-  local held = redis.call('HMGET', lock, 'flag', 'fence', 'handover')
+  local held = redis.call('HMGET', lock, 'flag', 'fence', 'handover', 'for')
   local mine = ARGV[5 * i + 3]
   if mine ~= '0' and held[1] == ARGV[5 * i + 5] and held[2] == mine then
     reenter[i] = true
-  elseif held[3] and not may_take(held[3], asking) then
+  elseif held[3] and not may_take({held[3], held[4]}, asking, identity) then
     return {0, i, redis.call('PTTL', lock), -1}
   elseif held[1] ~= false and (held[1] ~= identity or ARGV[5 * i + 6] == '1') then
     if asking > 0 then
-      redis.call('HSET', lock, 'waited', 1, 'seen', 1, 'queued', 1)
+      redis.call('HSET', lock, 'waited', 1, 'seen', 1, 'queued', identity)
     else
       redis.call('HSET', lock, 'waited', 1, 'seen', 1)
     end

@@ -46,7 +46,7 @@ if err then
 end
 redis.call('DEL', KEYS[1])
 if held[4] then
-  hand_over(KEYS[1], ARGV[6])
+  hand_over(KEYS[1], ARGV[6], held[4])
 end
 push_baton(KEYS[2], ARGV[5])
 return 0

@@ -45,7 +45,7 @@ for i = 1, #KEYS / 2 do
     else
       redis.call('DEL', lock)
       if held[4] then
-        hand_over(lock, ARGV[2])
+        hand_over(lock, ARGV[2], held[4])
       end
       push_baton(baton, ARGV[1])
       reply[i] = 0
