@@ -9,6 +9,9 @@
 //! ```
 //!
 //! Uses `REDIS_URL` when set; otherwise a throwaway `redis-server` from PATH.
+//! `LOCK_BENCH_PAUSE_US` has each thread of the contended runs sleep that
+//! long between two holds (demand that comes and goes, under which the lock
+//! is often free when asked for); by default it asks again at once.
 //! Absolute times are noisy (a shared 2-core VM here); the ratios are what to
 //! compare. Mutual exclusion is checked in every contended run, for both
 //! locks: no two holders' intervals may overlap.
@@ -77,9 +80,19 @@ struct Event {
     released: u64,
 }
 
+/// How long each thread of a contended run sleeps between two holds
+/// (`LOCK_BENCH_PAUSE_US`; none by default).
+fn pause_between_holds() -> Option<Duration> {
+    env::var("LOCK_BENCH_PAUSE_US")
+        .ok()
+        .and_then(|micros| micros.parse().ok())
+        .map(Duration::from_micros)
+}
+
 /// Runs `threads` threads of `peer` on one lock until `run` has passed;
 /// `tag` tells this process's threads from another's.
 fn contend(peer: Peer, url: &str, threads: usize, run: Duration, tag: u64) -> Vec<Event> {
+    let pause = pause_between_holds();
     let client = Client::open(url).expect("valid URL");
     let redlock = Arc::new(redlock::RedLock::new(vec![url]));
     let start = Arc::new(Barrier::new(threads));
@@ -124,6 +137,9 @@ fn contend(peer: Peer, url: &str, threads: usize, run: Duration, tag: u64) -> Ve
                                 released,
                             });
                         }
+                    }
+                    if let Some(pause) = pause {
+                        thread::sleep(pause);
                     }
                 }
                 events
@@ -624,7 +640,12 @@ fn contended(url: &str, rtt: Duration) {
         ("2 processes x 8 threads", 2),
         ("4 processes x 8 threads", 4),
     ] {
-        println!("\ncontended, {label}, one lock, empty critical section, {CONTENDED_RUN:?}:");
+        let pause = pause_between_holds()
+            .map(|pause| format!(", {pause:?} between holds"))
+            .unwrap_or_default();
+        println!(
+            "\ncontended, {label}, one lock, empty critical section{pause}, {CONTENDED_RUN:?}:"
+        );
         let mut rates = Vec::new();
         for peer in [Peer::Redbaton, Peer::Fair, Peer::Redlock] {
             let c = if processes > 1 {
