@@ -56,6 +56,16 @@ use park::{park_duration, Failures};
 /// not what bounds a lost wake-up.
 pub(crate) const WATCHED_PARK_FACTOR: u32 = 10;
 
+/// The first sleep of a caller kept out of a plain lock's hand-over window
+/// before it looks again (see [`Attempt::Held`]); each next one is twice
+/// as long, up to [`LAST_WINDOW_LOOK`] and the window's time left.
+const FIRST_WINDOW_LOOK: Duration = Duration::from_millis(1);
+
+/// The longest sleep of a caller kept out of a hand-over window: it parks
+/// behind the window's waiter at most this long after that waiter took the
+/// lock, and a window nobody takes (100 ms) costs it about a dozen looks.
+const LAST_WINDOW_LOOK: Duration = Duration::from_millis(10);
+
 /// What one attempt found.
 #[derive(Debug)]
 pub(crate) enum Attempt<T> {
@@ -65,7 +75,8 @@ pub(crate) enum Attempt<T> {
     /// expiry, so only a release will free it). `handing_over`: nobody
     /// holds it, but it is kept for `lease_left` for a waiter that asked
     /// before this caller (a plain lock's hand-over window): the caller
-    /// sleeps that long without parking, so as not to take the baton
+    /// sleeps without parking, and looks again (within that time, sooner
+    /// at first: see [`FIRST_WINDOW_LOOK`]), so as not to take the baton
     /// meant for that waiter. `park_on`: a list to park on instead of the
     /// wait's baton (`None`: the baton), which only this caller's token
     /// goes to (a semaphore's waiter that holds newcomers back, a fair
@@ -399,6 +410,9 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
             Some(_) => self.max_park.saturating_mul(WATCHED_PARK_FACTOR),
             None => self.max_park,
         };
+        // How long a caller kept out of a hand-over window sleeps before it
+        // looks again.
+        let mut window_look = FIRST_WINDOW_LOOK;
         loop {
             // Handed the lock while parked (or between two parks).
             if let Some(grant) = member.parker_turn() {
@@ -428,20 +442,26 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
                     if handing_over {
                         // Parked, this waiter could pop the baton that
                         // wakes the waiter the lock is kept for, and not
-                        // use it. The window is short (the lock's
-                        // `HAND_OVER_WINDOW`); the sleep ends at the
-                        // deadline at the latest, and a look after it
-                        // comes as after any park.
+                        // use it. So it sleeps, and looks again: the
+                        // waiter usually takes the lock within a few round
+                        // trips of the window's opening, and this one then
+                        // parks behind it, rather than sleep out the
+                        // window's time left (the lock's
+                        // `HAND_OVER_WINDOW`). Each sleep is twice the one
+                        // before, up to `LAST_WINDOW_LOOK`. It ends at the
+                        // deadline at the latest.
                         let now = Instant::now();
                         if deadline.is_some_and(|deadline| now >= deadline) {
                             return Ok(Waited::TimedOut);
                         }
-                        let left = lease_left.unwrap_or(Duration::ZERO);
+                        let left = lease_left.unwrap_or(Duration::ZERO).min(window_look);
+                        window_look = window_look.saturating_mul(2).min(LAST_WINDOW_LOOK);
                         let until =
                             deadline.map_or(now + left, |deadline| deadline.min(now + left));
                         std::thread::sleep(until.saturating_duration_since(now));
                         continue;
                     }
+                    window_look = FIRST_WINDOW_LOOK;
                     (lease_left, park_on, passed_on)
                 }
                 Err(err) if err.is_transient() => {

@@ -176,3 +176,83 @@ fn the_waiter_a_window_is_kept_for_takes_it_however_late_its_attempt_arrives() {
     waiter.joined();
     assert_eq!(scripts, 1, "the waiter's attempts until it was served");
 }
+
+/// A caller kept out of a window (it started asking after the window
+/// opened) looks again soon after the window's waiter took the lock, and
+/// waits behind it in Redis, instead of sleeping out the window's time
+/// left (with every thread of its process that asks meanwhile queued
+/// behind it). Here the waiter's attempt is held up on its way (2 ms by a
+/// proxy, about 40 ms all told on this machine), so that the newcomer's
+/// first attempt finds the window still open; the newcomer then parks
+/// long before the 100 ms window would have ended.
+#[test]
+fn a_caller_kept_out_of_a_window_waits_behind_its_waiter_once_it_took_the_lock() {
+    const NAME: &str = "kept-out";
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let holder = Client::open(&server.url()).unwrap();
+    let waiting = Client::builder(proxy.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let newcomer = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let held = holder.lock(NAME).unwrap().lock().unwrap();
+    let lock = waiting.lock(NAME).unwrap();
+    let (served, taken) = mpsc::channel();
+    let (go, may_go) = mpsc::channel::<()>();
+    let waiter = thread::spawn(move || {
+        let guard = lock
+            .try_lock_for(Duration::from_secs(20))
+            .unwrap()
+            .expect("served");
+        served.send(Instant::now()).unwrap();
+        may_go.recv().unwrap();
+        guard.unlock().unwrap();
+    });
+    let mut conn = server.connection();
+    eventually(Duration::from_secs(10), "the waiter parked", || {
+        let queued: Option<String> = redis::cmd("HGET")
+            .arg(support::lock_key(NAME))
+            .arg("queued")
+            .query(&mut conn)
+            .unwrap();
+        queued.is_some() && support::parked(&server) == 1
+    });
+    proxy.set_delay(Duration::from_millis(2));
+    let lock = newcomer.lock(NAME).unwrap();
+    held.unlock().unwrap();
+    let released = Instant::now();
+    let late = thread::spawn(move || {
+        lock.try_lock_for(Duration::from_secs(20))
+            .unwrap()
+            .expect("served")
+            .unlock()
+            .unwrap();
+    });
+    let took = taken
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the waiter served")
+        - released;
+    eventually(Duration::from_secs(10), "the newcomer parked", || {
+        support::parked(&server) == 1
+    });
+    let parked = released.elapsed();
+    go.send(()).unwrap();
+    proxy.set_delay(Duration::ZERO);
+    waiter.joined();
+    late.joined();
+    // Sleeping out the window, the newcomer would park 100 ms after the
+    // release at the soonest. A waiter that came too late to tell (a
+    // machine too loaded) proves nothing either way.
+    if took < Duration::from_millis(70) {
+        assert!(
+            parked < Duration::from_millis(90),
+            "the waiter took the lock {took:?} after its release, the newcomer parked {parked:?} after it"
+        );
+    } else {
+        eprintln!("inconclusive: the waiter took the lock {took:?} after its release");
+    }
+}
