@@ -11,8 +11,9 @@
 -- release reply has asked for less time than the window has been open when
 -- its attempt arrives. A caller that started asking later (a newcomer, or a
 -- thread that queued behind its own process's waiters after the release) is
--- told what is left of the window ({0, pttl, -1}) and sleeps that long
--- without parking, so as not to pop the baton meant for the waiter.
+-- told what is left of the window ({0, pttl, -1}) and sleeps without
+-- parking (so as not to pop the baton meant for the waiter), looking again
+-- within that time (see FIRST_WINDOW_LOOK in src/parking/mod.rs).
 --
 -- That comparison is of the caller's clock when it sent its attempt with
 -- the server's when it runs, so it is off by the attempt's way there: a
