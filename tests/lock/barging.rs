@@ -133,47 +133,18 @@ fn a_window_its_waiter_left_costs_a_newcomer_little_and_a_try_lock_nothing() {
 /// says: one attempt takes the lock.
 #[test]
 fn the_waiter_a_window_is_kept_for_takes_it_however_late_its_attempt_arrives() {
-    const NAME: &str = "late";
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.port());
-    let holder = Client::open(&server.url()).unwrap();
-    let waiting = Client::builder(proxy.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let held = holder.lock(NAME).unwrap().lock().unwrap();
-    let lock = waiting.lock(NAME).unwrap();
-    let (served, taken) = mpsc::channel();
-    let (go, may_go) = mpsc::channel::<()>();
-    let waiter = thread::spawn(move || {
-        let guard = lock
-            .try_lock_for(Duration::from_secs(20))
-            .unwrap()
-            .expect("served");
-        served.send(()).unwrap();
-        may_go.recv().unwrap();
-        guard.unlock().unwrap();
-    });
-    // Parked, after an attempt that marked the holder's ownership.
-    let mut conn = server.connection();
-    eventually(Duration::from_secs(10), "the waiter parked", || {
-        let queued: Option<String> = redis::cmd("HGET")
-            .arg(support::lock_key(NAME))
-            .arg("queued")
-            .query(&mut conn)
-            .unwrap();
-        queued.is_some() && support::parked(&server) == 1
-    });
-    proxy.set_delay(Duration::from_millis(40));
-    held.unlock().unwrap();
-    let before = server.command_calls();
-    taken
+    let window = WindowForALateWaiter::new("late");
+    window.proxy.set_delay(Duration::from_millis(40));
+    window.held.unlock().unwrap();
+    let before = window.server.command_calls();
+    window
+        .served
         .recv_timeout(Duration::from_secs(10))
         .expect("the waiter served");
-    let scripts = support::scripts_run(&server.commands_since(&before));
-    go.send(()).unwrap();
-    proxy.set_delay(Duration::ZERO);
-    waiter.joined();
+    let scripts = support::scripts_run(&window.server.commands_since(&before));
+    window.proxy.set_delay(Duration::ZERO);
+    window.go.send(()).unwrap();
+    window.waiter.joined();
     assert_eq!(scripts, 1, "the waiter's attempts until it was served");
 }
 
@@ -188,42 +159,15 @@ fn the_waiter_a_window_is_kept_for_takes_it_however_late_its_attempt_arrives() {
 #[test]
 fn a_caller_kept_out_of_a_window_waits_behind_its_waiter_once_it_took_the_lock() {
     const NAME: &str = "kept-out";
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.port());
-    let holder = Client::open(&server.url()).unwrap();
-    let waiting = Client::builder(proxy.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let window = WindowForALateWaiter::new(NAME);
+    let server = &window.server;
     let newcomer = Client::builder(server.url())
         .max_park(Duration::from_secs(30))
         .build()
         .unwrap();
-    let held = holder.lock(NAME).unwrap().lock().unwrap();
-    let lock = waiting.lock(NAME).unwrap();
-    let (served, taken) = mpsc::channel();
-    let (go, may_go) = mpsc::channel::<()>();
-    let waiter = thread::spawn(move || {
-        let guard = lock
-            .try_lock_for(Duration::from_secs(20))
-            .unwrap()
-            .expect("served");
-        served.send(Instant::now()).unwrap();
-        may_go.recv().unwrap();
-        guard.unlock().unwrap();
-    });
-    let mut conn = server.connection();
-    eventually(Duration::from_secs(10), "the waiter parked", || {
-        let queued: Option<String> = redis::cmd("HGET")
-            .arg(support::lock_key(NAME))
-            .arg("queued")
-            .query(&mut conn)
-            .unwrap();
-        queued.is_some() && support::parked(&server) == 1
-    });
-    proxy.set_delay(Duration::from_millis(2));
+    window.proxy.set_delay(Duration::from_millis(2));
     let lock = newcomer.lock(NAME).unwrap();
-    held.unlock().unwrap();
+    window.held.unlock().unwrap();
     let released = Instant::now();
     let late = thread::spawn(move || {
         lock.try_lock_for(Duration::from_secs(20))
@@ -232,17 +176,18 @@ fn a_caller_kept_out_of_a_window_waits_behind_its_waiter_once_it_took_the_lock()
             .unlock()
             .unwrap();
     });
-    let took = taken
+    let took = window
+        .served
         .recv_timeout(Duration::from_secs(10))
         .expect("the waiter served")
         - released;
     eventually(Duration::from_secs(10), "the newcomer parked", || {
-        support::parked(&server) == 1
+        support::parked(server) == 1
     });
     let parked = released.elapsed();
-    go.send(()).unwrap();
-    proxy.set_delay(Duration::ZERO);
-    waiter.joined();
+    window.proxy.set_delay(Duration::ZERO);
+    window.go.send(()).unwrap();
+    window.waiter.joined();
     late.joined();
     // Sleeping out the window, the newcomer would park 100 ms after the
     // release at the soonest. A waiter that came too late to tell (a
@@ -254,5 +199,60 @@ fn a_caller_kept_out_of_a_window_waits_behind_its_waiter_once_it_took_the_lock()
         );
     } else {
         eprintln!("inconclusive: the waiter took the lock {took:?} after its release");
+    }
+}
+
+/// A lock held by one client that a waiter of another, whose requests go
+/// through a proxy, found in its way: it parked after an attempt that
+/// marked the holder's ownership, so the release opens a window kept for
+/// it. The waiter says when it is served, and unlocks when told.
+struct WindowForALateWaiter {
+    server: RedisServer,
+    proxy: FaultProxy,
+    held: redbaton::LockGuard,
+    served: mpsc::Receiver<Instant>,
+    go: mpsc::Sender<()>,
+    waiter: thread::JoinHandle<()>,
+}
+
+impl WindowForALateWaiter {
+    fn new(name: &'static str) -> Self {
+        let server = RedisServer::start();
+        let proxy = FaultProxy::start(server.port());
+        let holder = Client::open(&server.url()).unwrap();
+        let waiting = Client::builder(proxy.url())
+            .max_park(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        let held = holder.lock(name).unwrap().lock().unwrap();
+        let lock = waiting.lock(name).unwrap();
+        let (tell, served) = mpsc::channel();
+        let (go, may_go) = mpsc::channel::<()>();
+        let waiter = thread::spawn(move || {
+            let guard = lock
+                .try_lock_for(Duration::from_secs(20))
+                .unwrap()
+                .expect("served");
+            tell.send(Instant::now()).unwrap();
+            may_go.recv().unwrap();
+            guard.unlock().unwrap();
+        });
+        let mut conn = server.connection();
+        eventually(Duration::from_secs(10), "the waiter parked", || {
+            let queued: Option<String> = redis::cmd("HGET")
+                .arg(support::lock_key(name))
+                .arg("queued")
+                .query(&mut conn)
+                .unwrap();
+            queued.is_some() && support::parked(&server) == 1
+        });
+        WindowForALateWaiter {
+            server,
+            proxy,
+            held,
+            served,
+            go,
+            waiter,
+        }
     }
 }
