@@ -234,7 +234,9 @@ impl WindowForALateWaiter {
                 .unwrap()
                 .expect("served");
             tell.send(Instant::now()).unwrap();
-            may_go.recv().unwrap();
+            may_go
+                .recv_timeout(Duration::from_secs(20))
+                .expect("told to unlock");
             guard.unlock().unwrap();
         });
         let mut conn = server.connection();

@@ -49,15 +49,15 @@ local function hand_over(key, ms, waiter)
   end
 end
 
--- may_take(window, asking, identity): whether caller `identity`, `asking`,
--- may take a lock in its window; `window` is {opened (server µs), kept
--- for}.
-local function may_take(window, asking, identity)
+-- may_take(opened, kept_for, asking, identity): whether caller `identity`,
+-- `asking`, may take a lock whose window opened at `opened` (server µs) and
+-- is kept for `kept_for` (an identity, or false).
+local function may_take(opened, kept_for, asking, identity)
   if asking < 0 then
     return true
   end
   if asking == 0 then
     return false
   end
-  return window[2] == identity or asking > tonumber(server_us()) - tonumber(window[1])
+  return kept_for == identity or asking > tonumber(server_us()) - tonumber(opened)
 end

@@ -78,7 +78,7 @@ if held[1] == ARGV[1] and held[2] == ARGV[3] then
 end
 
 local asking = tonumber(ARGV[7])
-if held[3] and not may_take({held[3], held[4]}, asking, ARGV[1]) then
+if held[3] and not may_take(held[3], held[4], asking, ARGV[1]) then
   return {0, redis.call('PTTL', KEYS[1]), -1}
 end
 

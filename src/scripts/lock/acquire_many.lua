@@ -55,7 +55,7 @@ for i = 1, names do
   local mine = ARGV[5 * i + 3]
   if mine ~= '0' and held[1] == ARGV[5 * i + 5] and held[2] == mine then
     reenter[i] = true
-  elseif held[3] and not may_take({held[3], held[4]}, asking, identity) then
+  elseif held[3] and not may_take(held[3], held[4], asking, identity) then
     return {0, i, redis.call('PTTL', lock), -1}
   elseif held[1] ~= false and (held[1] ~= identity or ARGV[5 * i + 6] == '1') then
     if asking > 0 then
