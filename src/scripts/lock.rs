@@ -25,7 +25,8 @@ pub(crate) enum Asking {
     /// out of a lock in its hand-over window.
     First,
     /// An attempt of a call that has been asking this long (others may
-    /// wait behind it). It takes a lock in its hand-over window only if it
+    /// wait behind it). It takes a lock in its hand-over window only if the
+    /// window is kept for it, or after the window's first moments if it
     /// was asking before the window opened (`lib/hand_over.lua`).
     Waited(Duration),
     /// The one attempt of a call that never waits (`try_lock`): it takes a
@@ -85,6 +86,9 @@ pub(crate) struct AcquireArgs<'a> {
     /// baton; a fair lock's waiter's own list or the head's list) changed,
     /// without a look that would have popped its token for it.
     pub(crate) takes_token: bool,
+    /// The TTL of a token a plain lock's waiter pushes back on its baton
+    /// (`lib/hand_over.lua`'s `tell_kept_waiter`).
+    pub(crate) baton_ttl: Duration,
     /// A fair lock's: the caller's last park was on the head's list
     /// ([`FairKeys::next`]), not its own.
     pub(crate) on_heads_list: bool,
@@ -141,12 +145,20 @@ pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
             .arg(args.proposed_token)
             .arg(args.reserve)
             .arg(if args.free_only { "1" } else { "0" });
-        // Only then: the usual attempt names two keys and ten arguments.
-        if args.takes_token {
-            call.key(&keys.baton).arg("1")
-        } else {
-            call
+        // Only a caller that has waited names its baton (to pop its token,
+        // or to tell the waiter a window is kept for: `lib/hand_over.lua`):
+        // the usual attempt names two keys and ten arguments. The baton is
+        // left out while the slot migrates (an empty list is on neither
+        // node), as the fair lock leaves out its lists.
+        if !args.takes_token && !matches!(args.asking, Asking::Waited(_)) {
+            return call;
         }
+        let with = call
+            .clone()
+            .key(&keys.baton)
+            .arg(if args.takes_token { "1" } else { "0" })
+            .arg(millis(args.baton_ttl));
+        with.or_when_split(call)
     }
 }
 

@@ -43,10 +43,10 @@ macro_rules! scripts {
 scripts! {
     /// Take, re-enter, or report the holder's remaining lease.
     ACQUIRE => "lock/acquire.lua"
-        with ["lib/next_fence.lua", "lib/lease.lua", "lib/hand_over.lua"];
+        with ["lib/next_fence.lua", "lib/lease.lua", "lib/baton.lua", "lib/hand_over.lua"];
     /// Take several locks of one slot at once, all or none (the multi-lock).
     ACQUIRE_MANY => "lock/acquire_many.lua"
-        with ["lib/next_fence.lua", "lib/lease.lua", "lib/hand_over.lua"];
+        with ["lib/next_fence.lua", "lib/lease.lua", "lib/baton.lua", "lib/hand_over.lua"];
     /// The last release of a holder, handing the lock to a local waiter.
     HANDOFF => "lock/handoff.lua" with ["lib/next_fence.lua"];
     /// Undo one level; the last level deletes the lock and pushes the baton.

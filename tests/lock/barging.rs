@@ -71,17 +71,95 @@ fn a_thread_that_takes_the_lock_again_at_once_does_not_starve_another_clients_wa
     );
 }
 
+/// A release goes to the waiter of another client that found the
+/// ownership in its way, even when a waiter of the holder's own client,
+/// woken by the same release, comes first: the processes of a plain lock
+/// take turns. Before, whichever parker came first took the lock, and a
+/// process whose parker was a little slower could lose a hundred
+/// hand-offs in a row. Here the holder's client passes nothing in memory
+/// (so that each of its releases goes through Redis), its own waiter
+/// parked first (so its connection hears the release first), and each
+/// round asserts who is served first.
+#[test]
+fn a_release_goes_to_another_clients_waiter_before_the_holders_own() {
+    const NAME: &str = "turns";
+    const ROUNDS: usize = 10;
+    let server = RedisServer::start();
+    let home = Client::builder(server.url())
+        .max_local_handoffs(0)
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let other = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut conn = server.connection();
+    for round in 0..ROUNDS {
+        let held = home.lock(NAME).unwrap().lock().unwrap();
+        let (tell, served) = mpsc::channel();
+        // A waiter on a thread of its own, told when to unlock.
+        let wait = |client: &Client, who: &'static str| {
+            let lock = client.lock(NAME).unwrap();
+            let tell = tell.clone();
+            let (go, may_go) = mpsc::channel::<()>();
+            let waiter = thread::spawn(move || {
+                let guard = lock
+                    .try_lock_for(Duration::from_secs(20))
+                    .unwrap()
+                    .expect("served");
+                tell.send(who).unwrap();
+                may_go
+                    .recv_timeout(Duration::from_secs(20))
+                    .expect("told to unlock");
+                guard.unlock().unwrap();
+            });
+            (waiter, go)
+        };
+        let (own, own_go) = wait(&home, "the holder's own client");
+        eventually(Duration::from_secs(10), "the home waiter parked", || {
+            support::parked(&server) == 1
+        });
+        let (others, others_go) = wait(&other, "another client");
+        eventually(Duration::from_secs(10), "both waiters parked", || {
+            let queued: Option<String> = redis::cmd("HGET")
+                .arg(support::lock_key(NAME))
+                .arg("queued")
+                .query(&mut conn)
+                .unwrap();
+            queued.is_some() && support::parked(&server) == 2
+        });
+        held.unlock().unwrap();
+        let first = served
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a waiter served");
+        own_go.send(()).unwrap();
+        others_go.send(()).unwrap();
+        let second = served
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the other waiter served");
+        own.joined();
+        others.joined();
+        assert_eq!(
+            (first, second),
+            ("another client", "the holder's own client"),
+            "round {round}: who was served first"
+        );
+    }
+}
+
 #[test]
 fn a_window_its_waiter_left_costs_a_newcomer_little_and_a_try_lock_nothing() {
     let server = RedisServer::start();
     let client = Client::open(&server.url()).unwrap();
     let lock = client.lock("left").unwrap();
     let held = lock.lock().unwrap();
-    // A waiter of another thread looks, parks, and gives up: the release
+    // A waiter of another client looks, parks, and gives up: the release
     // opens a window for it (its attempts marked the ownership), which
     // nobody comes to take.
     let waiter = {
-        let lock = lock.clone();
+        let other = Client::open(&server.url()).unwrap();
+        let lock = other.lock("left").unwrap();
         thread::spawn(move || {
             lock.try_lock_for(Duration::from_millis(300))
                 .unwrap()

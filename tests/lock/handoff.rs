@@ -105,9 +105,9 @@ across_topologies! {
         // every master and sent again, two scripts more per retry. Retries
         // are counted, not guessed: every attempt writes the lock hash
         // once (HSET: taken, or marked as waited for), as each hand-off
-        // does, and so does the global release, once: the parker's look
-        // found the lock in its way, so the release opens the hand-over
-        // window for it; undos write none.)
+        // does; the global release writes none, since it opens no
+        // hand-over window: the parker that found the lock in its way is
+        // of the holder's own client; undos write none.)
         // Except on a quorum, a hand-off sends nothing at all: the
         // ownership passes in memory (under the next fencing token), and
         // only the global release, the parker's acquisition and its
@@ -115,8 +115,7 @@ across_topologies! {
         let loads = used.get("script|load").copied().unwrap_or(0);
         let scripts = used.get("evalsha").copied().unwrap_or(0) - loads;
         let handoff_scripts = if deployment.is_quorum() { 4 } else { 0 };
-        let windows = 1;
-        let attempts = used.get("hset").copied().unwrap_or(0) - handoff_scripts - windows;
+        let attempts = used.get("hset").copied().unwrap_or(0) - handoff_scripts;
         let retried = attempts - 1;
         if deployment.is_quorum() {
             assert!(retried <= 2, "the parker retried {retried} times: {used:?}");

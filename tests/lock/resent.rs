@@ -29,11 +29,14 @@ fn script(name: &str) -> redis::Script {
         "acquire" => concat!(
             include_str!("../../src/scripts/lib/next_fence.lua"),
             include_str!("../../src/scripts/lib/lease.lua"),
+            include_str!("../../src/scripts/lib/baton.lua"),
+            include_str!("../../src/scripts/lib/hand_over.lua"),
             include_str!("../../src/scripts/lock/acquire.lua")
         ),
         "release" => concat!(
             include_str!("../../src/scripts/lib/lease.lua"),
             include_str!("../../src/scripts/lib/baton.lua"),
+            include_str!("../../src/scripts/lib/hand_over.lua"),
             include_str!("../../src/scripts/lock/release.lua")
         ),
         "handoff" => concat!(

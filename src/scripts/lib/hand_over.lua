@@ -1,33 +1,53 @@
--- The hand-over window. A release that frees a lock a waiter found in its
--- way (the `queued` mark: an attempt of a caller that had already waited met
--- this ownership) wakes one parked waiter with its baton, and that waiter
--- needs a few round trips to come (an announcement, a pop, an attempt). A
--- thread that releases and asks again at once needs one, so without a window
--- it would take the lock back every time and the waiters of other clients
--- would starve. For `ms` after such a release the lock key holds only
--- `handover` (no `flag`: nobody holds it), the server time (µs) the window
--- opened. A caller that has been asking since before then takes it as a
--- free lock; by causality, a call that began after its thread saw the
--- release reply has asked for less time than the window has been open when
--- its attempt arrives. A caller that started asking later (a newcomer, or a
--- thread that queued behind its own process's waiters after the release) is
--- told what is left of the window ({0, pttl, -1}) and sleeps without
--- parking (so as not to pop the baton meant for the waiter), looking again
--- within that time (see FIRST_WINDOW_LOOK in src/parking/mod.rs).
+-- The hand-over window. A release that frees a lock a waiter of another
+-- client found in its way (the `queued` mark: an attempt of a caller that
+-- had already waited met this ownership) wakes that client's parked waiter
+-- with its baton, and the waiter needs a few round trips to come (an
+-- announcement, a pop, an attempt). A thread that releases and asks again
+-- at once needs one, so without a window it would take the lock back every
+-- time and the waiters of other clients would starve. For `ms` after such
+-- a release the lock key holds only `handover` (no `flag`: nobody holds
+-- it), the server time (µs) the window opened, and the waiter it is kept
+-- for (`for`, asking since `since`).
 --
--- That comparison is of the caller's clock when it sent its attempt with
--- the server's when it runs, so it is off by the attempt's way there: a
--- waiter that began asking shortly before the release, whose attempt is
--- held up (a loaded machine, a slow network), would be taken for a
--- newcomer and wait the window out, with every waiter of its process
--- behind it. So the window is kept for the waiter that last found the
--- ownership in its way too (`queued` holds its identity, `for` the
--- window's), which takes it whatever its clock says. A
--- `try_lock`, which would not wait, takes the lock in its window. A woken
--- waiter that never comes (its process died, or its wait ended) costs the
--- others at most the window. A first attempt or a `try_lock` that finds the
--- lock held does not mark it `queued`: a lock nobody has parked for is free
--- at its release.
+-- Who may take it:
+-- * the waiter it is kept for, whenever its attempt arrives: of the waiters
+--   of other clients than the holder's that found the ownership in its
+--   way, the one asking longest (see mark_in_the_way);
+-- * for the window's first KEPT_ONLY_US, nobody else but a `try_lock`
+--   (which would not wait);
+-- * after that, also a caller that has been asking since before the
+--   window opened: by causality, a call that began after its thread saw
+--   the release reply has asked for less time than the window has been
+--   open when its attempt arrives.
+-- Any other caller (a newcomer, a thread that queued behind its own
+-- process's waiters after the release, another process's parker while the
+-- window is kept) is told what is left of the window ({0, pttl, -1}) and
+-- sleeps without parking (so as not to pop the baton meant for the
+-- waiter), looking again within that time (see FIRST_WINDOW_LOOK in
+-- src/parking/mod.rs).
+--
+-- Why one waiter, by identity: the comparison of times is of the caller's
+-- clock when it sent its attempt with the server's when it runs, so it is
+-- off by the attempt's way there. A waiter that began asking shortly before
+-- the release, whose attempt is held up (a loaded machine, a slow network),
+-- would be taken for a newcomer and wait the window out, with every waiter
+-- of its process behind it.
+--
+-- Why the longest-asking waiter of another client, and why alone at
+-- first: the waiters of a plain lock's processes are not ordered, and each
+-- release wakes one parker per process. When whichever came first took the
+-- lock, a process whose parker was a little slower could lose a hundred
+-- hand-offs in a row. Now a process's threads pass the lock among
+-- themselves in memory for a bounded run (max_local_handoffs,
+-- max_local_run), and its release in Redis goes to the waiter of another
+-- process that has waited longest: the processes take turns. A waiter of
+-- the holder's own client is kept no window: its process serves it in
+-- memory, or by a release with nobody else waiting.
+--
+-- A kept waiter that never comes (its wait ended, its process died) costs
+-- the others KEPT_ONLY_US and a look, and newcomers at most the window. A
+-- first attempt or a `try_lock` that finds the lock held does not mark it
+-- `queued`: a lock nobody has parked for is free at its release.
 --
 -- The scripts tell callers apart by one number, `asking`: -1 a try_lock, 0
 -- a first attempt, else the microseconds the caller has been asking.
@@ -39,25 +59,85 @@ local function server_us()
   return now[1] .. string.rep('0', 6 - #now[2]) .. now[2]
 end
 
--- hand_over(key, ms, waiter): after the lock key was deleted, opens the
--- window ("0": none), kept for `waiter` (the identity in `queued`) and for
--- callers that asked before it opened.
-local function hand_over(key, ms, waiter)
+-- The first part of a window (µs) in which only the waiter it is kept for
+-- may take it: a few of that waiter's round trips (it was woken by the same
+-- announcement as the others), with room for a loaded machine.
+local KEPT_ONLY_US = 10000
+
+-- same_client(a, b): whether identities `a` and `b` (`<client>:<n>`) are
+-- threads of one client.
+local function same_client(a, b)
+  return string.match(a, '^[^:]*') == string.match(b, '^[^:]*')
+end
+
+-- mark_in_the_way(key, holder, marked_since, identity, asking): caller
+-- `identity`, `asking`, found the ownership of `holder` in its way, whose
+-- `queued` waiter (if any) began asking at `marked_since`. The ownership's
+-- release must push a baton (`waited`, `seen`: see lock/acquire.lua), and
+-- its window is kept for the caller if it has waited (a parker), is of
+-- another client than the holder's, and has asked longer than the waiter
+-- marked before it.
+local function mark_in_the_way(key, holder, marked_since, identity, asking)
+  if asking > 0 and not same_client(holder, identity) then
+    local since = tonumber(server_us()) - asking
+    if not marked_since or since < tonumber(marked_since) then
+      redis.call('HSET', key, 'waited', 1, 'seen', 1, 'queued', identity, 'since', string.format('%.0f', since))
+      return
+    end
+  end
+  redis.call('HSET', key, 'waited', 1, 'seen', 1)
+end
+
+-- hand_over(key, ms, waiter, since): after the lock key was deleted, opens
+-- the window ("0": none), kept for `waiter` (the identity in `queued`,
+-- asking since `since`, or false: marked by an older client, which
+-- recorded no time and keeps no window to itself).
+local function hand_over(key, ms, waiter, since)
   if ms ~= '0' then
-    redis.call('HSET', key, 'handover', server_us(), 'for', waiter)
+    if since then
+      redis.call('HSET', key, 'handover', server_us(), 'for', waiter, 'since', since)
+    else
+      redis.call('HSET', key, 'handover', server_us(), 'for', waiter)
+    end
     redis.call('PEXPIRE', key, ms)
   end
 end
 
--- may_take(opened, kept_for, asking, identity): whether caller `identity`,
--- `asking`, may take a lock whose window opened at `opened` (server µs) and
--- is kept for `kept_for` (an identity, or false).
-local function may_take(opened, kept_for, asking, identity)
+-- may_take(opened, kept_for, kept_since, asking, identity): whether caller
+-- `identity`, `asking`, may take a lock whose window opened at `opened`
+-- (server µs) and is kept for `kept_for` (an identity, or false), who
+-- began asking at `kept_since` (false: a window open to every earlier
+-- caller from the start, as an older client's release opens it); and, when
+-- it may not, whether that is because the window is still its waiter's
+-- alone (see tell_kept_waiter).
+local function may_take(opened, kept_for, kept_since, asking, identity)
   if asking < 0 then
-    return true
+    return true, false
   end
   if asking == 0 then
-    return false
+    return false, false
   end
-  return kept_for == identity or asking > tonumber(server_us()) - tonumber(opened)
+  if kept_for == identity then
+    return true, false
+  end
+  local open = tonumber(server_us()) - tonumber(opened)
+  if kept_since and open < KEPT_ONLY_US then
+    return false, true
+  end
+  return asking > open, false
+end
+
+-- tell_kept_waiter(baton, ttl): a waiter kept out of a window that is still
+-- another waiter's alone makes sure that waiter hears of it. Each process's
+-- waiter is woken by the release's announcement, but only one token is
+-- pushed, and the process whose look pops it may not be the kept waiter's:
+-- the kept waiter, its look finding nothing, would park on, and the others
+-- would wait out the window's first part for nobody. So a token goes back
+-- on an empty list (announced again), and the kept waiter's process looks
+-- again. A waiter kept out sleeps (it does not park), so each of them
+-- pushes at most once per look.
+local function tell_kept_waiter(baton, ttl)
+  if redis.call('LLEN', baton) == 0 then
+    push_baton(baton, ttl)
+  end
 end

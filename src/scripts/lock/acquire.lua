@@ -26,11 +26,16 @@
 --          took under this identity (it passed the ownership on in
 --          memory), so a lock under the caller's identity is that thread's,
 --          not a leftover of the caller's
--- KEYS[3], ARGV[11]  only from a waiter whose park ended when the baton
---          list changed, with no look that popped its token (the parking
---          hub rings such a waiter at the list's announcement): the baton
---          key, and "1". The token is popped first, whatever comes of the
---          attempt, as the look would have popped it for this waiter.
+-- KEYS[3], ARGV[11], ARGV[12]  only from a caller that has waited
+--          (ARGV[7] > 0), and left out while the slot migrates: the baton
+--          key; "1" from a waiter whose park ended when the baton list
+--          changed, with no look that popped its token (the parking hub
+--          rings such a waiter at the list's announcement), else "0"; and
+--          the baton TTL in milliseconds. A "1" pops the token first,
+--          whatever comes of the attempt, as the look would have popped it
+--          for this waiter. A waiter kept out of a window that is still
+--          another's alone pushes a token back on an empty list (see
+--          tell_kept_waiter in lib/hand_over.lua).
 --
 -- Returns {1, fence, depth}  acquired: fresh (depth 1) or re-entered
 --         {0, pttl}          held by another identity; pttl is the lock key's
@@ -46,9 +51,10 @@
 -- cleared while the key lives. `seen` marks only the former (another caller
 -- found this ownership in its way): a quorum's undo of a minority grant
 -- wakes a waiter only then (release_request.lua). `queued` marks an
--- ownership a caller that has waited found in its way, with the last such
--- caller's identity: its release opens the hand-over window, kept for that
--- caller (lib/hand_over.lua).
+-- ownership a caller of another client that has waited found in its way,
+-- with the identity of the one asking longest (and `since`, when it began):
+-- its release opens the hand-over window, kept for that caller
+-- (lib/hand_over.lua).
 --
 -- The depth is set from ARGV, not incremented, so the stored count always
 -- mirrors the caller's live guards. Re-entry never shortens the lease
@@ -57,19 +63,20 @@
 -- is taken afresh with a new token instead of being re-entered.
 --
 -- A lock in its hand-over window (`handover`, see lib/hand_over.lua) is
--- free to the waiter it is kept for (`for`), to a caller that asked before
--- it opened (or will not wait), and held for its time left to anyone else.
+-- free to the waiter it is kept for (`for`) and to a caller that will not
+-- wait, after its first moments also to a caller that asked before it
+-- opened, and held for its time left to anyone else.
 --
 -- Errors come before any write but a waiter's pop of its token (which fails
 -- with WRONGTYPE first when the baton key is not a list): HMGET fails with
 -- WRONGTYPE when the lock key is not a hash, next_fence when the fence key
 -- is not an integer.
--- next_fence, extend_lease and may_take come from lib/, prepended when the
--- script is built.
+-- next_fence, extend_lease, may_take, tell_kept_waiter and mark_in_the_way
+-- come from lib/, prepended when the script is built.
 if ARGV[11] == '1' then
   redis.call('LPOP', KEYS[3])
 end
-local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'handover', 'for')
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'handover', 'for', 'since')
 
 if held[1] == ARGV[1] and held[2] == ARGV[3] then
   redis.call('HSET', KEYS[1], 'count', ARGV[4])
@@ -78,8 +85,14 @@ if held[1] == ARGV[1] and held[2] == ARGV[3] then
 end
 
 local asking = tonumber(ARGV[7])
-if held[3] and not may_take(held[3], held[4], asking, ARGV[1]) then
-  return {0, redis.call('PTTL', KEYS[1]), -1}
+if held[3] then
+  local may, kept = may_take(held[3], held[4], held[5], asking, ARGV[1])
+  if not may then
+    if kept and KEYS[3] then
+      tell_kept_waiter(KEYS[3], ARGV[12])
+    end
+    return {0, redis.call('PTTL', KEYS[1]), -1}
+  end
 end
 
 if held[1] == false or (held[1] == ARGV[1] and ARGV[10] ~= '1') then
@@ -99,9 +112,5 @@ if held[1] == false or (held[1] == ARGV[1] and ARGV[10] ~= '1') then
   return {1, fence, 1}
 end
 
-if asking > 0 then
-  redis.call('HSET', KEYS[1], 'waited', 1, 'seen', 1, 'queued', ARGV[1])
-else
-  redis.call('HSET', KEYS[1], 'waited', 1, 'seen', 1)
-end
+mark_in_the_way(KEYS[1], held[1], held[5], ARGV[1], asking)
 return {0, redis.call('PTTL', KEYS[1])}

@@ -39,9 +39,14 @@
 -- Only the first name in the way gets the `waited`, `seen` and `queued`
 -- marks (see acquire.lua): the caller parks on that name's baton, and a mark
 -- on the others would make their releases push batons nobody waits for.
--- A name in its hand-over window is taken as acquire.lua takes it.
--- next_fence, extend_lease and may_take come from lib/, prepended when the
--- script is built.
+-- A name in its hand-over window is taken as acquire.lua takes it, except
+-- that a window is never its waiter's alone here: this script does not name
+-- the batons, so a caller kept out could not tell that waiter (see
+-- tell_kept_waiter in lib/hand_over.lua); after a caller that asked before
+-- the window opened takes it, the kept waiter finds the name held and
+-- waits behind it.
+-- next_fence, extend_lease, may_take and mark_in_the_way come from lib/,
+-- prepended when the script is built.
 local identity = ARGV[1]
 local asking = tonumber(ARGV[4])
 local names = #KEYS / 2
@@ -51,18 +56,14 @@ local window = {}
 
 for i = 1, names do
   local lock = KEYS[2 * i - 1]
-  local held = redis.call('HMGET', lock, 'flag', 'fence', 'handover', 'for')
+  local held = redis.call('HMGET', lock, 'flag', 'fence', 'handover', 'for', 'since')
   local mine = ARGV[5 * i + 3]
   if mine ~= '0' and held[1] == ARGV[5 * i + 5] and held[2] == mine then
     reenter[i] = true
-  elseif held[3] and not may_take(held[3], held[4], asking, identity) then
+  elseif held[3] and not may_take(held[3], held[4], false, asking, identity) then
     return {0, i, redis.call('PTTL', lock), -1}
   elseif held[1] ~= false and (held[1] ~= identity or ARGV[5 * i + 6] == '1') then
-    if asking > 0 then
-      redis.call('HSET', lock, 'waited', 1, 'seen', 1, 'queued', identity)
-    else
-      redis.call('HSET', lock, 'waited', 1, 'seen', 1)
-    end
+    mark_in_the_way(lock, held[1], held[5], identity, asking)
     return {0, i, redis.call('PTTL', lock)}
   elseif held[3] then
     window[i] = true

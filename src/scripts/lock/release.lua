@@ -10,7 +10,8 @@
 --          the lock live at least this long (never shorter than it would)
 -- ARGV[5]  baton TTL in milliseconds
 -- ARGV[6]  the hand-over window in milliseconds ("0": none), opened when
---          a waiter found this ownership in its way (lib/hand_over.lua)
+--          a waiter of another client found this ownership in its way
+--          (lib/hand_over.lua)
 --
 -- Returns -1     the caller does not own the lock (its lease ran out, or it was
 --                force-unlocked); nothing was changed. The fence is part of
@@ -24,7 +25,7 @@
 -- The depth is set from ARGV, not decremented, so sending the same release
 -- twice leaves the same state: a release never takes off two levels.
 -- extend_lease, baton_error, push_baton and hand_over come from lib/.
-local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'waited', 'queued')
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'waited', 'queued', 'since')
 if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
   return -1
 end
@@ -46,7 +47,7 @@ if err then
 end
 redis.call('DEL', KEYS[1])
 if held[4] then
-  hand_over(KEYS[1], ARGV[6], held[4])
+  hand_over(KEYS[1], ARGV[6], held[4], held[5])
 end
 push_baton(KEYS[2], ARGV[5])
 return 0

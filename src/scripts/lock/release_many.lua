@@ -28,7 +28,7 @@ for i = 1, #KEYS / 2 do
   local lock, baton = KEYS[2 * i - 1], KEYS[2 * i]
   local identity, fence = ARGV[4 * i - 1], ARGV[4 * i]
   local depth, lease = tonumber(ARGV[4 * i + 1]), ARGV[4 * i + 2]
-  local held = redis.call('HMGET', lock, 'flag', 'fence', 'waited', 'queued')
+  local held = redis.call('HMGET', lock, 'flag', 'fence', 'waited', 'queued', 'since')
   if held[1] ~= identity or held[2] ~= fence then
     reply[i] = -1
   elseif depth > 0 then
@@ -45,7 +45,7 @@ for i = 1, #KEYS / 2 do
     else
       redis.call('DEL', lock)
       if held[4] then
-        hand_over(lock, ARGV[2], held[4])
+        hand_over(lock, ARGV[2], held[4], held[5])
       end
       push_baton(baton, ARGV[1])
       reply[i] = 0

@@ -635,6 +635,7 @@ impl Lock {
             reserve: guard::reserve(&self.context, &*self.raw),
             free_only: guards == 0 && registry.lent(&self.keys.lock, identity),
             takes_token,
+            baton_ttl: self.context.config.baton_ttl,
             on_heads_list: place.on_heads_list,
         };
         let sent = Instant::now();
