@@ -86,8 +86,14 @@ pub(crate) struct AcquireArgs<'a> {
     /// baton; a fair lock's waiter's own list or the head's list) changed,
     /// without a look that would have popped its token for it.
     pub(crate) takes_token: bool,
-    /// The TTL of a token a plain lock's waiter pushes back on its baton
-    /// (`lib/hand_over.lua`'s `tell_kept_waiter`).
+    /// A plain lock's waiter parked since its last attempt: its park may
+    /// have ended with the token a look popped for it, which the window
+    /// this attempt is kept out of may need to wake its own waiter. So it
+    /// names its baton, to put a token back then (`lib/hand_over.lua`'s
+    /// `tell_kept_waiter`). Not on a quorum, whose callers are not kept out
+    /// of a window's first part.
+    pub(crate) after_park: bool,
+    /// The TTL of such a token.
     pub(crate) baton_ttl: Duration,
     /// A fair lock's: the caller's last park was on the head's list
     /// ([`FairKeys::next`]), not its own.
@@ -145,12 +151,13 @@ pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
             .arg(args.proposed_token)
             .arg(args.reserve)
             .arg(if args.free_only { "1" } else { "0" });
-        // Only a caller that has waited names its baton (to pop its token,
-        // or to tell the waiter a window is kept for: `lib/hand_over.lua`):
-        // the usual attempt names two keys and ten arguments. The baton is
-        // left out while the slot migrates (an empty list is on neither
-        // node), as the fair lock leaves out its lists.
-        if !args.takes_token && !matches!(args.asking, Asking::Waited(_)) {
+        // Only a waiter just out of a park names its baton (to pop its
+        // token, or to tell the waiter a window is kept for:
+        // `lib/hand_over.lua`): the usual attempt names two keys and ten
+        // arguments. The baton is left out while the slot migrates (an
+        // empty list is on neither node), as the fair lock leaves out its
+        // lists.
+        if !args.takes_token && !args.after_park {
             return call;
         }
         let with = call

@@ -30,12 +30,14 @@ mod redlock_replies;
 mod refusals;
 mod resent;
 mod safety;
+mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 #[cfg(feature = "sentinel")]
 mod sentinel_credentials;
 mod topologies;
 mod waiting;
+mod windows;
 
 /// Entry point of the child processes; does nothing in a normal test run.
 #[test]

@@ -9,43 +9,10 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use crate::support::{
-    baton_key, eventually, hash_tag, is_asleep, lock_key, parked, thread_id, JoinWithin,
-};
+use crate::scripts::{fence_key, script, BATON_TTL_MS, FENCE_TTL_MS, LEASE_MS};
+use crate::support::{baton_key, eventually, is_asleep, lock_key, parked, thread_id, JoinWithin};
 use redbaton::Client;
 use testkit::{FaultProxy, RedisServer};
-
-const LEASE_MS: u64 = 30_000;
-const BATON_TTL_MS: u64 = 5_000;
-const FENCE_TTL_MS: u64 = 86_400_000;
-
-fn fence_key(name: &str) -> String {
-    format!("redbaton:{{{}}}:fence", hash_tag(name))
-}
-
-/// The crate's lock script `file` with its `lib/` helpers, as it sends it.
-fn script(name: &str) -> redis::Script {
-    redis::Script::new(match name {
-        "acquire" => concat!(
-            include_str!("../../src/scripts/lib/next_fence.lua"),
-            include_str!("../../src/scripts/lib/lease.lua"),
-            include_str!("../../src/scripts/lib/baton.lua"),
-            include_str!("../../src/scripts/lib/hand_over.lua"),
-            include_str!("../../src/scripts/lock/acquire.lua")
-        ),
-        "release" => concat!(
-            include_str!("../../src/scripts/lib/lease.lua"),
-            include_str!("../../src/scripts/lib/baton.lua"),
-            include_str!("../../src/scripts/lib/hand_over.lua"),
-            include_str!("../../src/scripts/lock/release.lua")
-        ),
-        "handoff" => concat!(
-            include_str!("../../src/scripts/lib/next_fence.lua"),
-            include_str!("../../src/scripts/lock/handoff.lua")
-        ),
-        _ => panic!("no lock script {name}"),
-    })
-}
 
 /// `lock/acquire.lua` for `id` as request `request`: `[1, fence, depth]` or
 /// `[0, pttl]`.

@@ -14,7 +14,10 @@
 --   of other clients than the holder's that found the ownership in its
 --   way, the one asking longest (see mark_in_the_way);
 -- * for the window's first KEPT_ONLY_US, nobody else but a `try_lock`
---   (which would not wait);
+--   (which would not wait), a multi-lock's caller (its script does not
+--   name the batons, so it could not tell the kept waiter: see
+--   tell_kept_waiter) and a Redlock quorum's (its waiters park through a
+--   window as through a hold), which are admitted as below;
 -- * after that, also a caller that has been asking since before the
 --   window opened: by causality, a call that began after its thread saw
 --   the release reply has asked for less time than the window has been

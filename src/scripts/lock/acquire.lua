@@ -26,9 +26,9 @@
 --          took under this identity (it passed the ownership on in
 --          memory), so a lock under the caller's identity is that thread's,
 --          not a leftover of the caller's
--- KEYS[3], ARGV[11], ARGV[12]  only from a caller that has waited
---          (ARGV[7] > 0), and left out while the slot migrates: the baton
---          key; "1" from a waiter whose park ended when the baton list
+-- KEYS[3], ARGV[11], ARGV[12]  only from a waiter just out of a park
+--          (but a quorum's), and left out while the slot migrates: the
+--          baton key; "1" from a waiter whose park ended when the baton list
 --          changed, with no look that popped its token (the parking hub
 --          rings such a waiter at the list's announcement), else "0"; and
 --          the baton TTL in milliseconds. A "1" pops the token first,
@@ -64,8 +64,9 @@
 --
 -- A lock in its hand-over window (`handover`, see lib/hand_over.lua) is
 -- free to the waiter it is kept for (`for`) and to a caller that will not
--- wait, after its first moments also to a caller that asked before it
--- opened, and held for its time left to anyone else.
+-- wait, after its first moments (from the start, to a quorum's caller) also
+-- to a caller that asked before it opened, and held for its time left to
+-- anyone else.
 --
 -- Errors come before any write but a waiter's pop of its token (which fails
 -- with WRONGTYPE first when the baton key is not a list): HMGET fails with
@@ -86,7 +87,11 @@ end
 
 local asking = tonumber(ARGV[7])
 if held[3] then
-  local may, kept = may_take(held[3], held[4], held[5], asking, ARGV[1])
+  -- A quorum's caller (it proposes a token) is not kept out of a window
+  -- that is still its waiter's alone: it would park through the window as
+  -- through a hold, its time left, were that waiter not to come.
+  local kept_since = ARGV[8] == '0' and held[5]
+  local may, kept = may_take(held[3], held[4], kept_since, asking, ARGV[1])
   if not may then
     if kept and KEYS[3] then
       tell_kept_waiter(KEYS[3], ARGV[12])

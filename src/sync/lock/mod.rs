@@ -229,7 +229,13 @@ impl Lock {
             .context
             .identity()
             .map_err(|err| self.failed(start, err))?;
-        let attempt = self.attempt(&identity, Asking::Once, &mut FairPlace::default(), false);
+        let attempt = self.attempt(
+            &identity,
+            Asking::Once,
+            &mut FairPlace::default(),
+            false,
+            false,
+        );
         match attempt.map_err(|err| self.failed(start, err))? {
             Attempt::Acquired(guard) => {
                 Ok(Some(self.acquired(guard, start, Acquisition::FirstAttempt)))
@@ -426,7 +432,7 @@ impl Lock {
         // as a caller that has waited, see `lib/hand_over.lua`).
         let mut first = None;
         if holds || !context.lock_room.has_waiters(&self.keys.baton) {
-            match self.attempt(&identity, Asking::First, &mut place, false) {
+            match self.attempt(&identity, Asking::First, &mut place, false, false) {
                 Ok(Attempt::Acquired(guard)) => {
                     return Ok(Some(self.acquired(guard, start, Acquisition::FirstAttempt)))
                 }
@@ -454,9 +460,22 @@ impl Lock {
         // or a fair lock waiter's own list.
         let takes_token = Cell::new(false);
         let claims = Some(&takes_token);
+        // Whether the waiter parked after its last attempt (which found
+        // the lock held, not in a window): its park may have ended with a
+        // token a look popped for it (see `AcquireArgs::after_park`).
+        let parked = Cell::new(false);
         let attempt = || {
             let asking = Asking::Waited(asked.elapsed());
-            self.attempt(&identity, asking, &mut place, takes_token.take())
+            let took = takes_token.take();
+            let tried = self.attempt(&identity, asking, &mut place, took, parked.get());
+            parked.set(matches!(
+                tried,
+                Ok(Attempt::Held {
+                    handing_over: false,
+                    ..
+                })
+            ));
+            tried
         };
         let room = &context.lock_room;
         let name = &self.keys.name;
@@ -600,14 +619,15 @@ impl Lock {
 
     /// One attempt; `takes_token`: it pops the list this waiter parked on
     /// too (a park of this waiter ended when the list changed, see
-    /// `ParkHow::claims`). `place`: a fair lock's waiter's, kept across
-    /// its attempts.
+    /// `ParkHow::claims`); `after_park`: the waiter parked since its last
+    /// attempt. `place`: a fair lock's waiter's, kept across its attempts.
     fn attempt(
         &self,
         identity: &Arc<str>,
         asking: Asking,
         place: &mut FairPlace,
         takes_token: bool,
+        after_park: bool,
     ) -> Result<Attempt<LockGuard>, Error> {
         // Re-entry is granted only to the ownership this thread's live guards
         // belong to; the stored depth is set to theirs + 1, and the lease is
@@ -635,6 +655,7 @@ impl Lock {
             reserve: guard::reserve(&self.context, &*self.raw),
             free_only: guards == 0 && registry.lent(&self.keys.lock, identity),
             takes_token,
+            after_park,
             baton_ttl: self.context.config.baton_ttl,
             on_heads_list: place.on_heads_list,
         };

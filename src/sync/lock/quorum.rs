@@ -454,10 +454,14 @@ impl RawLock for QuorumLock {
         let proposal = if fresh { first_proposal() } else { 0 };
         // Nothing passes in memory on a quorum: no tokens set aside; and
         // its waiters' parks end by a look (`Quorum::park`), which pops.
+        // They are not kept out of a hand-over window's first part (they
+        // park through a window as through a hold), so they have no token
+        // to put back for its waiter (`AcquireArgs::after_park`).
         let args = AcquireArgs {
             proposed_token: proposal,
             reserve: 0,
             takes_token: false,
+            after_park: false,
             on_heads_list: false,
             ..args
         };

@@ -1,0 +1,36 @@
+//! The crate's lock scripts, sent by hand (`EVALSHA`) by tests that check
+//! what one run of a script does, as the crate builds and sends them.
+
+use crate::support::hash_tag;
+
+pub const LEASE_MS: u64 = 30_000;
+pub const BATON_TTL_MS: u64 = 5_000;
+pub const FENCE_TTL_MS: u64 = 86_400_000;
+
+pub fn fence_key(name: &str) -> String {
+    format!("redbaton:{{{}}}:fence", hash_tag(name))
+}
+
+/// The crate's lock script `file` with its `lib/` helpers, as it sends it.
+pub fn script(name: &str) -> redis::Script {
+    redis::Script::new(match name {
+        "acquire" => concat!(
+            include_str!("../../src/scripts/lib/next_fence.lua"),
+            include_str!("../../src/scripts/lib/lease.lua"),
+            include_str!("../../src/scripts/lib/baton.lua"),
+            include_str!("../../src/scripts/lib/hand_over.lua"),
+            include_str!("../../src/scripts/lock/acquire.lua")
+        ),
+        "release" => concat!(
+            include_str!("../../src/scripts/lib/lease.lua"),
+            include_str!("../../src/scripts/lib/baton.lua"),
+            include_str!("../../src/scripts/lib/hand_over.lua"),
+            include_str!("../../src/scripts/lock/release.lua")
+        ),
+        "handoff" => concat!(
+            include_str!("../../src/scripts/lib/next_fence.lua"),
+            include_str!("../../src/scripts/lock/handoff.lua")
+        ),
+        _ => panic!("no lock script {name}"),
+    })
+}

@@ -1,0 +1,162 @@
+//! The hand-over window one script run at a time (`lib/hand_over.lua`):
+//! whom a release keeps the lock for, who may take it when, and that a
+//! caller kept out makes sure the kept waiter hears of it. Each client's
+//! threads are named `<client>:<n>`, as the crate names them; each attempt
+//! is a waiter's, naming the baton.
+
+use std::time::{Duration, Instant};
+
+use crate::scripts::{fence_key, script, BATON_TTL_MS, FENCE_TTL_MS, LEASE_MS};
+use crate::support::{baton_key, eventually, lock_key};
+use testkit::RedisServer;
+
+/// The window a release opens, as the crate asks for it.
+const WINDOW_MS: u64 = 100;
+
+/// How long a waiter here has been asking, in µs: since before any window
+/// of these tests opened.
+const LONG: i64 = 60_000_000;
+
+/// How long the window is its waiter's alone (`KEPT_ONLY_US`).
+const KEPT_ONLY: Duration = Duration::from_millis(10);
+
+/// One attempt of `id` on `name`, asking as `asking` says (-1 a
+/// `try_lock`, else the µs it has been asking): `[1, fence, depth]`,
+/// `[0, pttl]`, or `[0, pttl, -1]` (kept out of a window).
+fn attempt(raw: &mut redis::Connection, name: &str, id: &str, asking: i64) -> Vec<i64> {
+    script("acquire")
+        .key(lock_key(name))
+        .key(fence_key(name))
+        .key(baton_key(name))
+        .arg(id)
+        .arg(LEASE_MS)
+        .arg(0)
+        .arg(1)
+        .arg(FENCE_TTL_MS)
+        .arg(1)
+        .arg(asking)
+        .arg(0)
+        .arg(0)
+        .arg(0)
+        .arg(0)
+        .arg(BATON_TTL_MS)
+        .invoke(raw)
+        .unwrap()
+}
+
+/// `id` takes `name` (a `try_lock`): its fencing token.
+fn take(raw: &mut redis::Connection, name: &str, id: &str) -> i64 {
+    let reply = attempt(raw, name, id, -1);
+    assert_eq!(reply[0], 1, "{id} takes {name}: {reply:?}");
+    reply[1]
+}
+
+/// The last release of `id`'s ownership `fence`, opening a window if a
+/// waiter of another client found it in its way.
+fn release(raw: &mut redis::Connection, name: &str, id: &str, fence: i64) {
+    let freed: i64 = script("release")
+        .key(lock_key(name))
+        .key(baton_key(name))
+        .arg(id)
+        .arg(fence)
+        .arg(0)
+        .arg(LEASE_MS)
+        .arg(BATON_TTL_MS)
+        .arg(WINDOW_MS)
+        .invoke(raw)
+        .unwrap();
+    assert_eq!(freed, 0, "{id} frees {name}");
+}
+
+fn field(raw: &mut redis::Connection, name: &str, field: &str) -> Option<String> {
+    redis::cmd("HGET")
+        .arg(lock_key(name))
+        .arg(field)
+        .query(raw)
+        .unwrap()
+}
+
+fn tokens(raw: &mut redis::Connection, name: &str) -> u64 {
+    redis::cmd("LLEN").arg(baton_key(name)).query(raw).unwrap()
+}
+
+#[test]
+fn a_window_is_kept_for_the_longest_waiting_other_client_alone_at_first() {
+    let server = RedisServer::start();
+    let mut raw = server.connection();
+    let fence = take(&mut raw, "kept", "a:1");
+    // b's waiter has been asking longest; c's, asking for less, does not
+    // take its place.
+    assert_eq!(attempt(&mut raw, "kept", "b:1", LONG)[0], 0);
+    assert_eq!(attempt(&mut raw, "kept", "c:1", LONG / 2)[0], 0);
+    assert_eq!(field(&mut raw, "kept", "queued").as_deref(), Some("b:1"));
+    release(&mut raw, "kept", "a:1", fence);
+    // c asked before the window opened, and is kept out all the same.
+    let refused = attempt(&mut raw, "kept", "c:1", LONG);
+    assert_eq!((refused[0], refused.get(2)), (0, Some(&-1)), "{refused:?}");
+    assert_eq!(attempt(&mut raw, "kept", "b:1", LONG)[0], 1, "b takes it");
+}
+
+#[test]
+fn a_window_its_waiter_does_not_take_opens_to_earlier_callers_after_its_first_part() {
+    let server = RedisServer::start();
+    let mut raw = server.connection();
+    let fence = take(&mut raw, "late", "a:1");
+    assert_eq!(attempt(&mut raw, "late", "b:1", LONG)[0], 0);
+    release(&mut raw, "late", "a:1", fence);
+    let opened = Instant::now();
+    // b never comes; c, asking since before the window opened, takes it
+    // once the window is no longer b's alone (and long before its end).
+    let mut took = None;
+    eventually(Duration::from_secs(5), "c takes the window", || {
+        let reply = attempt(&mut raw, "late", "c:1", LONG);
+        if reply[0] == 1 {
+            took = Some(opened.elapsed());
+        }
+        reply[0] == 1
+    });
+    let took = took.unwrap();
+    // (The window opened before the release's reply came back: a little
+    // earlier than `opened`.)
+    assert!(
+        took >= KEPT_ONLY - Duration::from_millis(1) && took < Duration::from_millis(WINDOW_MS),
+        "c took the window {took:?} after it opened"
+    );
+}
+
+#[test]
+fn a_waiter_of_the_holders_own_client_opens_no_window() {
+    let server = RedisServer::start();
+    let mut raw = server.connection();
+    let fence = take(&mut raw, "own", "a:1");
+    assert_eq!(attempt(&mut raw, "own", "a:2", LONG)[0], 0);
+    assert_eq!(field(&mut raw, "own", "queued"), None, "nobody kept");
+    release(&mut raw, "own", "a:1", fence);
+    let left: bool = redis::cmd("EXISTS")
+        .arg(lock_key("own"))
+        .query(&mut raw)
+        .unwrap();
+    assert!(!left, "no window: the lock is free");
+    assert_eq!(tokens(&mut raw, "own"), 1, "the waiter's baton");
+}
+
+#[test]
+fn a_caller_kept_out_puts_back_a_token_another_process_took() {
+    let server = RedisServer::start();
+    let mut raw = server.connection();
+    let fence = take(&mut raw, "told", "a:1");
+    assert_eq!(attempt(&mut raw, "told", "b:1", LONG)[0], 0);
+    release(&mut raw, "told", "a:1", fence);
+    assert_eq!(tokens(&mut raw, "told"), 1, "the release's baton");
+    // c's process popped it for c (its look came first): b's look found
+    // nothing, and b parks on.
+    let _: Option<String> = redis::cmd("LPOP")
+        .arg(baton_key("told"))
+        .query(&mut raw)
+        .unwrap();
+    assert_eq!(attempt(&mut raw, "told", "c:1", LONG)[2], -1, "kept out");
+    assert_eq!(tokens(&mut raw, "told"), 1, "a token back, for b");
+    assert_eq!(attempt(&mut raw, "told", "c:1", LONG)[2], -1, "kept out");
+    assert_eq!(tokens(&mut raw, "told"), 1, "one token at most");
+    assert_eq!(attempt(&mut raw, "told", "b:1", LONG)[0], 1, "b takes it");
+}
