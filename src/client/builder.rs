@@ -545,7 +545,9 @@ impl ClientBuilder {
     /// goes through Redis, where waiters of other processes get their
     /// turn. So a waiter of another process waits for a process's run at
     /// most this, one critical section and `max_local_handoffs` hand-offs,
-    /// whichever ends it first. Between 1 ms and a year. Defaults to 2 ms:
+    /// whichever ends it first. A plain lock's release in Redis goes to the
+    /// waiter of another process that has waited longest, so the processes
+    /// take turns. Between 1 ms and a year. Defaults to 2 ms:
     /// short critical sections are handed on by the dozen, long ones pass
     /// through Redis every time or two.
     pub fn max_local_run(mut self, run: Duration) -> Self {

@@ -130,9 +130,11 @@ fn a_release_goes_to_another_clients_waiter_before_the_holders_own() {
             queued.is_some() && support::parked(&server) == 2
         });
         held.unlock().unwrap();
+        let released = Instant::now();
         let first = served
             .recv_timeout(Duration::from_secs(10))
             .expect("a waiter served");
+        let took = released.elapsed();
         own_go.send(()).unwrap();
         others_go.send(()).unwrap();
         let second = served
@@ -140,6 +142,13 @@ fn a_release_goes_to_another_clients_waiter_before_the_holders_own() {
             .expect("the other waiter served");
         own.joined();
         others.joined();
+        // The window is the other client's alone for its first 10 ms: a
+        // machine so loaded that its waiter did not come by then proves
+        // nothing either way.
+        if first != "another client" && took >= Duration::from_millis(9) {
+            eprintln!("round {round} inconclusive: served {took:?} after the release");
+            continue;
+        }
         assert_eq!(
             (first, second),
             ("another client", "the holder's own client"),
