@@ -24,6 +24,18 @@ const KEPT_ONLY: Duration = Duration::from_millis(10);
 /// `try_lock`, else the µs it has been asking): `[1, fence, depth]`,
 /// `[0, pttl]`, or `[0, pttl, -1]` (kept out of a window).
 fn attempt(raw: &mut redis::Connection, name: &str, id: &str, asking: i64) -> Vec<i64> {
+    attempt_popping(raw, name, id, asking, false)
+}
+
+/// [`attempt`], of a waiter rung at its baton's change (`pops`): it pops
+/// the token itself.
+fn attempt_popping(
+    raw: &mut redis::Connection,
+    name: &str,
+    id: &str,
+    asking: i64,
+    pops: bool,
+) -> Vec<i64> {
     script("acquire")
         .key(lock_key(name))
         .key(fence_key(name))
@@ -38,7 +50,7 @@ fn attempt(raw: &mut redis::Connection, name: &str, id: &str, asking: i64) -> Ve
         .arg(0)
         .arg(0)
         .arg(0)
-        .arg(0)
+        .arg(if pops { "1" } else { "0" })
         .arg(BATON_TTL_MS)
         .invoke(raw)
         .unwrap()
@@ -175,4 +187,21 @@ fn a_caller_kept_out_puts_back_a_token_another_process_took() {
     assert_eq!(attempt(&mut raw, "told", "c:1", LONG)[2], -1, "kept out");
     assert_eq!(tokens(&mut raw, "told"), 1, "one token at most");
     assert_eq!(attempt(&mut raw, "told", "b:1", LONG)[0], 1, "b takes it");
+}
+
+#[test]
+fn a_rung_caller_kept_out_leaves_the_token_for_the_kept_waiter() {
+    let server = RedisServer::start();
+    let mut raw = server.connection();
+    let fence = take(&mut raw, "rung", "a:1");
+    assert_eq!(attempt(&mut raw, "rung", "b:1", LONG)[0], 0);
+    release(&mut raw, "rung", "a:1", fence);
+    // c, rung at the release's announcement, would pop the token in its
+    // attempt: kept out, it leaves it for b.
+    reopen(&mut raw, "rung");
+    let refused = attempt_popping(&mut raw, "rung", "c:1", LONG, true);
+    assert_eq!(refused[2], -1, "kept out");
+    assert_eq!(tokens(&mut raw, "rung"), 1, "the token left for b");
+    assert_eq!(attempt_popping(&mut raw, "rung", "b:1", LONG, true)[0], 1);
+    assert_eq!(tokens(&mut raw, "rung"), 0, "b popped it");
 }

@@ -106,6 +106,14 @@ local function hand_over(key, ms, waiter, since)
   end
 end
 
+-- clear_window(key): the window's fields off a lock taken in its window,
+-- after the new ownership's were written. Not DEL first: while the slot
+-- migrates, a key the script deleted counts as moved, and Redis refuses the
+-- script's next write to it ("a non local key").
+local function clear_window(key)
+  redis.call('HDEL', key, 'handover', 'for', 'since')
+end
+
 -- may_take(opened, kept_for, kept_since, asking, identity): whether caller
 -- `identity`, `asking`, may take a lock whose window opened at `opened`
 -- (server µs) and is kept for `kept_for` (an identity, or false), who

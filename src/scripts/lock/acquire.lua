@@ -31,11 +31,15 @@
 --          baton key; "1" from a waiter whose park ended when the baton list
 --          changed, with no look that popped its token (the parking hub
 --          rings such a waiter at the list's announcement), else "0"; and
---          the baton TTL in milliseconds. A "1" pops the token first,
---          whatever comes of the attempt, as the look would have popped it
---          for this waiter. A waiter kept out of a window that is still
---          another's alone pushes a token back on an empty list (see
---          tell_kept_waiter in lib/hand_over.lua).
+--          the baton TTL in milliseconds. A "1" pops the token, whatever
+--          comes of the attempt, as the look would have popped it for this
+--          waiter; but a waiter kept out of a window that is still
+--          another's alone leaves it there for that waiter, and one whose
+--          look popped it ("0") pushes a token back on an empty list (see
+--          tell_kept_waiter in lib/hand_over.lua). Neither ever touches a
+--          key the script deleted: while the slot migrates, Redis refuses
+--          that ("a non local key"), and a missing key sends the whole
+--          call back before it runs (TRYAGAIN).
 --
 -- Returns {1, fence, depth}  acquired: fresh (depth 1) or re-entered
 --         {0, pttl}          held by another identity; pttl is the lock key's
@@ -68,22 +72,14 @@
 -- to a caller that asked before it opened, and held for its time left to
 -- anyone else.
 --
--- Errors come before any write but a waiter's pop of its token (which fails
--- with WRONGTYPE first when the baton key is not a list): HMGET fails with
--- WRONGTYPE when the lock key is not a hash, next_fence when the fence key
--- is not an integer.
--- next_fence, extend_lease, may_take, tell_kept_waiter and mark_in_the_way
--- come from lib/, prepended when the script is built.
-if ARGV[11] == '1' then
-  redis.call('LPOP', KEYS[3])
-end
+-- Errors come before any write but a waiter's pop of its token: HMGET
+-- fails with WRONGTYPE when the lock key is not a hash, then the pop when
+-- the baton key is not a list, next_fence when the fence key is not an
+-- integer.
+-- next_fence, extend_lease, may_take, tell_kept_waiter, clear_window and
+-- mark_in_the_way come from lib/, prepended when the script is built.
 local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'handover', 'for', 'since')
-
-if held[1] == ARGV[1] and held[2] == ARGV[3] then
-  redis.call('HSET', KEYS[1], 'count', ARGV[4])
-  extend_lease(KEYS[1], ARGV[2])
-  return {1, tonumber(held[2]), tonumber(ARGV[4])}
-end
+local pops = ARGV[11] == '1'
 
 local asking = tonumber(ARGV[7])
 if held[3] then
@@ -93,11 +89,26 @@ if held[3] then
   local kept_since = ARGV[8] == '0' and held[5]
   local may, kept = may_take(held[3], held[4], kept_since, asking, ARGV[1])
   if not may then
-    if kept and KEYS[3] then
-      tell_kept_waiter(KEYS[3], ARGV[12])
+    if kept then
+      -- A token this waiter was rung for stays for the kept waiter; one a
+      -- look popped for it goes back (tell_kept_waiter).
+      if not pops and KEYS[3] then
+        tell_kept_waiter(KEYS[3], ARGV[12])
+      end
+    elseif pops then
+      redis.call('LPOP', KEYS[3])
     end
     return {0, redis.call('PTTL', KEYS[1]), -1}
   end
+end
+if pops then
+  redis.call('LPOP', KEYS[3])
+end
+
+if held[1] == ARGV[1] and held[2] == ARGV[3] then
+  redis.call('HSET', KEYS[1], 'count', ARGV[4])
+  extend_lease(KEYS[1], ARGV[2])
+  return {1, tonumber(held[2]), tonumber(ARGV[4])}
 end
 
 if held[1] == false or (held[1] == ARGV[1] and ARGV[10] ~= '1') then
@@ -105,13 +116,13 @@ if held[1] == false or (held[1] == ARGV[1] and ARGV[10] ~= '1') then
   if err then
     return err
   end
-  if held[3] then
-    redis.call('DEL', KEYS[1])
-  end
   if asking > 0 then
     redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6], 'waited', '1')
   else
     redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6])
+  end
+  if held[3] then
+    clear_window(KEYS[1])
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, fence, 1}

@@ -107,13 +107,13 @@ for i = 1, names do
     reply[#reply + 1] = tonumber(depth)
   else
     local token = tokens[i][2]
-    if window[i] then
-      redis.call('DEL', lock)
-    end
     if asking > 0 then
       redis.call('HSET', lock, 'flag', identity, 'count', '1', 'fence', token, 'req', ARGV[3], 'waited', '1')
     else
       redis.call('HSET', lock, 'flag', identity, 'count', '1', 'fence', token, 'req', ARGV[3])
+    end
+    if window[i] then
+      clear_window(lock)
     end
     redis.call('PEXPIRE', lock, lease)
     reply[#reply + 1] = tokens[i][1]
