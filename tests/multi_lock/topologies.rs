@@ -173,8 +173,8 @@ fn script_calls(
 /// counts them too, but they cost no round trip.
 #[cfg(feature = "redlock")]
 const RUN_BY_SCRIPTS: &[&str] = &[
-    "evalsha", "eval", "hmget", "hget", "get", "time", "set", "hset", "pexpire", "pttl", "del",
-    "exists", "rpush", "lpush", "ltrim", "llen", "lrange",
+    "evalsha", "eval", "hmget", "hget", "get", "time", "set", "hset", "hdel", "pexpire", "pttl",
+    "del", "exists", "rpush", "lpush", "ltrim", "llen", "lrange",
 ];
 
 /// An uncontended set of three names on a quorum costs each master exactly
