@@ -94,7 +94,6 @@ fn a_release_goes_to_another_clients_waiter_before_the_holders_own() {
         .max_park(Duration::from_secs(30))
         .build()
         .unwrap();
-    let mut conn = server.connection();
     for round in 0..ROUNDS {
         let held = home.lock(NAME).unwrap().lock().unwrap();
         let (tell, served) = mpsc::channel();
@@ -121,14 +120,7 @@ fn a_release_goes_to_another_clients_waiter_before_the_holders_own() {
             support::parked(&server) == 1
         });
         let (others, others_go) = wait(&other, "another client");
-        eventually(Duration::from_secs(10), "both waiters parked", || {
-            let queued: Option<String> = redis::cmd("HGET")
-                .arg(support::lock_key(NAME))
-                .arg("queued")
-                .query(&mut conn)
-                .unwrap();
-            queued.is_some() && support::parked(&server) == 2
-        });
+        queued_and_parked(&server, NAME, 2);
         held.unlock().unwrap();
         let released = Instant::now();
         let first = served
@@ -326,15 +318,7 @@ impl WindowForALateWaiter {
                 .expect("told to unlock");
             guard.unlock().unwrap();
         });
-        let mut conn = server.connection();
-        eventually(Duration::from_secs(10), "the waiter parked", || {
-            let queued: Option<String> = redis::cmd("HGET")
-                .arg(support::lock_key(name))
-                .arg("queued")
-                .query(&mut conn)
-                .unwrap();
-            queued.is_some() && support::parked(&server) == 1
-        });
+        queued_and_parked(&server, name, 1);
         WindowForALateWaiter {
             server,
             proxy,
@@ -344,4 +328,18 @@ impl WindowForALateWaiter {
             waiter,
         }
     }
+}
+
+/// Waits until `parked` waiters are parked on `server` and one of them
+/// has marked `name`'s ownership `queued` (a window will be kept for it).
+fn queued_and_parked(server: &RedisServer, name: &str, parked: u64) {
+    let mut conn = server.connection();
+    eventually(Duration::from_secs(10), "the waiters parked", || {
+        let queued: Option<String> = redis::cmd("HGET")
+            .arg(support::lock_key(name))
+            .arg("queued")
+            .query(&mut conn)
+            .unwrap();
+        queued.is_some() && support::parked(server) == parked
+    });
 }

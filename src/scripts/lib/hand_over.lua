@@ -145,8 +145,9 @@ end
 -- the kept waiter, its look finding nothing, would park on, and the others
 -- would wait out the window's first part for nobody. So a token goes back
 -- on an empty list (announced again), and the kept waiter's process looks
--- again. A waiter kept out sleeps (it does not park), so each of them
--- pushes at most once per look.
+-- again. Only a waiter's attempt just after a park names its baton, and a
+-- waiter kept out sleeps (it does not park), so each of them pushes at
+-- most once per park.
 local function tell_kept_waiter(baton, ttl)
   if redis.call('LLEN', baton) == 0 then
     push_baton(baton, ttl)

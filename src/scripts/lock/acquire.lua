@@ -82,27 +82,24 @@ local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'handover', 'for', 's
 local pops = ARGV[11] == '1'
 
 local asking = tonumber(ARGV[7])
+local may, kept = true, false
 if held[3] then
   -- A quorum's caller (it proposes a token) is not kept out of a window
   -- that is still its waiter's alone: it would park through the window as
   -- through a hold, its time left, were that waiter not to come.
   local kept_since = ARGV[8] == '0' and held[5]
-  local may, kept = may_take(held[3], held[4], kept_since, asking, ARGV[1])
-  if not may then
-    if kept then
-      -- A token this waiter was rung for stays for the kept waiter; one a
-      -- look popped for it goes back (tell_kept_waiter).
-      if not pops and KEYS[3] then
-        tell_kept_waiter(KEYS[3], ARGV[12])
-      end
-    elseif pops then
-      redis.call('LPOP', KEYS[3])
-    end
-    return {0, redis.call('PTTL', KEYS[1]), -1}
-  end
+  may, kept = may_take(held[3], held[4], kept_since, asking, ARGV[1])
 end
-if pops then
+-- A token this waiter was rung for stays for the waiter a window is kept
+-- for; one a look popped for it goes back (tell_kept_waiter).
+if pops and not kept then
   redis.call('LPOP', KEYS[3])
+end
+if not may then
+  if kept and not pops and KEYS[3] then
+    tell_kept_waiter(KEYS[3], ARGV[12])
+  end
+  return {0, redis.call('PTTL', KEYS[1]), -1}
 end
 
 if held[1] == ARGV[1] and held[2] == ARGV[3] then
