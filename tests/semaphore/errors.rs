@@ -312,7 +312,7 @@ fn a_quorum_client_refuses_semaphores_as_the_wrong_topology() {
 /// The commands docs/security.md adds to the lock's ACL line for the
 /// semaphore.
 const SEMAPHORE_ACL: &str =
-    "+hget +hdel +hvals +llen +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zscore";
+    "+hget +hvals +llen +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zscore";
 
 /// The ACL line plus the semaphore's commands, as docs/security.md
 /// states them: every call works under a user limited to them.
