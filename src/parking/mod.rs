@@ -56,14 +56,16 @@ use park::{park_duration, Failures};
 /// not what bounds a lost wake-up.
 pub(crate) const WATCHED_PARK_FACTOR: u32 = 10;
 
-/// The first sleep of a caller kept out of a plain lock's hand-over window
-/// before it looks again (see [`Attempt::Held`]); each next one is twice
-/// as long, up to [`LAST_WINDOW_LOOK`] and the window's time left.
+/// The first sleep of a multi-lock's caller kept out of a plain lock's
+/// hand-over window before it looks again (see [`Attempt::Held`]); each
+/// next one is twice as long, up to [`LAST_WINDOW_LOOK`] and the window's
+/// time left.
 const FIRST_WINDOW_LOOK: Duration = Duration::from_millis(1);
 
-/// The longest sleep of a caller kept out of a hand-over window: it parks
-/// behind the window's waiter at most this long after that waiter took the
-/// lock, and a window nobody takes (100 ms) costs it about a dozen looks.
+/// The longest a caller kept out of a hand-over window parks (a plain
+/// lock's waiter) or sleeps (a multi-lock's) before it looks again: a
+/// window whose waiter never comes (100 ms) costs it about a dozen looks,
+/// and its waiter's own part (10 ms, the lock's `KEPT_ONLY_US`) one or two.
 const LAST_WINDOW_LOOK: Duration = Duration::from_millis(10);
 
 /// What one attempt found.
@@ -75,8 +77,9 @@ pub(crate) enum Attempt<T> {
     /// expiry, so only a release will free it). `handing_over`: nobody
     /// holds it, but it is kept for `lease_left` for a waiter that asked
     /// before this caller (a plain lock's hand-over window): the caller
-    /// sleeps without parking, and looks again (within that time, sooner
-    /// at first: see [`FIRST_WINDOW_LOOK`]), so as not to take the baton
+    /// looks again within that time, parked if its attempts name its baton
+    /// (they leave or put back the token meant for that waiter), else
+    /// asleep (see [`FIRST_WINDOW_LOOK`]), so as not to take the baton
     /// meant for that waiter. `park_on`: a list to park on instead of the
     /// wait's baton (`None`: the baton), which only this caller's token
     /// goes to (a semaphore's waiter that holds newcomers back, a fair
@@ -439,7 +442,23 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
                     if let Err(err) = failures.answered(deadline) {
                         return Err(*err);
                     }
-                    if handing_over {
+                    if handing_over && takes_token.is_some() {
+                        // A waiter whose attempt names its baton parks
+                        // through the window, for `LAST_WINDOW_LOOK` at
+                        // most: its attempt leaves the token it was rung
+                        // for to the waiter the window is kept for, and
+                        // puts back one a look popped for it (the lock's
+                        // `tell_kept_waiter`); where a hub parks it, its
+                        // park leaves the token there (`after_change`). The
+                        // window's waiter taking the lock rings it (its pop
+                        // of the token), or the park's end does; either way
+                        // the window marked it the next one's waiter (the
+                        // lock's `mark_next`).
+                        window_look = FIRST_WINDOW_LOOK;
+                        let left =
+                            lease_left.map_or(LAST_WINDOW_LOOK, |left| left.min(LAST_WINDOW_LOOK));
+                        (Some(left), park_on, true)
+                    } else if handing_over {
                         // Parked, this waiter could pop the baton that
                         // wakes the waiter the lock is kept for, and not
                         // use it. So it sleeps, and looks again: the
@@ -460,9 +479,10 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
                             deadline.map_or(now + left, |deadline| deadline.min(now + left));
                         std::thread::sleep(until.saturating_duration_since(now));
                         continue;
+                    } else {
+                        window_look = FIRST_WINDOW_LOOK;
+                        (lease_left, park_on, passed_on)
                     }
-                    window_look = FIRST_WINDOW_LOOK;
-                    (lease_left, park_on, passed_on)
                 }
                 Err(err) if err.is_transient() => {
                     let counted = failures.back_off(err, deadline);

@@ -343,3 +343,75 @@ fn queued_and_parked(server: &RedisServer, name: &str, parked: u64) {
         queued.is_some() && support::parked(server) == parked
     });
 }
+
+/// Three clients whose threads ask for the lock again as soon as they let
+/// it go: each client's turns in Redis (runs of holds, passed in memory
+/// between its threads) come in the order their waiters began asking, so
+/// between two turns of one client each other client has a turn or two.
+/// A waiter kept out of another client's window is kept the next one
+/// (before, it slept between looks, marking nothing, and its client sat
+/// out a few dozen turns now and then).
+#[test]
+fn clients_whose_threads_always_wait_take_turns() {
+    const NAME: &str = "rotation";
+    const CLIENTS: usize = 3;
+    const THREADS: usize = 3;
+    const RUN: Duration = Duration::from_millis(1500);
+    // Strict turns leave 2 other clients' turns between two of one
+    // client's; a late waiter that lets its window go to an earlier caller
+    // after its first 10 ms (a loaded machine) may cost it a few more.
+    const MOST_SAT_OUT: usize = 8;
+    let server = RedisServer::start();
+    let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    for c in 0..CLIENTS {
+        let client = Client::open(&server.url()).unwrap();
+        for _ in 0..THREADS {
+            let lock = client.lock(NAME).unwrap();
+            let (order, stop) = (Arc::clone(&order), Arc::clone(&stop));
+            threads.push(thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let guard = lock.try_lock_for(Duration::from_secs(20)).unwrap();
+                    let guard = guard.expect("served within 20 s");
+                    // Under the lock: the vector's order is the holds'.
+                    order.lock().push(c);
+                    guard.unlock().unwrap();
+                }
+            }));
+        }
+    }
+    eventually(Duration::from_secs(20), "every client held it", || {
+        let order = order.lock();
+        (0..CLIENTS).all(|c| order.contains(&c))
+    });
+    let warmed = order.lock().len();
+    // A stretch of the contention to look at, not a wait for a state.
+    thread::sleep(RUN);
+    stop.store(true, Ordering::Relaxed);
+    for thread in threads {
+        thread.joined();
+    }
+    let order = order.lock();
+    // The turns after the warm-up: one entry per run of one client's holds.
+    let mut turns: Vec<usize> = order[warmed..].to_vec();
+    turns.dedup();
+    let mut last = [None; CLIENTS];
+    let mut sat_out = [0; CLIENTS];
+    for (i, &c) in turns.iter().enumerate() {
+        if let Some(before) = last[c] {
+            sat_out[c] = sat_out[c].max(i - before - 1);
+        }
+        last[c] = Some(i);
+    }
+    eprintln!(
+        "{} holds in {} turns; most turns sat out per client: {sat_out:?}",
+        order.len() - warmed,
+        turns.len()
+    );
+    assert!(turns.len() >= 3 * CLIENTS, "{} turns", turns.len());
+    assert!(
+        sat_out.iter().all(|&n| n <= MOST_SAT_OUT),
+        "a client sat out more than {MOST_SAT_OUT} turns in a row: {sat_out:?}"
+    );
+}

@@ -27,6 +27,13 @@ pub fn script(name: &str) -> redis::Script {
             include_str!("../../src/scripts/lib/hand_over.lua"),
             include_str!("../../src/scripts/lock/release.lua")
         ),
+        "acquire_many" => concat!(
+            include_str!("../../src/scripts/lib/next_fence.lua"),
+            include_str!("../../src/scripts/lib/lease.lua"),
+            include_str!("../../src/scripts/lib/baton.lua"),
+            include_str!("../../src/scripts/lib/hand_over.lua"),
+            include_str!("../../src/scripts/lock/acquire_many.lua")
+        ),
         "handoff" => concat!(
             include_str!("../../src/scripts/lib/next_fence.lua"),
             include_str!("../../src/scripts/lock/handoff.lua")

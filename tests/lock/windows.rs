@@ -1,6 +1,7 @@
 //! The hand-over window one script run at a time (`lib/hand_over.lua`):
 //! whom a release keeps the lock for, who may take it when, and that a
-//! caller kept out makes sure the kept waiter hears of it. Each client's
+//! caller kept out makes sure the kept waiter hears of it and is kept the
+//! next window. Each client's
 //! threads are named `<client>:<n>`, as the crate names them; each attempt
 //! is a waiter's, naming the baton.
 
@@ -204,4 +205,88 @@ fn a_rung_caller_kept_out_leaves_the_token_for_the_kept_waiter() {
     assert_eq!(tokens(&mut raw, "rung"), 1, "the token left for b");
     assert_eq!(attempt_popping(&mut raw, "rung", "b:1", LONG, true)[0], 1);
     assert_eq!(tokens(&mut raw, "rung"), 0, "b popped it");
+}
+
+/// `id`'s attempt on `name` alone through the multi-lock's script (a
+/// waiter's, asking `asking` µs): its reply.
+fn attempt_many(raw: &mut redis::Connection, name: &str, id: &str, asking: i64) -> Vec<i64> {
+    script("acquire_many")
+        .key(lock_key(name))
+        .key(fence_key(name))
+        .arg(id)
+        .arg(FENCE_TTL_MS)
+        .arg(1)
+        .arg(asking)
+        .arg(0)
+        .arg(0)
+        .arg(LEASE_MS)
+        .arg(0)
+        .arg(1)
+        .arg("")
+        .arg(0)
+        .invoke(raw)
+        .unwrap()
+}
+
+#[test]
+fn a_waiter_kept_out_of_a_window_is_kept_the_next_one() {
+    let server = RedisServer::start();
+    let mut raw = server.connection();
+    let fence = take(&mut raw, "next", "a:1");
+    assert_eq!(attempt(&mut raw, "next", "b:1", LONG)[0], 0);
+    release(&mut raw, "next", "a:1", fence);
+    // d, then c (asking longer) are kept out of b's window: c is marked
+    // for the next one, and d does not take its place.
+    reopen(&mut raw, "next");
+    assert_eq!(attempt(&mut raw, "next", "d:1", LONG / 4)[2], -1);
+    reopen(&mut raw, "next");
+    assert_eq!(attempt(&mut raw, "next", "c:1", LONG / 2)[2], -1);
+    reopen(&mut raw, "next");
+    assert_eq!(attempt(&mut raw, "next", "d:1", LONG / 4)[2], -1);
+    let taken = attempt(&mut raw, "next", "b:1", LONG);
+    assert_eq!(taken[0], 1, "b takes its window: {taken:?}");
+    // b's ownership is in c's way, though c has not looked since.
+    assert_eq!(field(&mut raw, "next", "queued").as_deref(), Some("c:1"));
+    assert_eq!(field(&mut raw, "next", "next"), None, "the mark moved");
+    release(&mut raw, "next", "b:1", taken[1]);
+    assert_eq!(field(&mut raw, "next", "for").as_deref(), Some("c:1"));
+    reopen(&mut raw, "next");
+    assert_eq!(attempt(&mut raw, "next", "d:1", LONG / 4)[2], -1);
+    assert_eq!(attempt(&mut raw, "next", "c:1", LONG / 2)[0], 1, "c's turn");
+}
+
+#[test]
+fn a_waiter_kept_out_of_a_window_its_own_client_takes_is_served_in_memory() {
+    let server = RedisServer::start();
+    let mut raw = server.connection();
+    let fence = take(&mut raw, "same", "a:1");
+    assert_eq!(attempt(&mut raw, "same", "b:1", LONG)[0], 0);
+    release(&mut raw, "same", "a:1", fence);
+    reopen(&mut raw, "same");
+    assert_eq!(attempt(&mut raw, "same", "b:2", LONG / 2)[2], -1);
+    let taken = attempt(&mut raw, "same", "b:1", LONG);
+    assert_eq!(taken[0], 1, "{taken:?}");
+    assert_eq!(field(&mut raw, "same", "queued"), None, "b:2 is b's own");
+    assert_eq!(field(&mut raw, "same", "waited").as_deref(), Some("1"));
+    release(&mut raw, "same", "b:1", taken[1]);
+    assert_eq!(field(&mut raw, "same", "handover"), None, "no window");
+}
+
+#[test]
+fn a_multi_lock_taking_a_window_carries_the_waiter_it_marked_next() {
+    let server = RedisServer::start();
+    let mut raw = server.connection();
+    let fence = take(&mut raw, "many", "a:1");
+    assert_eq!(attempt(&mut raw, "many", "b:1", LONG)[0], 0);
+    release(&mut raw, "many", "a:1", fence);
+    reopen(&mut raw, "many");
+    assert_eq!(attempt(&mut raw, "many", "c:1", LONG / 2)[2], -1);
+    // e's multi-lock asked before the window opened, and takes it after
+    // its first part (b never came).
+    eventually(Duration::from_secs(5), "e takes the window", || {
+        attempt_many(&mut raw, "many", "e:1", LONG)[0] == 1
+    });
+    assert_eq!(field(&mut raw, "many", "queued").as_deref(), Some("c:1"));
+    assert_eq!(field(&mut raw, "many", "handover"), None);
+    assert_eq!(field(&mut raw, "many", "next"), None);
 }

@@ -25,9 +25,14 @@
 -- Any other caller (a newcomer, a thread that queued behind its own
 -- process's waiters after the release, another process's parker while the
 -- window is kept) is told what is left of the window ({0, pttl, -1}) and
--- sleeps without parking (so as not to pop the baton meant for the
--- waiter), looking again within that time (see FIRST_WINDOW_LOOK in
--- src/parking/mod.rs).
+-- looks again within that time (see LAST_WINDOW_LOOK in
+-- src/parking/mod.rs). A waiter among them is marked on the window as
+-- the one to keep the next window for (`next`, asking since `nsince`;
+-- the one asking longest, as mark_in_the_way keeps), and whoever takes
+-- the window carries that mark into its ownership (carry_next): so a
+-- waiter kept out of one window is kept the next one, as if it had found
+-- the next ownership in its way, though that ownership began and may end
+-- before it looks again.
 --
 -- Why one waiter, by identity: the comparison of times is of the caller's
 -- clock when it sent its attempt with the server's when it runs, so it is
@@ -106,12 +111,43 @@ local function hand_over(key, ms, waiter, since)
   end
 end
 
--- clear_window(key): the window's fields off a lock taken in its window,
--- after the new ownership's were written. Not DEL first: while the slot
--- migrates, a key the script deleted counts as moved, and Redis refuses the
--- script's next write to it ("a non local key").
-local function clear_window(key)
-  redis.call('HDEL', key, 'handover', 'for', 'since')
+-- mark_next(key, kept_for, next_since, identity, asking): caller
+-- `identity`, `asking`, was kept out of a window kept for `kept_for`, on
+-- which the waiter marked to keep the next window for (if any) began
+-- asking at `next_since`. A waiter (it has waited) that has asked longer
+-- than that one is marked instead (see carry_next).
+local function mark_next(key, kept_for, next_since, identity, asking)
+  if asking > 0 and identity ~= kept_for then
+    local since = tonumber(server_us()) - asking
+    if not next_since or since < tonumber(next_since) then
+      redis.call('HSET', key, 'next', identity, 'nsince', string.format('%.0f', since))
+    end
+  end
+end
+
+-- carry_next(identity, next, next_since): the fields that mark a lock
+-- taken in its window by `identity` as in the way of the waiter the window
+-- marked next (mark_next: `next`, asking since `next_since`, or false), as
+-- that waiter's attempt would have marked it (mark_in_the_way); none when
+-- the window marked nobody, or a thread of the taker's own client.
+local function carry_next(identity, next, next_since)
+  if next and next_since and not same_client(next, identity) then
+    return {'waited', '1', 'seen', '1', 'queued', next, 'since', next_since}
+  end
+  return {}
+end
+
+-- clear_window(key, carried): the window's fields off a lock taken in its
+-- window, after the new ownership's were written (`since` too, unless the
+-- ownership carried a waiter's: carry_next). Not DEL first: while the
+-- slot migrates, a key the script deleted counts as moved, and Redis
+-- refuses the script's next write to it ("a non local key").
+local function clear_window(key, carried)
+  if carried then
+    redis.call('HDEL', key, 'handover', 'for', 'next', 'nsince')
+  else
+    redis.call('HDEL', key, 'handover', 'for', 'since', 'next', 'nsince')
+  end
 end
 
 -- may_take(opened, kept_for, kept_since, asking, identity): whether caller
@@ -145,9 +181,11 @@ end
 -- the kept waiter, its look finding nothing, would park on, and the others
 -- would wait out the window's first part for nobody. So a token goes back
 -- on an empty list (announced again), and the kept waiter's process looks
--- again. Only a waiter's attempt just after a park names its baton, and a
--- waiter kept out sleeps (it does not park), so each of them pushes at
--- most once per park.
+-- again. Only a waiter's attempt just after a park names its baton, so
+-- each of them pushes at most once per park; a waiter kept out parks
+-- through the window with its hub leaving the token on the list (the
+-- client's `ParkHow::after_change`), so that its own park's look does not
+-- pop what it just put back.
 local function tell_kept_waiter(baton, ttl)
   if redis.call('LLEN', baton) == 0 then
     push_baton(baton, ttl)

@@ -76,9 +76,10 @@
 -- fails with WRONGTYPE when the lock key is not a hash, then the pop when
 -- the baton key is not a list, next_fence when the fence key is not an
 -- integer.
--- next_fence, extend_lease, may_take, tell_kept_waiter, clear_window and
--- mark_in_the_way come from lib/, prepended when the script is built.
-local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'handover', 'for', 'since')
+-- next_fence, extend_lease, may_take, tell_kept_waiter, mark_next,
+-- carry_next, clear_window and mark_in_the_way come from lib/, prepended
+-- when the script is built.
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'handover', 'for', 'since', 'next', 'nsince')
 local pops = ARGV[11] == '1'
 
 local asking = tonumber(ARGV[7])
@@ -99,6 +100,7 @@ if not may then
   if kept and not pops and KEYS[3] then
     tell_kept_waiter(KEYS[3], ARGV[12])
   end
+  mark_next(KEYS[1], held[4], held[7], ARGV[1], asking)
   return {0, redis.call('PTTL', KEYS[1]), -1}
 end
 
@@ -113,13 +115,21 @@ if held[1] == false or (held[1] == ARGV[1] and ARGV[10] ~= '1') then
   if err then
     return err
   end
-  if asking > 0 then
-    redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6], 'waited', '1')
+  if not held[3] then
+    if asking > 0 then
+      redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6], 'waited', '1')
+    else
+      redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6])
+    end
   else
-    redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6])
-  end
-  if held[3] then
-    clear_window(KEYS[1])
+    -- Taken in its window: the waiter the window marked next is in this
+    -- ownership's way (carry_next).
+    local carried = carry_next(ARGV[1], held[6], held[7])
+    if asking > 0 and #carried == 0 then
+      carried = {'waited', '1'}
+    end
+    redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6], unpack(carried))
+    clear_window(KEYS[1], #carried > 2)
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, fence, 1}

@@ -45,8 +45,8 @@
 -- tell_kept_waiter in lib/hand_over.lua); after a caller that asked before
 -- the window opened takes it, the kept waiter finds the name held and
 -- waits behind it.
--- next_fence, extend_lease, may_take and mark_in_the_way come from lib/,
--- prepended when the script is built.
+-- next_fence, extend_lease, may_take, mark_in_the_way, carry_next and
+-- clear_window come from lib/, prepended when the script is built.
 local identity = ARGV[1]
 local asking = tonumber(ARGV[4])
 local names = #KEYS / 2
@@ -56,7 +56,7 @@ local window = {}
 
 for i = 1, names do
   local lock = KEYS[2 * i - 1]
-  local held = redis.call('HMGET', lock, 'flag', 'fence', 'handover', 'for', 'since')
+  local held = redis.call('HMGET', lock, 'flag', 'fence', 'handover', 'for', 'since', 'next', 'nsince')
   local mine = ARGV[5 * i + 3]
   if mine ~= '0' and held[1] == ARGV[5 * i + 5] and held[2] == mine then
     reenter[i] = true
@@ -66,7 +66,7 @@ for i = 1, names do
     mark_in_the_way(lock, held[1], held[5], identity, asking)
     return {0, i, redis.call('PTTL', lock)}
   elseif held[3] then
-    window[i] = true
+    window[i] = held
   end
 end
 
@@ -107,13 +107,19 @@ for i = 1, names do
     reply[#reply + 1] = tonumber(depth)
   else
     local token = tokens[i][2]
-    if asking > 0 then
+    if window[i] then
+      -- As acquire.lua: the waiter the window marked next is in this
+      -- ownership's way (carry_next).
+      local carried = carry_next(identity, window[i][6], window[i][7])
+      if asking > 0 and #carried == 0 then
+        carried = {'waited', '1'}
+      end
+      redis.call('HSET', lock, 'flag', identity, 'count', '1', 'fence', token, 'req', ARGV[3], unpack(carried))
+      clear_window(lock, #carried > 2)
+    elseif asking > 0 then
       redis.call('HSET', lock, 'flag', identity, 'count', '1', 'fence', token, 'req', ARGV[3], 'waited', '1')
     else
       redis.call('HSET', lock, 'flag', identity, 'count', '1', 'fence', token, 'req', ARGV[3])
-    end
-    if window[i] then
-      clear_window(lock)
     end
     redis.call('PEXPIRE', lock, lease)
     reply[#reply + 1] = tokens[i][1]

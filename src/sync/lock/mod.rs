@@ -461,20 +461,15 @@ impl Lock {
         let takes_token = Cell::new(false);
         let claims = Some(&takes_token);
         // Whether the waiter parked after its last attempt (which found
-        // the lock held, not in a window): its park may have ended with a
-        // token a look popped for it (see `AcquireArgs::after_park`).
+        // the lock held, or in a window: it parks through either): its
+        // park may have ended with a token a look popped for it (see
+        // `AcquireArgs::after_park`).
         let parked = Cell::new(false);
         let attempt = || {
             let asking = Asking::Waited(asked.elapsed());
             let took = takes_token.take();
             let tried = self.attempt(&identity, asking, &mut place, took, parked.get());
-            parked.set(matches!(
-                tried,
-                Ok(Attempt::Held {
-                    handing_over: false,
-                    ..
-                })
-            ));
+            parked.set(matches!(tried, Ok(Attempt::Held { .. })));
             tried
         };
         let room = &context.lock_room;
