@@ -445,7 +445,8 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
                     if handing_over && takes_token.is_some() {
                         // A waiter whose attempt names its baton parks
                         // through the window, for `LAST_WINDOW_LOOK` at
-                        // most: its attempt leaves the token it was rung
+                        // most (and the margin of a park past a lease's
+                        // end): its attempt leaves the token it was rung
                         // for to the waiter the window is kept for, and
                         // puts back one a look popped for it (the lock's
                         // `tell_kept_waiter`); where a hub parks it, its
