@@ -248,6 +248,10 @@ fn a_waiter_kept_out_of_a_window_is_kept_the_next_one() {
     // b's ownership is in c's way, though c has not looked since.
     assert_eq!(field(&mut raw, "next", "queued").as_deref(), Some("c:1"));
     assert_eq!(field(&mut raw, "next", "next"), None, "the mark moved");
+    assert!(field(&mut raw, "next", "since").is_some(), "c's, moved too");
+    for gone in ["handover", "for", "nsince"] {
+        assert_eq!(field(&mut raw, "next", gone), None, "the window's {gone}");
+    }
     release(&mut raw, "next", "b:1", taken[1]);
     assert_eq!(field(&mut raw, "next", "for").as_deref(), Some("c:1"));
     reopen(&mut raw, "next");
