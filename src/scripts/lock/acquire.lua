@@ -125,11 +125,12 @@ if held[1] == false or (held[1] == ARGV[1] and ARGV[10] ~= '1') then
     -- Taken in its window: the waiter the window marked next is in this
     -- ownership's way (carry_next).
     local carried = carry_next(ARGV[1], held[6], held[7])
+    local marks = carried
     if asking > 0 and #carried == 0 then
-      carried = {'waited', '1'}
+      marks = {'waited', '1'}
     end
-    redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6], unpack(carried))
-    clear_window(KEYS[1], #carried > 2)
+    redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6], unpack(marks))
+    clear_window(KEYS[1], #carried > 0)
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, fence, 1}

@@ -111,11 +111,12 @@ for i = 1, names do
       -- As acquire.lua: the waiter the window marked next is in this
       -- ownership's way (carry_next).
       local carried = carry_next(identity, window[i][6], window[i][7])
+      local marks = carried
       if asking > 0 and #carried == 0 then
-        carried = {'waited', '1'}
+        marks = {'waited', '1'}
       end
-      redis.call('HSET', lock, 'flag', identity, 'count', '1', 'fence', token, 'req', ARGV[3], unpack(carried))
-      clear_window(lock, #carried > 2)
+      redis.call('HSET', lock, 'flag', identity, 'count', '1', 'fence', token, 'req', ARGV[3], unpack(marks))
+      clear_window(lock, #carried > 0)
     elseif asking > 0 then
       redis.call('HSET', lock, 'flag', identity, 'count', '1', 'fence', token, 'req', ARGV[3], 'waited', '1')
     else
