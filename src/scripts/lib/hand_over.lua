@@ -29,7 +29,7 @@
 -- src/parking/mod.rs). A waiter among them is marked on the window as
 -- the one to keep the next window for (`next`, asking since `nsince`;
 -- the one asking longest, as mark_in_the_way keeps), and whoever takes
--- the window carries that mark into its ownership (carry_next): so a
+-- the window carries that mark into its ownership (take_window): so a
 -- waiter kept out of one window is kept the next one, as if it had found
 -- the next ownership in its way, though that ownership began and may end
 -- before it looks again.
@@ -115,7 +115,7 @@ end
 -- `identity`, `asking`, was kept out of a window kept for `kept_for`, on
 -- which the waiter marked to keep the next window for (if any) began
 -- asking at `next_since`. A waiter (it has waited) that has asked longer
--- than that one is marked instead (see carry_next).
+-- than that one is marked instead (see take_window).
 local function mark_next(key, kept_for, next_since, identity, asking)
   if asking > 0 and identity ~= kept_for then
     local since = tonumber(server_us()) - asking
@@ -125,29 +125,30 @@ local function mark_next(key, kept_for, next_since, identity, asking)
   end
 end
 
--- carry_next(identity, next, next_since): the fields that mark a lock
--- taken in its window by `identity` as in the way of the waiter the window
--- marked next (mark_next: `next`, asking since `next_since`, or false), as
--- that waiter's attempt would have marked it (mark_in_the_way); none when
--- the window marked nobody, or a thread of the taker's own client.
-local function carry_next(identity, next, next_since)
+-- take_window(key, identity, token, req, asking, next, next_since): writes
+-- the ownership of `identity` (fencing token `token`, request `req`,
+-- `asking` as the caller asks) over a lock in its hand-over window, then
+-- takes the window's fields off. The waiter the window marked next
+-- (mark_next: `next`, asking since `next_since`, or false) is carried
+-- into the ownership as in its way, as that waiter's attempt would have
+-- marked it (mark_in_the_way: `queued`, `since`, `waited`, `seen`);
+-- unless the window marked nobody, or a thread of the taker's own client
+-- (its process serves it in memory). Not DEL first: while the slot
+-- migrates, a key the script deleted counts as moved, and Redis refuses
+-- the script's next write to it ("a non local key").
+local function take_window(key, identity, token, req, asking, next, next_since)
   if next and next_since and not same_client(next, identity) then
-    return {'waited', '1', 'seen', '1', 'queued', next, 'since', next_since}
-  end
-  return {}
-end
-
--- clear_window(key, carried): the window's fields off a lock taken in its
--- window, after the new ownership's were written (`since` too, unless the
--- ownership carried a waiter's: carry_next). Not DEL first: while the
--- slot migrates, a key the script deleted counts as moved, and Redis
--- refuses the script's next write to it ("a non local key").
-local function clear_window(key, carried)
-  if carried then
+    redis.call('HSET', key, 'flag', identity, 'count', '1', 'fence', token, 'req', req,
+      'waited', '1', 'seen', '1', 'queued', next, 'since', next_since)
     redis.call('HDEL', key, 'handover', 'for', 'next', 'nsince')
-  else
-    redis.call('HDEL', key, 'handover', 'for', 'since', 'next', 'nsince')
+    return
   end
+  if asking > 0 then
+    redis.call('HSET', key, 'flag', identity, 'count', '1', 'fence', token, 'req', req, 'waited', '1')
+  else
+    redis.call('HSET', key, 'flag', identity, 'count', '1', 'fence', token, 'req', req)
+  end
+  redis.call('HDEL', key, 'handover', 'for', 'since', 'next', 'nsince')
 end
 
 -- may_take(opened, kept_for, kept_since, asking, identity): whether caller

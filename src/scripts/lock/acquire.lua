@@ -77,7 +77,7 @@
 -- the baton key is not a list, next_fence when the fence key is not an
 -- integer.
 -- next_fence, extend_lease, may_take, tell_kept_waiter, mark_next,
--- carry_next, clear_window and mark_in_the_way come from lib/, prepended
+-- take_window and mark_in_the_way come from lib/, prepended
 -- when the script is built.
 local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'handover', 'for', 'since', 'next', 'nsince')
 local pops = ARGV[11] == '1'
@@ -122,15 +122,7 @@ if held[1] == false or (held[1] == ARGV[1] and ARGV[10] ~= '1') then
       redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6])
     end
   else
-    -- Taken in its window: the waiter the window marked next is in this
-    -- ownership's way (carry_next).
-    local carried = carry_next(ARGV[1], held[6], held[7])
-    local marks = carried
-    if asking > 0 and #carried == 0 then
-      marks = {'waited', '1'}
-    end
-    redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6], unpack(marks))
-    clear_window(KEYS[1], #carried > 0)
+    take_window(KEYS[1], ARGV[1], token, ARGV[6], asking, held[6], held[7])
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, fence, 1}

@@ -45,8 +45,8 @@
 -- tell_kept_waiter in lib/hand_over.lua); after a caller that asked before
 -- the window opened takes it, the kept waiter finds the name held and
 -- waits behind it.
--- next_fence, extend_lease, may_take, mark_in_the_way, carry_next and
--- clear_window come from lib/, prepended when the script is built.
+-- next_fence, extend_lease, may_take, mark_in_the_way and take_window
+-- come from lib/, prepended when the script is built.
 local identity = ARGV[1]
 local asking = tonumber(ARGV[4])
 local names = #KEYS / 2
@@ -108,15 +108,7 @@ for i = 1, names do
   else
     local token = tokens[i][2]
     if window[i] then
-      -- As acquire.lua: the waiter the window marked next is in this
-      -- ownership's way (carry_next).
-      local carried = carry_next(identity, window[i][6], window[i][7])
-      local marks = carried
-      if asking > 0 and #carried == 0 then
-        marks = {'waited', '1'}
-      end
-      redis.call('HSET', lock, 'flag', identity, 'count', '1', 'fence', token, 'req', ARGV[3], unpack(marks))
-      clear_window(lock, #carried > 0)
+      take_window(lock, identity, token, ARGV[3], asking, window[i][6], window[i][7])
     elseif asking > 0 then
       redis.call('HSET', lock, 'flag', identity, 'count', '1', 'fence', token, 'req', ARGV[3], 'waited', '1')
     else
