@@ -5,10 +5,12 @@
 //! threads are named `<client>:<n>`, as the crate names them; each attempt
 //! is a waiter's, naming the baton.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::scripts::{fence_key, script, BATON_TTL_MS, FENCE_TTL_MS, LEASE_MS};
-use crate::support::{baton_key, eventually, lock_key};
+use crate::support::{baton_key, eventually, lock_key, JoinWithin};
 use testkit::RedisServer;
 
 /// The window a release opens, as the crate asks for it.
@@ -293,4 +295,71 @@ fn a_multi_lock_taking_a_window_carries_the_waiter_it_marked_next() {
     assert_eq!(field(&mut raw, "many", "queued").as_deref(), Some("c:1"));
     assert_eq!(field(&mut raw, "many", "handover"), None);
     assert_eq!(field(&mut raw, "many", "next"), None);
+}
+
+/// A waiter parked in `BLPOP` (a user the server refuses `CLIENT
+/// TRACKING`) through a window kept for another client's waiter pops the
+/// window's token at once; its next attempt names its baton (it parked,
+/// window or not: `AcquireArgs::after_park`) and puts the token back for
+/// that waiter. The test keeps the window in its first part (`reopen`)
+/// until the token is back, so that the attempt is kept out, not let in.
+#[test]
+fn a_waiter_parked_in_blpop_through_a_window_puts_back_the_token_it_popped() {
+    let server = RedisServer::start();
+    let mut raw = server.connection();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("untracked")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-client|tracking")
+        .query(&mut raw)
+        .unwrap();
+    let url = format!("redis://untracked:pw@127.0.0.1:{}/", server.port());
+    let client = redbaton::Client::open(url.as_str()).unwrap();
+    // Connected before the window opens.
+    drop(client.lock("elsewhere").unwrap().try_lock().unwrap());
+    let fence = take(&mut raw, "popped", "a:1");
+    assert_eq!(attempt(&mut raw, "popped", "b:1", LONG)[0], 0);
+    release(&mut raw, "popped", "a:1", fence);
+    let pushed = || -> u64 {
+        let stats = server.command_calls();
+        stats.get("rpush").copied().unwrap_or(0)
+    };
+    let released = pushed();
+    let served = Arc::new(AtomicBool::new(false));
+    let newcomer = {
+        let served = Arc::clone(&served);
+        std::thread::spawn(move || {
+            let lock = client.lock("popped").unwrap();
+            let guard = lock.try_lock_for(Duration::from_secs(20)).unwrap();
+            served.store(true, Ordering::SeqCst);
+            guard
+                .expect("served once the window ends")
+                .unlock()
+                .unwrap();
+        })
+    };
+    eventually(Duration::from_secs(10), "the token pushed back", || {
+        // Young, and open for as long as this waits, however slow the
+        // newcomer's first attempt.
+        reopen(&mut raw, "popped");
+        let _: () = redis::cmd("PEXPIRE")
+            .arg(lock_key("popped"))
+            .arg(WINDOW_MS)
+            .query(&mut raw)
+            .unwrap();
+        // (The newcomer's own release pushes one too, once served.)
+        let back = pushed() > released;
+        assert!(
+            !back || !served.load(Ordering::SeqCst),
+            "no token came back before the window ended"
+        );
+        back
+    });
+    // b never comes: the window ends, and the newcomer takes the lock.
+    newcomer.joined();
 }
