@@ -41,9 +41,9 @@ pub(crate) struct Context {
 }
 
 impl Context {
-    /// Assembles a client's runtime.
-    pub(crate) fn new(config: Config, backend: Arc<Backend>) -> Self {
-        let identities = Identities::new(keys::identity_counter(&config.prefix));
+    /// Assembles a client's runtime; `instance`: the client's random id.
+    pub(crate) fn new(config: Config, backend: Arc<Backend>, instance: uuid::Uuid) -> Self {
+        let identities = Identities::new(keys::identity_counter(&config.prefix), instance);
         let name = NameRecord::new(&backend, &config, &identities.instance().to_string());
         Context {
             identities,

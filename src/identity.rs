@@ -40,9 +40,11 @@ thread_local! {
 }
 
 impl Identities {
-    pub(crate) fn new(counter_key: String) -> Self {
+    /// The identities of the client `instance` (its random id), numbered
+    /// by the counter at `counter_key`.
+    pub(crate) fn new(counter_key: String, instance: Uuid) -> Self {
         Identities {
-            instance: Uuid::new_v4(),
+            instance,
             counter_key,
             highest_issued: Mutex::new(0),
             alive: Arc::new(()),
@@ -98,7 +100,7 @@ mod tests {
 
     #[test]
     fn one_counter_call_per_thread_and_unique_after_counter_reset() {
-        let ids = Identities::new("c".into());
+        let ids = Identities::new("c".into(), Uuid::new_v4());
         let mut calls = 0;
         let first = ids
             .current(|_| {
@@ -120,10 +122,10 @@ mod tests {
     #[test]
     fn dropped_clients_are_pruned_from_the_thread_cache() {
         for _ in 0..10 {
-            let ids = Identities::new("c".into());
+            let ids = Identities::new("c".into(), Uuid::new_v4());
             ids.current(|_| Ok(1)).unwrap();
         }
-        let live = Identities::new("c".into());
+        let live = Identities::new("c".into(), Uuid::new_v4());
         live.current(|_| Ok(1)).unwrap();
         THREAD_IDENTITIES.with_borrow(|v| assert_eq!(v.len(), 1));
     }

@@ -282,6 +282,27 @@ fn scenario(server: &RedisServer) -> (Client, FaultProxy) {
     assert!(lock.force_unlock().unwrap());
     parked.joined();
 
+    // A waiter of another client: granted the lock by a release, then one
+    // that stops waiting and takes its grant off.
+    let another = Client::builder(server.url()).build().unwrap();
+    let held = client.lock("keys-grant").unwrap().lock().unwrap();
+    let theirs = another.lock("keys-grant").unwrap();
+    let granted = thread::spawn(move || {
+        let guard = theirs.try_lock_for(Duration::from_secs(10)).unwrap();
+        assert!(guard.is_some(), "granted");
+        assert!(
+            theirs.try_lock_for(ms(300)).unwrap().is_some(),
+            "re-entered"
+        );
+    });
+    thread::sleep(ms(100));
+    held.unlock().unwrap();
+    granted.joined();
+    let held = client.lock("keys-grant").unwrap().lock().unwrap();
+    let theirs = another.lock("keys-grant").unwrap();
+    assert!(theirs.try_lock_for(ms(300)).unwrap().is_none());
+    held.unlock().unwrap();
+
     // Multi-lock: a set taken at once, re-entering a name this thread
     // holds, and a waiter that finds a name held, parks, and wins.
     let single = client.lock("keys-multi-b").unwrap().lock().unwrap();

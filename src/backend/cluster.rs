@@ -145,6 +145,7 @@ impl Cluster {
             self.trace,
             &self.workers,
             true,
+            None,
         ))
     }
 

@@ -95,8 +95,9 @@ use redis::{RedisResult, Value};
 use super::classify::{
     self, breaks_connection, describe_io, is_permission_failure, is_redirection, ScriptTracer,
 };
+use super::grants::Granted;
 use super::pool::{Pool, PooledConn};
-use super::{NodeParked, ParkHow, Parked};
+use super::{Grants, NodeParked, ParkHow, Parked};
 use crate::error::Error;
 
 /// The connections the hub of one server keeps: the listener and the
@@ -179,6 +180,9 @@ struct Inner {
     baton_ttl: Duration,
     io_timeout: Duration,
     trace: ScriptTracer,
+    /// The client's grant channel, which the listener subscribes to as
+    /// well (see `grants`), where this server's releases may grant.
+    grants: Option<Arc<Grants>>,
 }
 
 #[derive(Default)]
@@ -234,6 +238,9 @@ struct Waiter {
     /// Its next attempt takes the token itself ([`ParkHow::claims`]): an
     /// announcement of the key ends its park with no look.
     claims: bool,
+    /// What a grant for it names ([`ParkHow::ticket`]), where grants
+    /// come.
+    ticket: Option<Box<str>>,
 }
 
 enum Outcome {
@@ -247,6 +254,8 @@ enum Outcome {
     Refused(Error),
     /// `MOVED` or `ASK`: a Cluster's other node serves the key.
     Redirected(redis::RedisError),
+    /// A release granted the waiter what it waits for, under this token.
+    Granted(u64),
 }
 
 /// What one key's look found.
@@ -261,7 +270,9 @@ impl Hub {
     /// A hub parking on connections of `links` (it keeps [`LINKS`] of
     /// them), giving tokens back and sweeping through `commands`,
     /// checking watched keys every `sweep_every`; a `cluster_node`'s
-    /// checks the slots it serves too.
+    /// checks the slots it serves too. `grants`: the client's grant
+    /// channel, where this server's releases may grant.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         links: Pool,
         commands: Pool,
@@ -270,6 +281,7 @@ impl Hub {
         sweep_every: Duration,
         cluster_node: bool,
         trace: ScriptTracer,
+        grants: Option<Arc<Grants>>,
     ) -> Hub {
         Hub {
             inner: Arc::new(Inner {
@@ -284,6 +296,7 @@ impl Hub {
                 baton_ttl,
                 io_timeout,
                 trace,
+                grants,
             }),
         }
     }
@@ -327,6 +340,7 @@ impl Hub {
             watch,
             after_change,
             claims,
+            ticket,
         } = how;
         let inner = &self.inner;
         let mut park = if precise {
@@ -393,6 +407,7 @@ impl Hub {
                 wake: Arc::clone(&wake),
                 watch: watch.map(Arc::from),
                 claims,
+                ticket: ticket.filter(|_| inner.grants.is_some()).map(Box::from),
             });
         if !state.tracked.contains(list) {
             let fresh = state.dirty.insert(list.to_owned());
@@ -445,6 +460,7 @@ impl Outcome {
             Outcome::ConnectionFailed(err) => Ok(NodeParked::Parked(Parked::ConnectionFailed(err))),
             Outcome::Refused(err) => Err(err),
             Outcome::Redirected(err) => Ok(NodeParked::Redirected(err)),
+            Outcome::Granted(token) => Ok(NodeParked::Parked(Parked::Granted(token))),
         }
     }
 }
@@ -513,6 +529,28 @@ impl State {
         }
         self.unlink(None);
         self.end_all(|_| Outcome::Woken);
+    }
+
+    /// Ends the park of the waiter `granted` names with its token;
+    /// whether it was parked here.
+    fn grant(&mut self, granted: &Granted) -> bool {
+        let Some(waiters) = self.keys.get_mut(&granted.list) else {
+            return false;
+        };
+        let named = |waiter: &Waiter| waiter.ticket.as_deref() == Some(granted.ticket.as_str());
+        let Some(at) = waiters.iter().position(named) else {
+            return false;
+        };
+        let Some(waiter) = waiters.remove(at) else {
+            return false;
+        };
+        if waiters.is_empty() {
+            self.keys.remove(&granted.list);
+        }
+        self.outcomes
+            .insert(waiter.id, Outcome::Granted(granted.token));
+        waiter.wake.notify_one();
+        true
     }
 
     /// The server announced `keys` changed (`None`: everything, a flush).
@@ -751,6 +789,8 @@ impl Inner {
     /// announcements and passes them on, until the hub is dropped. Opens
     /// its link when someone waits, and again after a failure.
     fn listen(&self) {
+        // Warned once that the server refuses the grant channel.
+        let mut grants_refused = false;
         loop {
             {
                 let mut state = self.state.lock();
@@ -793,6 +833,30 @@ impl Inner {
                     }
                 }
             }
+            // The grant channel apart: a server or an ACL that refuses it
+            // leaves parking as it was, with no grants (a release whose
+            // `PUBLISH` nobody hears opens its window instead).
+            if let Some(grants) = &self.grants {
+                if let Err(err) = pubsub.subscribe(grants.channel()) {
+                    match self.link_error(err) {
+                        LinkError::Refused(why) => {
+                            if !grants_refused {
+                                grants_refused = true;
+                                log::warn!(
+                                    "redbaton: Redis at {} refused the grant channel ({why}); \
+                                     releases wake waiters instead (allow SUBSCRIBE and PUBLISH \
+                                     on the prefix's grant channels: see docs/security.md)",
+                                    self.links.addr()
+                                );
+                            }
+                        }
+                        LinkError::Failed(err) => {
+                            self.relink_later(Some(&err));
+                            continue;
+                        }
+                    }
+                }
+            }
             {
                 let mut state = self.state.lock();
                 state.unlink(None);
@@ -823,7 +887,14 @@ impl Inner {
                             self.tracker.notify_one();
                         }
                     }
-                    Ok(_) => {}
+                    Ok(message) => {
+                        if let Some(grants) = &self.grants {
+                            if message.get_channel_name() == grants.channel() {
+                                let payload = message.get_payload::<Vec<u8>>().unwrap_or_default();
+                                self.granted(grants, &payload);
+                            }
+                        }
+                    }
                     Err(err) if err.is_timeout() => {
                         if self.state.lock().closed {
                             return;
@@ -841,6 +912,38 @@ impl Inner {
                     }
                 }
             }
+        }
+    }
+
+    /// A grant came: the waiter it names ends its park with it, or, where
+    /// none is parked, it is given back (on the listener's thread: rare,
+    /// one round trip; see `grants`).
+    fn granted(&self, grants: &Grants, message: &[u8]) {
+        let Some(granted) = Granted::parse(message) else {
+            log::warn!("redbaton: a message on the grant channel that is no grant was ignored");
+            return;
+        };
+        let taken = {
+            let mut state = self.state.lock();
+            state.grant(&granted)
+        };
+        if taken {
+            return;
+        }
+        let given = self.commands.get(self.io_timeout).and_then(|mut conn| {
+            conn.run(|c| grants.give_back(c, &granted))
+                .map_err(|err| self.classify(err, "(a grant given back)"))
+        });
+        match given {
+            Ok(()) => log::debug!(
+                "redbaton: gave back a grant of {:?} that no parked waiter took",
+                granted.key
+            ),
+            Err(err) => log::warn!(
+                "redbaton: giving back a grant of {:?} that no parked waiter took failed \
+                 ({err}); it is free at the end of the grant's lease",
+                granted.key
+            ),
         }
     }
 
@@ -1367,9 +1470,26 @@ mod tests {
                 wake: Arc::new(Condvar::new()),
                 watch: None,
                 claims: false,
+                ticket: Some("c:1 5".into()),
             });
         state.dirty.insert(KEY.to_owned());
         state
+    }
+
+    #[test]
+    fn a_grant_ends_the_park_of_the_waiter_it_names_alone() {
+        let mut state = a_waiter_due_for_a_look();
+        let message = |ticket: &str| format!("{ticket} 99 7 p:{{k}}:l{KEY}");
+        for other in ["c:1 4", "c:2 5"] {
+            let granted = Granted::parse(message(other).as_bytes()).unwrap();
+            assert!(!state.grant(&granted), "{other}");
+        }
+        assert!(state.outcomes.is_empty());
+        let granted = Granted::parse(message("c:1 5").as_bytes()).unwrap();
+        assert!(state.grant(&granted));
+        assert!(matches!(state.outcomes.get(&7), Some(Outcome::Granted(99))));
+        assert!(!state.keys.contains_key(KEY), "its key has no waiter left");
+        assert!(!state.grant(&granted), "granted once");
     }
 
     /// A state with one waiter on [`KEY`], whose look has been sent.

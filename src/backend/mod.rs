@@ -27,6 +27,7 @@
 mod classify;
 #[cfg(feature = "cluster")]
 mod cluster;
+mod grants;
 mod hub;
 mod pool;
 #[cfg(feature = "redlock")]
@@ -49,6 +50,7 @@ use crate::config::Config;
 use crate::error::Error;
 
 pub(crate) use classify::{is_transient_reply, ScriptTracer};
+pub(crate) use grants::{ticket, Grants};
 
 /// Where a client's commands go.
 pub(crate) struct Backend {
@@ -56,6 +58,8 @@ pub(crate) struct Backend {
     /// The process that opened it: a forked child inherits the sockets,
     /// which it must not use.
     pid: u32,
+    /// The client's grant channel, where the deployment allows grants.
+    grants: Option<Arc<Grants>>,
 }
 
 // One per client, made once and kept behind an `Arc`: its size does not
@@ -112,6 +116,11 @@ pub(crate) struct ParkHow<'a> {
     /// ([`Parked::Rang`]), without the look that would pop the token for
     /// it, so a hand-off waits for one round trip less.
     pub(crate) claims: bool,
+    /// Where a hub parks the waiter and its client has a grant channel
+    /// (see `grants`): the waiter's ticket (the owner a release may grant
+    /// to, and the request its park follows), which a grant's message
+    /// names to end its park with [`Parked::Granted`].
+    pub(crate) ticket: Option<&'a str>,
 }
 
 /// How one park ended.
@@ -125,6 +134,9 @@ pub(crate) enum Parked {
     Rang,
     /// The parked connection failed; it was closed.
     ConnectionFailed(Error),
+    /// A release granted the waiter (its [`ParkHow::ticket`]) what it
+    /// waits for, under this token.
+    Granted(u64),
 }
 
 /// How a park on one node ended, before a flavor that routes acts on a
@@ -140,11 +152,21 @@ enum NodeParked {
 
 impl Backend {
     /// One server at `client`'s address. Does not connect.
-    pub(crate) fn single(client: redis::Client, config: &Config, trace: ScriptTracer) -> Backend {
+    /// `grants`: the client's grant channel, where releases may grant
+    /// this server's waiters what they wait for (see `grants`).
+    pub(crate) fn single(
+        client: redis::Client,
+        config: &Config,
+        trace: ScriptTracer,
+        grants: Option<Arc<Grants>>,
+    ) -> Backend {
         let workers = single::connect_workers();
-        Backend::with(Flavor::Single(single::Single::new(
-            client, config, trace, &workers, false,
-        )))
+        Backend {
+            grants: grants.clone(),
+            ..Backend::with(Flavor::Single(single::Single::new(
+                client, config, trace, &workers, false, grants,
+            )))
+        }
     }
 
     /// A Redis Cluster first reached through `seeds`. Does not connect.
@@ -172,17 +194,22 @@ impl Backend {
         config: &Config,
         trace: ScriptTracer,
         follow_switches: bool,
+        grants: Option<Arc<Grants>>,
     ) -> Backend {
         let workers = single::connect_workers();
-        Backend::with(Flavor::Sentinel(sentinel::Sentinel::new(
-            service,
-            sentinels,
-            master,
-            config,
-            trace,
-            workers,
-            follow_switches,
-        )))
+        Backend {
+            grants: grants.clone(),
+            ..Backend::with(Flavor::Sentinel(sentinel::Sentinel::new(
+                service,
+                sentinels,
+                master,
+                config,
+                trace,
+                workers,
+                follow_switches,
+                grants,
+            )))
+        }
     }
 
     /// Independent masters for a Redlock quorum, each already a backend of
@@ -236,7 +263,14 @@ impl Backend {
         Backend {
             flavor,
             pid: std::process::id(),
+            grants: None,
         }
+    }
+
+    /// The client's grant channel, where this deployment allows grants
+    /// (see `grants`).
+    pub(crate) fn grants(&self) -> Option<&Arc<Grants>> {
+        self.grants.as_ref()
     }
 
     /// Refuses to be used from a process forked from the one that made it.

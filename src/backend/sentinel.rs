@@ -22,7 +22,7 @@ use scheduled_thread_pool::ScheduledThreadPool;
 use super::classify::{describe_io, is_auth_failure, ScriptTracer};
 use super::pool::set_client_name;
 use super::single::{SendError, Single};
-use super::{addrs_of, client_at, Failed, ParkHow, Parked, Sent};
+use super::{addrs_of, client_at, Failed, Grants, ParkHow, Parked, Sent};
 use crate::config::Config;
 use crate::error::Error;
 use crate::observe::{Event, Observer};
@@ -48,6 +48,8 @@ pub(super) struct Sentinel {
     master_template: redis::Client,
     /// Which those are, for messages.
     master_settings: &'static str,
+    /// The client's grant channel, for each master's hub.
+    grants: Option<Arc<Grants>>,
 }
 
 /// What the event thread shares with the client.
@@ -80,7 +82,9 @@ impl Shared {
 }
 
 impl Sentinel {
-    /// The master of `service` as `sentinels` know it. Does not connect.
+    /// The master of `service` as `sentinels` know it; `grants`: the
+    /// client's grant channel, for each master's hub. Does not connect.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         service: String,
         sentinels: Vec<redis::Client>,
@@ -89,6 +93,7 @@ impl Sentinel {
         trace: ScriptTracer,
         workers: Arc<ScheduledThreadPool>,
         follow_switches: bool,
+        grants: Option<Arc<Grants>>,
     ) -> Self {
         let sentinel_addrs = addrs_of(&sentinels);
         let master_settings = match master {
@@ -99,6 +104,7 @@ impl Sentinel {
         Sentinel {
             master_template,
             master_settings,
+            grants,
             shared: Arc::new(Shared {
                 service,
                 sentinels,
@@ -195,7 +201,14 @@ impl Sentinel {
         let client = self.resolve()?;
         let master = Arc::new(Master {
             generation: self.shared.generations.fetch_add(1, Ordering::Relaxed) + 1,
-            server: Single::new(client, &self.config, self.trace, &self.workers, false),
+            server: Single::new(
+                client,
+                &self.config,
+                self.trace,
+                &self.workers,
+                false,
+                self.grants.clone(),
+            ),
         });
         log::debug!(
             "redbaton: master of {:?} is {} (lookup {})",

@@ -14,7 +14,7 @@ use super::hub::{self, Hub};
 use super::pool::{Pool, PooledConn};
 use super::unblock::Unblocker;
 use super::version;
-use super::{Failed, NodeParked, ParkHow, Parked, Sent};
+use super::{Failed, Grants, NodeParked, ParkHow, Parked, Sent};
 use crate::config::Config;
 use crate::error::Error;
 
@@ -79,6 +79,7 @@ impl Single {
         trace: ScriptTracer,
         workers: &Arc<ScheduledThreadPool>,
         cluster_node: bool,
+        grants: Option<Arc<Grants>>,
     ) -> Self {
         let commands = Pool::new(
             client.clone(),
@@ -121,6 +122,7 @@ impl Single {
                 config.max_park,
                 cluster_node,
                 trace,
+                grants,
             ),
             max_park: config.max_park,
             unblocker,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::RedisResult;
 
 use super::Client;
-use crate::backend::Backend;
+use crate::backend::{Backend, Grants};
 use crate::config::{
     default_client_name, ClockDrift, Config, NodeTimeout, ReplicaAcks, MAX_DRIFT_RATIO,
 };
@@ -767,8 +767,20 @@ impl ClientBuilder {
         }
         config.validate()?;
         let trace = scripts::command_in_error;
+        // The client's id, in its threads' identities and its grant
+        // channel's name.
+        let instance = uuid::Uuid::new_v4();
+        // Releases may grant a waiter what it waits for where one server's
+        // word is final: not under `replica_acks`, whose writes count only
+        // once confirmed (see `backend::grants`).
+        let grants = config
+            .replica_acks
+            .is_none()
+            .then(|| Arc::new(Grants::new(&config.prefix, &instance.to_string())));
         let backend = Arc::new(match self.topology.form {
-            Form::Server(server) => Backend::single(server.map_err(invalid)?, &config, trace),
+            Form::Server(server) => {
+                Backend::single(server.map_err(invalid)?, &config, trace, grants)
+            }
             #[cfg(feature = "cluster")]
             Form::Cluster(seeds) => Backend::cluster(seeds.map_err(invalid)?, &config, trace),
             #[cfg(feature = "sentinel")]
@@ -780,7 +792,7 @@ impl ClientBuilder {
                 let sentinels = sentinels.map_err(invalid)?;
                 let master = master.transpose().map_err(invalid)?;
                 let follow = self.follow_switches;
-                Backend::sentinel(service, sentinels, master, &config, trace, follow)
+                Backend::sentinel(service, sentinels, master, &config, trace, follow, grants)
             }
             #[cfg(feature = "redlock")]
             Form::Masters(masters) => {
@@ -797,7 +809,7 @@ impl ClientBuilder {
                     &config,
                     masters
                         .into_iter()
-                        .map(|master| Arc::new(Backend::single(master, &node_config, trace)))
+                        .map(|master| Arc::new(Backend::single(master, &node_config, trace, None)))
                         .collect(),
                 )
             }
@@ -807,7 +819,7 @@ impl ClientBuilder {
             Some(_) => Arc::new(QuorumLock::new(&backend, &config)),
             _ => Arc::new(DeploymentLock::new(Arc::clone(&backend), &config)),
         };
-        let context = Context::new(config, backend);
+        let context = Context::new(config, backend, instance);
         Ok(Client::new(Arc::new(context), lock_raw))
     }
 }

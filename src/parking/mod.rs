@@ -35,7 +35,7 @@
 mod local_queue;
 mod park;
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -136,6 +136,31 @@ struct Wait<'a> {
     baton_key: &'a str,
     watch: Option<&'a str>,
     takes_token: Option<&'a Cell<bool>>,
+    grant: Option<&'a GrantSlot>,
+}
+
+/// What a waiter that may be granted what it waits for while parked (a
+/// release writes its ownership and tells its client, see
+/// `backend::grants`) shares with the wait core: the ticket its parks
+/// carry, which its attempts set, and the token a grant brought, which its
+/// next attempt takes instead of asking Redis.
+#[derive(Debug, Default)]
+pub(crate) struct GrantSlot {
+    ticket: RefCell<Option<String>>,
+    granted: Cell<Option<u64>>,
+}
+
+impl GrantSlot {
+    /// What the waiter's parks carry from now on (`None`: no grant may
+    /// come to them).
+    pub(crate) fn set_ticket(&self, ticket: Option<String>) {
+        *self.ticket.borrow_mut() = ticket;
+    }
+
+    /// The token a grant brought since the last call, if one did.
+    pub(crate) fn take_granted(&self) -> Option<u64> {
+        self.granted.take()
+    }
 }
 
 /// How a wait ended.
@@ -226,6 +251,9 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
     /// waiter that parks at once, with nobody of this process waiting
     /// before it, parks on it without attempting again. `None`: it
     /// attempts first.
+    ///
+    /// `grant`: the waiter may be granted what it waits for while parked
+    /// (see [`GrantSlot`]); its attempt after such a park takes the grant.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn wait_until<T>(
         &self,
@@ -235,6 +263,7 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
         claim: C,
         deadline: Option<Instant>,
         takes_token: Option<&Cell<bool>>,
+        grant: Option<&GrantSlot>,
         first: Option<Attempt<T>>,
         attempt: impl FnMut() -> Result<Attempt<T>, Error>,
     ) -> Result<Waited<T, G>, Error> {
@@ -243,6 +272,7 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
             baton_key,
             watch,
             takes_token,
+            grant,
         };
         self.wait_told(wait, claim, deadline, true, first, attempt)
     }
@@ -259,6 +289,7 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
         claim: C,
         until: Instant,
         takes_token: Option<&Cell<bool>>,
+        grant: Option<&GrantSlot>,
         first: Option<Attempt<T>>,
         attempt: impl FnMut() -> Result<Attempt<T>, Error>,
     ) -> Result<Waited<T, G>, Error> {
@@ -267,6 +298,7 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
             baton_key,
             watch,
             takes_token,
+            grant,
         };
         self.wait_told(wait, claim, Some(until), false, first, attempt)
     }
@@ -408,6 +440,7 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
             baton_key,
             watch,
             takes_token,
+            grant,
         } = wait;
         let max_park = match watch {
             Some(_) => self.max_park.saturating_mul(WATCHED_PARK_FACTOR),
@@ -500,13 +533,21 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
             member.parker_parks(park_key);
             // On its own list, or on one its attempt pops.
             let claims = takes_token.filter(|_| park_on.as_ref().is_none_or(|on| on.claims));
+            // A grant names the waiter parked on the baton, not one on a
+            // list of its own.
+            let ticket = grant
+                .filter(|_| park_on.is_none())
+                .map(|slot| slot.ticket.borrow());
             let how = ParkHow {
                 precise: park.precise,
                 watch,
                 after_change: passed_on,
                 claims: claims.is_some(),
+                ticket: ticket.as_ref().and_then(|ticket| ticket.as_deref()),
             };
-            match self.backend.park(name, park_key, park.duration, how)? {
+            let parked = self.backend.park(name, park_key, park.duration, how);
+            drop(ticket);
+            match parked? {
                 Parked::Done => {}
                 // The list changed: its token, if there, is this waiter's
                 // to take, as a look would have popped it for it.
@@ -519,6 +560,12 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
                 // on a fresh connection.
                 Parked::ConnectionFailed(err) => {
                     failures.count(err, deadline)?;
+                }
+                // Granted: the next attempt takes it, with no command.
+                Parked::Granted(token) => {
+                    if let Some(slot) = grant {
+                        slot.granted.set(Some(token));
+                    }
                 }
             }
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{
     millis, Call, ACQUIRE, ACQUIRE_MANY, FAIR_ACQUIRE, FAIR_FORCE_UNLOCK, FAIR_HANDOFF, FAIR_LEAVE,
     FAIR_RELEASE, FAIR_RELEASE_REQUEST, FAIR_WAKE, FORCE_UNLOCK, HANDOFF, HOLDER, RELEASE,
-    RELEASE_REQUEST, RENEW,
+    RELEASE_REQUEST, RENEW, WITHDRAW,
 };
 use crate::keys::{FairKeys, LockKeys};
 
@@ -95,6 +95,11 @@ pub(crate) struct AcquireArgs<'a> {
     pub(crate) after_park: bool,
     /// The TTL of such a token.
     pub(crate) baton_ttl: Duration,
+    /// A plain lock's waiter that parks where a grant reaches it: the
+    /// release of an ownership it finds in its way may grant it the lock
+    /// (`lib/grant.lua`), by a message naming this request, for this lease
+    /// (`None`: no grant).
+    pub(crate) grantable: Option<Duration>,
     /// A fair lock's: the caller's last park was on the head's list
     /// ([`FairKeys::next`]), not its own.
     pub(crate) on_heads_list: bool,
@@ -157,14 +162,20 @@ pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
         // arguments. The baton is left out while the slot migrates (an
         // empty list is on neither node), as the fair lock leaves out its
         // lists.
-        if !args.takes_token && !args.after_park {
+        if !args.takes_token && !args.after_park && args.grantable.is_none() {
             return call;
         }
+        let parked = match (args.takes_token, args.after_park) {
+            (true, _) => "1",
+            (false, true) => "0",
+            (false, false) => "2",
+        };
         let with = call
             .clone()
             .key(&keys.baton)
-            .arg(if args.takes_token { "1" } else { "0" })
-            .arg(millis(args.baton_ttl));
+            .arg(parked)
+            .arg(millis(args.baton_ttl))
+            .arg(args.grantable.map_or(0, millis));
         with.or_when_split(call)
     }
 }
@@ -277,6 +288,9 @@ pub(crate) fn fair_handoff(keys: &LockKeys, fair: &FairKeys, args: HandoffArgs<'
 /// Releases one level of the ownership `fence` of `identity`, which keeps
 /// `guards_left` guards; `lease` is the ownership's. The plain lock's
 /// (the fair lock's is [`fair_release`]).
+/// `grants`: where the deployment allows grants, the fence counter's TTL
+/// and the prefix of the clients' grant channels (the release grants the
+/// lock to the waiter a window would be kept for, `lib/grant.lua`).
 pub(crate) fn release(
     keys: &LockKeys,
     identity: &str,
@@ -284,16 +298,26 @@ pub(crate) fn release(
     guards_left: usize,
     lease: Duration,
     baton_ttl: Duration,
+    grants: Option<(Duration, &str)>,
 ) -> Call {
-    Call::new(&RELEASE)
-        .key(&keys.lock)
-        .key(&keys.baton)
+    let call = Call::new(&RELEASE).key(&keys.lock).key(&keys.baton);
+    let call = match grants {
+        Some(_) if guards_left == 0 => call.key(&keys.fence),
+        _ => call,
+    };
+    let call = call
         .arg(identity)
         .arg(fence)
         .arg(guards_left)
         .arg(millis(lease))
         .arg(millis(baton_ttl))
-        .arg(millis(HAND_OVER_WINDOW))
+        .arg(millis(HAND_OVER_WINDOW));
+    match grants {
+        Some((fence_ttl, channels)) if guards_left == 0 => {
+            call.arg(millis(fence_ttl)).arg(channels)
+        }
+        _ => call,
+    }
 }
 
 /// Each release of `batch` (plain locks of one cluster slot, or on one
@@ -316,6 +340,12 @@ pub(crate) fn release_many(
             .arg(millis(lease));
     }
     call
+}
+
+/// Takes the grant of `identity`, a plain lock's waiter that stops
+/// waiting, off the ownership of `keys`'s lock that marked it.
+pub(crate) fn withdraw(keys: &LockKeys, identity: &str) -> Call {
+    Call::new(&WITHDRAW).key(&keys.lock).arg(identity)
 }
 
 /// Frees the ownership that request `request` made for `identity`, if it

@@ -51,13 +51,15 @@ scripts! {
     HANDOFF => "lock/handoff.lua" with ["lib/next_fence.lua"];
     /// Undo one level; the last level deletes the lock and pushes the baton.
     RELEASE => "lock/release.lua"
-        with ["lib/lease.lua", "lib/baton.lua", "lib/hand_over.lua"];
+        with ["lib/lease.lua", "lib/baton.lua", "lib/hand_over.lua", "lib/next_fence.lua", "lib/grant.lua"];
     /// A Redlock quorum's releases of a multi-lock's names on one master,
     /// each as `RELEASE` does it.
     RELEASE_MANY => "lock/release_many.lua"
         with ["lib/lease.lua", "lib/baton.lua", "lib/hand_over.lua"];
     /// Undo the ownership a request whose reply was lost may have created.
     RELEASE_REQUEST => "lock/release_request.lua" with ["lib/baton.lua"];
+    /// A plain lock's waiter that stops waiting takes its grant off.
+    WITHDRAW => "lock/withdraw.lua";
     /// Administrative release of whoever holds the lock.
     FORCE_UNLOCK => "lock/force_unlock.lua" with ["lib/baton.lua"];
     /// Owner-checked, never-shortening `PEXPIRE`: the watchdog's renewal and

@@ -235,6 +235,7 @@ impl CountDownLatch {
             // Attempts take no token: a look pops it for them.
             None,
             None,
+            None,
             || {
                 Ok(match self.look(Some(&round))? {
                     Look::Open => Attempt::Acquired(()),

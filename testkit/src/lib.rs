@@ -29,7 +29,7 @@ mod proxy;
 mod sentinel;
 mod server;
 
-pub use acl::untracked_user;
+pub use acl::{ungranted_user, untracked_user};
 pub use child::ChildProcess;
 pub use cluster::{RedisCluster, SlotMigration, SLOTS};
 pub use commandstats::{diff_calls, parse_commandstats};

@@ -299,7 +299,8 @@ impl WindowForALateWaiter {
         let server = RedisServer::start();
         let proxy = FaultProxy::start(server.port());
         let holder = Client::open(&server.url()).unwrap();
-        let waiting = Client::builder(proxy.url())
+        // A waiter never granted the lock: its release opens a window.
+        let waiting = Client::builder(support::without_grants(&server, &proxy.url()))
             .max_park(Duration::from_secs(30))
             .build()
             .unwrap();

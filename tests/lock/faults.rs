@@ -145,13 +145,15 @@ fn a_paused_server_fails_parked_waiters_within_bounds_and_work_resumes_after() {
 
 /// Ids of the connections waiters park on: blocked in a command (`BLPOP`,
 /// flag `b`), or subscribed to the server's announcements of changed
-/// baton lists (a parking hub's listener, `sub=1`).
+/// baton lists (a parking hub's listener, subscribed to those and to its
+/// client's grants: `sub=2`).
 fn blocked_client_ids(raw: &mut redis::Connection) -> Vec<String> {
     let list: String = redis::cmd("CLIENT").arg("LIST").query(raw).unwrap();
     list.lines()
         .filter(|line| {
             line.split(' ').any(|field| {
-                (field.starts_with("flags=") && field.contains('b')) || field == "sub=1"
+                (field.starts_with("flags=") && field.contains('b'))
+                    || (field.starts_with("sub=") && field != "sub=0")
             })
         })
         .filter_map(|line| {

@@ -321,14 +321,15 @@ fn mutual_exclusion_holds_across_hand_offs_and_global_releases() {
 /// A waiter of another client is woken by its parking hub at the baton
 /// list's announcement and pops the baton in its own attempt: no look
 /// (`LLEN` + `LPOP`) comes between the release and that attempt, which
-/// is what a hand-off between processes waited a round trip for.
+/// is what a hand-off between processes waited a round trip for. (A
+/// waiter the server refuses the grant channel to: others are granted the
+/// lock, see the next test.)
 #[test]
 fn a_waiter_of_another_client_takes_the_baton_in_its_attempt_without_a_look() {
     let deployment = Deployment::start(Topology::Single);
     let server = deployment.server();
     let holder = deployment.client();
-    let waiting = deployment
-        .builder()
+    let waiting = Client::builder(crate::support::without_grants(server, &server.url()))
         .max_park(Duration::from_secs(60))
         .build()
         .unwrap();
@@ -349,4 +350,50 @@ fn a_waiter_of_another_client_takes_the_baton_in_its_attempt_without_a_look() {
     assert_eq!(used.get("llen"), None, "{used:?}");
     assert_eq!(used.get("lpop"), Some(&1), "{used:?}");
     assert_eq!(scripts_run(&used), 3, "{used:?}");
+}
+
+/// A waiter of another client parked on its hub is granted the lock by the
+/// release: the release's script writes the waiter's ownership and tells
+/// its client on the client's grant channel, and the waiter wakes holding
+/// it. No look, no attempt of its own: the release and the waiter's own
+/// release are the only scripts, and its guard is fenced above the
+/// holder's.
+#[test]
+fn a_waiter_of_another_client_is_granted_the_lock_without_an_attempt() {
+    let deployment = Deployment::start(Topology::Single);
+    let server = deployment.server();
+    let holder = deployment.client();
+    let waiting = deployment
+        .builder()
+        .max_park(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let held = holder.lock("granted").unwrap().lock().unwrap();
+    let held_token = held.fencing_token();
+    let lock = waiting.lock("granted").unwrap();
+    let (tell, told) = mpsc::channel();
+    let mut raw = server.connection();
+    let wait = move || {
+        let guard = lock
+            .try_lock_for(Duration::from_secs(30))
+            .unwrap()
+            .expect("granted by the release");
+        let in_redis: u64 = redis::cmd("HGET")
+            .arg(lock_key("granted"))
+            .arg("fence")
+            .query(&mut raw)
+            .unwrap();
+        tell.send((guard.fencing_token(), in_redis)).unwrap();
+        guard.unlock().unwrap();
+    };
+    let used = hand_off_commands(server, wait, || held.unlock().unwrap());
+    let (token, in_redis) = told.recv().unwrap();
+    assert!(token > held_token, "{token} after {held_token}");
+    assert_eq!(token, in_redis, "the guard's token is the ownership's");
+    assert_eq!(used.get("publish"), Some(&1), "{used:?}");
+    assert_eq!(used.get("lpop"), None, "{used:?}");
+    // One baton: the waiter's own release's (a granted ownership is
+    // marked as waited for: others may be parked), not the holder's.
+    assert_eq!(used.get("rpush"), Some(&1), "{used:?}");
+    assert_eq!(scripts_run(&used), 2, "{used:?}");
 }

@@ -11,6 +11,7 @@ mod barging;
 mod cluster;
 mod errors;
 mod faults;
+mod grants;
 mod handoff;
 mod leaks;
 mod leases;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::scripts::{fence_key, script, BATON_TTL_MS, FENCE_TTL_MS, LEASE_MS};
+use crate::scripts::{fence_key, field, script, tokens, BATON_TTL_MS, FENCE_TTL_MS, LEASE_MS};
 use crate::support::{baton_key, eventually, lock_key, JoinWithin};
 use testkit::RedisServer;
 
@@ -83,14 +83,6 @@ fn release(raw: &mut redis::Connection, name: &str, id: &str, fence: i64) {
     assert_eq!(freed, 0, "{id} frees {name}");
 }
 
-fn field(raw: &mut redis::Connection, name: &str, field: &str) -> Option<String> {
-    redis::cmd("HGET")
-        .arg(lock_key(name))
-        .arg(field)
-        .query(raw)
-        .unwrap()
-}
-
 /// Makes `name`'s window as young as if it had just opened: these tests
 /// check who is kept out of its first part, which a loaded machine could
 /// otherwise let pass between two of their commands.
@@ -102,10 +94,6 @@ fn reopen(raw: &mut redis::Connection, name: &str) {
         .arg(secs * 1_000_000 + micros)
         .query(raw)
         .unwrap();
-}
-
-fn tokens(raw: &mut redis::Connection, name: &str) -> u64 {
-    redis::cmd("LLEN").arg(baton_key(name)).query(raw).unwrap()
 }
 
 #[test]

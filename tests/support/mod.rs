@@ -292,6 +292,15 @@ pub fn client(server: &RedisServer) -> Client {
 }
 
 /// Polls `condition` every few ms until it holds; panics at `timeout`.
+/// `url` (of `server`, or of a proxy to it) as a user `server` refuses the
+/// grant channel to ([`testkit::ungranted_user`]): its client's waiters
+/// are never granted the lock, so a release opens the hand-over window
+/// for them, as before grants (and as under an ACL without the channel).
+#[allow(dead_code)]
+pub fn without_grants(server: &RedisServer, url: &str) -> String {
+    testkit::ungranted_user(&mut server.connection(), url)
+}
+
 pub fn eventually(timeout: Duration, what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !condition() {

@@ -1,8 +1,11 @@
 //! What a hand-off of the plain lock to a waiter of another client costs,
-//! parked the usual way (the client's parking hub, woken by the server's
-//! announcements) and parked in `BLPOP` (a user whose ACL refuses
-//! `CLIENT TRACKING`, so that the hub turns itself off), on a private
-//! server, over the `PING` of the same run.
+//! parked the usual way (the client's parking hub: `hub`, granted the lock
+//! by the release where it can be), parked on the hub without grants
+//! (`woken`: a user whose ACL refuses the grant channel, so that the
+//! release's announcement wakes the waiter to take the lock itself), and
+//! parked in `BLPOP` (a user whose ACL refuses `CLIENT TRACKING`, so that
+//! the hub turns itself off), on a private server, over the `PING` of the
+//! same run.
 //!
 //!     cargo run --release --manifest-path benches/peers/Cargo.toml --example handoff_cost
 //!
@@ -154,9 +157,17 @@ fn main() {
         .expect("connect");
     // The same rights, but no tracking: each waiter parks in BLPOP.
     let blpop_url = testkit::untracked_user(&mut admin, &url);
+    // The hub, without the grant channel: each waiter is woken to take the
+    // lock itself.
+    let ungranted_url = testkit::ungranted_user(&mut admin, &url);
     let kind = Kind::parse(&std::env::var("HANDOFF_COST_KIND").unwrap_or_default());
     for _ in 0..RUNS {
-        for (label, url) in [("hub", url.as_str()), ("blpop", blpop_url.as_str())] {
+        let ways = [
+            ("hub", url.as_str()),
+            ("woken", ungranted_url.as_str()),
+            ("blpop", blpop_url.as_str()),
+        ];
+        for (label, url) in ways {
             let (handoff, ping) = handoffs(kind, label, url);
             println!(
                 "{kind:?} {label:<6} hand-off p50 {:>6.1} µs, PING {:>5.1} µs: {:.2} × PING",

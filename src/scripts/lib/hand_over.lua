@@ -78,18 +78,38 @@ local function same_client(a, b)
   return string.match(a, '^[^:]*') == string.match(b, '^[^:]*')
 end
 
--- mark_in_the_way(key, holder, marked_since, identity, asking): caller
--- `identity`, `asking`, found the ownership of `holder` in its way, whose
--- `queued` waiter (if any) began asking at `marked_since`. The ownership's
--- release must push a baton (`waited`, `seen`: see lock/acquire.lua), and
--- its window is kept for the caller if it has waited (a parker), is of
--- another client than the holder's, and has asked longer than the waiter
--- marked before it.
-local function mark_in_the_way(key, holder, marked_since, identity, asking)
+-- mark_in_the_way(key, holder, marked, marked_since, identity, asking,
+-- grant): caller `identity`, `asking`, found the ownership of `holder` in
+-- its way, whose `queued` waiter (if any) is `marked`, asking since
+-- `marked_since`. The ownership's release must push a baton (`waited`,
+-- `seen`: see lock/acquire.lua), and its window is kept for the caller if
+-- it has waited (a parker), is of another client than the holder's, and
+-- has asked longer than the waiter marked before it. `grant` (or nil): how
+-- the release may grant the lock to the caller instead (lib/grant.lua:
+-- the request it parks after, its lease, its reserve), kept with the mark
+-- and brought up to date by each attempt of the marked waiter, so that it
+-- names the request its latest park follows.
+local function mark_in_the_way(key, holder, marked, marked_since, identity, asking, grant)
   if asking > 0 and not same_client(holder, identity) then
+    if marked == identity then
+      if grant then
+        redis.call('HSET', key, 'grant', grant)
+      else
+        redis.call('HDEL', key, 'grant')
+      end
+      return
+    end
     local since = tonumber(server_us()) - asking
     if not marked_since or since < tonumber(marked_since) then
-      redis.call('HSET', key, 'waited', 1, 'seen', 1, 'queued', identity, 'since', string.format('%.0f', since))
+      local at = string.format('%.0f', since)
+      if grant then
+        redis.call('HSET', key, 'waited', 1, 'seen', 1, 'queued', identity, 'since', at, 'grant', grant)
+      else
+        redis.call('HSET', key, 'waited', 1, 'seen', 1, 'queued', identity, 'since', at)
+        if marked then
+          redis.call('HDEL', key, 'grant')
+        end
+      end
       return
     end
   end

@@ -26,12 +26,18 @@
 --          took under this identity (it passed the ownership on in
 --          memory), so a lock under the caller's identity is that thread's,
 --          not a leftover of the caller's
--- KEYS[3], ARGV[11], ARGV[12]  only from a waiter just out of a park
---          (but a quorum's), and left out while the slot migrates: the
---          baton key; "1" from a waiter whose park ended when the baton list
---          changed, with no look that popped its token (the parking hub
---          rings such a waiter at the list's announcement), else "0"; and
---          the baton TTL in milliseconds. A "1" pops the token, whatever
+-- KEYS[3], ARGV[11], ARGV[12], ARGV[13]  only from a waiter just out of
+--          a park (but a quorum's) or one that may be granted the lock,
+--          and left out while the slot migrates: the baton key; "1" from a
+--          waiter whose park ended when the baton list changed, with no
+--          look that popped its token (the parking hub rings such a waiter
+--          at the list's announcement), "0" from another waiter just out
+--          of a park, "2" from one that is not; the baton TTL in
+--          milliseconds; and, when the caller parks where a grant
+--          reaches it (the parking hub of a client that subscribed to its
+--          grant channel), the lease in milliseconds of an ownership the
+--          release of the one it finds in its way may grant it
+--          (lib/grant.lua), else "0". A "1" pops the token, whatever
 --          comes of the attempt, as the look would have popped it for this
 --          waiter; but a waiter kept out of a window that is still
 --          another's alone leaves it there for that waiter, and one whose
@@ -79,7 +85,7 @@
 -- next_fence, extend_lease, may_take, tell_kept_waiter, mark_next,
 -- take_window and mark_in_the_way come from lib/, prepended
 -- when the script is built.
-local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'handover', 'for', 'since', 'next', 'nsince')
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'handover', 'for', 'since', 'next', 'nsince', 'queued')
 local pops = ARGV[11] == '1'
 
 local asking = tonumber(ARGV[7])
@@ -97,7 +103,7 @@ if pops and not kept then
   redis.call('LPOP', KEYS[3])
 end
 if not may then
-  if kept and not pops and KEYS[3] then
+  if kept and ARGV[11] == '0' then
     tell_kept_waiter(KEYS[3], ARGV[12])
   end
   mark_next(KEYS[1], held[4], held[7], ARGV[1], asking)
@@ -128,5 +134,12 @@ if held[1] == false or (held[1] == ARGV[1] and ARGV[10] ~= '1') then
   return {1, fence, 1}
 end
 
-mark_in_the_way(KEYS[1], held[1], held[5], ARGV[1], asking)
+-- A waiter that parks where a grant reaches it (ARGV[13]) may be granted
+-- the lock by its release: the mark names this request, the grant's lease
+-- and the waiter's reserve (lib/grant.lua).
+local grant = nil
+if ARGV[13] and ARGV[13] ~= '0' then
+  grant = ARGV[6] .. ' ' .. ARGV[13] .. ' ' .. ARGV[9]
+end
+mark_in_the_way(KEYS[1], held[1], held[8], held[5], ARGV[1], asking, grant)
 return {0, redis.call('PTTL', KEYS[1])}

@@ -56,14 +56,14 @@ local window = {}
 
 for i = 1, names do
   local lock = KEYS[2 * i - 1]
-  local held = redis.call('HMGET', lock, 'flag', 'fence', 'handover', 'for', 'since', 'next', 'nsince')
+  local held = redis.call('HMGET', lock, 'flag', 'fence', 'handover', 'for', 'since', 'next', 'nsince', 'queued')
   local mine = ARGV[5 * i + 3]
   if mine ~= '0' and held[1] == ARGV[5 * i + 5] and held[2] == mine then
     reenter[i] = true
   elseif held[3] and not may_take(held[3], held[4], false, asking, identity) then
     return {0, i, redis.call('PTTL', lock), -1}
   elseif held[1] ~= false and (held[1] ~= identity or ARGV[5 * i + 6] == '1') then
-    mark_in_the_way(lock, held[1], held[5], identity, asking)
+    mark_in_the_way(lock, held[1], held[8], held[5], identity, asking, nil)
     return {0, i, redis.call('PTTL', lock)}
   elseif held[3] then
     window[i] = held

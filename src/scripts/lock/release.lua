@@ -12,6 +12,12 @@
 -- ARGV[6]  the hand-over window in milliseconds ("0": none), opened when
 --          a waiter of another client found this ownership in its way
 --          (lib/hand_over.lua)
+-- KEYS[3], ARGV[7], ARGV[8]  where the deployment allows grants (one
+--          server, Sentinel without replica acknowledgements): the fence
+--          key, the fence counter's TTL in milliseconds, and the prefix of
+--          the clients' grant channels. A release that would open a
+--          window grants the lock to that window's waiter instead, when
+--          the waiter's client hears it (lib/grant.lua).
 --
 -- Returns -1     the caller does not own the lock (its lease ran out, or it was
 --                force-unlocked); nothing was changed. The fence is part of
@@ -20,12 +26,14 @@
 --                of the old one.
 --         depth  > 0: an inner guard was released, the lock is still held
 --         0      the lock was freed (and the baton pushed if anyone asked
---                for the lock meanwhile: the `waited` mark, see acquire.lua)
+--                for the lock meanwhile: the `waited` mark, see acquire.lua),
+--                or granted to a waiter
 --
 -- The depth is set from ARGV, not decremented, so sending the same release
 -- twice leaves the same state: a release never takes off two levels.
--- extend_lease, baton_error, push_baton and hand_over come from lib/.
-local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'waited', 'queued', 'since')
+-- extend_lease, baton_error, push_baton, hand_over, next_fence and grant
+-- come from lib/.
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'waited', 'queued', 'since', 'grant')
 if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
   return -1
 end
@@ -47,6 +55,11 @@ if err then
 end
 redis.call('DEL', KEYS[1])
 if held[4] then
+  -- Granted: the waiter holds it, and its release pushes the baton for
+  -- the others (`waited`).
+  if held[6] and KEYS[3] and grant(KEYS[1], KEYS[2], KEYS[3], ARGV[7], ARGV[8], held[4], held[6]) then
+    return 0
+  end
   hand_over(KEYS[1], ARGV[6], held[4], held[5])
 end
 push_baton(KEYS[2], ARGV[5])

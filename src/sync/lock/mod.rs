@@ -15,15 +15,16 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backend;
 use crate::client_name;
 use crate::config::validate_lease;
 use crate::context::Context;
 use crate::error::Error;
-use crate::keys::LockKeys;
+use crate::keys::{self, LockKeys};
 use crate::lease::{earlier, Claim, FairRun, Grant, LeaseMode, Leased, RenewLeases};
 use crate::observe::{Acquisition, Event, HoldKind, LostSignal};
-use crate::parking::{self, Attempt, ParkOn, Waited};
-use crate::scripts::lock::{AcquireArgs, Asking};
+use crate::parking::{self, Attempt, GrantSlot, ParkOn, Waited};
+use crate::scripts::lock::{self as calls, AcquireArgs, Asking};
 use crate::scripts::reply::AcquireReply;
 
 pub use guard::LockGuard;
@@ -235,6 +236,7 @@ impl Lock {
             &mut FairPlace::default(),
             false,
             false,
+            None,
         );
         match attempt.map_err(|err| self.failed(start, err))? {
             Attempt::Acquired(guard) => {
@@ -432,7 +434,7 @@ impl Lock {
         // as a caller that has waited, see `lib/hand_over.lua`).
         let mut first = None;
         if holds || !context.lock_room.has_waiters(&self.keys.baton) {
-            match self.attempt(&identity, Asking::First, &mut place, false, false) {
+            match self.attempt(&identity, Asking::First, &mut place, false, false, None) {
                 Ok(Attempt::Acquired(guard)) => {
                     return Ok(Some(self.acquired(guard, start, Acquisition::FirstAttempt)))
                 }
@@ -465,28 +467,49 @@ impl Lock {
         // park may have ended with a token a look popped for it (see
         // `AcquireArgs::after_park`).
         let parked = Cell::new(false);
+        // A plain lock's waiter parked on its client's hub may be granted
+        // the lock by its holder's release (see `lib/grant.lua`).
+        let grantable = (self.keys.fair.is_none() && context.backend.grants().is_some())
+            .then(Grantable::default);
         let attempt = || {
+            if let Some(guard) = grantable
+                .as_ref()
+                .and_then(|g| self.take_grant(&identity, g))
+            {
+                return Ok(Attempt::Acquired(guard));
+            }
             let asking = Asking::Waited(asked.elapsed());
             let took = takes_token.take();
-            let tried = self.attempt(&identity, asking, &mut place, took, parked.get());
+            let tried = self.attempt(
+                &identity,
+                asking,
+                &mut place,
+                took,
+                parked.get(),
+                grantable.as_ref(),
+            );
             parked.set(matches!(tried, Ok(Attempt::Held { .. })));
             tried
         };
+        let grant = grantable.as_ref().map(|g| &g.slot);
         let room = &context.lock_room;
         let name = &self.keys.name;
         let waited = match deadline {
-            Some(until) if !last => {
-                room.wait_a_stretch(name, &wait_key, watch, claim, until, claims, first, attempt)
-            }
+            Some(until) if !last => room.wait_a_stretch(
+                name, &wait_key, watch, claim, until, claims, grant, first, attempt,
+            ),
             _ => room.wait_until(
-                name, &wait_key, watch, claim, deadline, claims, first, attempt,
+                name, &wait_key, watch, claim, deadline, claims, grant, first, attempt,
             ),
         };
         let served = matches!(waited, Ok(Waited::Acquired(_) | Waited::Granted(_)));
-        if self.keys.fair.is_some() && !served {
+        // A waiter whose attempt left a grant for it (see `Grantable`).
+        let marked = grantable.as_ref().is_some_and(|g| g.sent.get().is_some());
+        if (self.keys.fair.is_some() || marked) && !served {
             // A fair lock's waiter that leaves without the lock gives its
             // place up at once, rather than blocking the queue until the
-            // place expires.
+            // place expires; a plain lock's takes its grant off, rather
+            // than have it granted the lock and give it back.
             if let Err(err) = self.raw.leave_queue(&self.keys, &identity) {
                 log::debug!(
                     "redbaton: leaving the queue of {:?} failed: {err}",
@@ -612,10 +635,46 @@ impl Lock {
         )
     }
 
+    /// The guard of the ownership a release granted this waiter while it
+    /// was parked, if one did. `None` too for a grant that came long after
+    /// the attempt its park followed: the lease is counted from that
+    /// attempt's sending (no later moment is known to precede the grant),
+    /// and what would be left of it could be little, so the waiter's
+    /// next attempt takes the ownership afresh instead (its own identity's
+    /// leftover, under a new token, see `lock/acquire.lua`).
+    ///
+    /// The grant's lease may be shorter than the waiter's own (see
+    /// [`GRANT_LEASE`]): the guard is recorded as if sent that much
+    /// earlier, so that it counts the grant's lease, and its first renewal
+    /// is due at once, which lengthens it.
+    fn take_grant(&self, identity: &Arc<str>, grantable: &Grantable) -> Option<LockGuard> {
+        let token = grantable.slot.take_granted()?;
+        let (sent, granted) = grantable.sent.get()?;
+        if sent.elapsed() > granted / GRANT_LEASE_SHARE {
+            return None;
+        }
+        let mode = self.mode();
+        let sent = earlier(sent, self.raw.clock_margin(granted));
+        let sent = sent.checked_sub(mode.lease().saturating_sub(granted))?;
+        Some(self.guard(identity, identity, token, mode, sent, None))
+    }
+
+    /// The lease of an ownership a release may grant a waiter of this
+    /// handle (see [`GRANT_LEASE`]): none where its lease is fixed and
+    /// longer, as no renewal would lengthen it.
+    fn grant_lease(&self) -> Option<Duration> {
+        match self.mode() {
+            LeaseMode::Renewed(lease) => Some(lease.min(GRANT_LEASE)),
+            LeaseMode::Fixed(lease) => (lease <= GRANT_LEASE).then_some(lease),
+        }
+    }
+
     /// One attempt; `takes_token`: it pops the list this waiter parked on
     /// too (a park of this waiter ended when the list changed, see
     /// `ParkHow::claims`); `after_park`: the waiter parked since its last
     /// attempt. `place`: a fair lock's waiter's, kept across its attempts.
+    /// `grantable`: a waiter that may be granted the lock while parked,
+    /// whose park after this attempt carries the attempt's ticket.
     fn attempt(
         &self,
         identity: &Arc<str>,
@@ -623,6 +682,7 @@ impl Lock {
         place: &mut FairPlace,
         takes_token: bool,
         after_park: bool,
+        grantable: Option<&Grantable>,
     ) -> Result<Attempt<LockGuard>, Error> {
         // Re-entry is granted only to the ownership this thread's live guards
         // belong to; the stored depth is set to theirs + 1, and the lease is
@@ -653,6 +713,7 @@ impl Lock {
             after_park,
             baton_ttl: self.context.config.baton_ttl,
             on_heads_list: place.on_heads_list,
+            grantable: grantable.and_then(|_| self.grant_lease()),
         };
         let sent = Instant::now();
         match self.raw.attempt(&self.keys, args) {
@@ -686,6 +747,14 @@ impl Lock {
                 if place.arrival == 0 {
                     place.arrival = queued;
                 }
+                if let (Some(grantable), Some(lease)) = (grantable, args.grantable) {
+                    // The mark this attempt left names this request: a
+                    // grant for it comes after it was sent.
+                    grantable
+                        .slot
+                        .set_ticket(Some(backend::ticket(&owner, request)));
+                    grantable.sent.set(Some((sent, lease)));
+                }
                 place.on_heads_list = heads_list;
                 // The head of a fair lock's queue parks on the head's list,
                 // which a release pushes itself (see `fair/acquire.lua`).
@@ -718,6 +787,68 @@ impl Lock {
             }
         }
     }
+}
+
+/// Has the grants of `context`'s client that found no parked waiter (it
+/// stopped waiting, or parks after a later attempt) released, where its
+/// deployment allows grants: a grant nobody took would otherwise keep the
+/// lock for the grant's lease. The release runs on the parking hub's
+/// connection, and needs nothing of the client but its settings.
+pub(crate) fn give_back_unclaimed_grants(context: &Context) {
+    let Some(grants) = context.backend.grants() else {
+        return;
+    };
+    let config = &context.config;
+    let (prefix, baton_ttl, lease) = (
+        config.prefix.clone(),
+        config.baton_ttl,
+        config.default_lease,
+    );
+    let (fence_ttl, channels) = (config.fence_ttl, grants.prefix().to_owned());
+    grants.give_back_with(Box::new(move |conn, unclaimed| {
+        let Some(keys) = keys::lock_name_of(&prefix, unclaimed.key)
+            .and_then(|name| LockKeys::new(&prefix, &name).ok())
+        else {
+            log::warn!(
+                "redbaton: a grant of {:?}, which is no lock of this client's prefix, was left",
+                unclaimed.key
+            );
+            return Ok(());
+        };
+        // The last release of the granted ownership, as its holder's
+        // would be: it wakes (or grants) the next waiter.
+        let release = calls::release(
+            &keys,
+            unclaimed.owner,
+            unclaimed.token,
+            0,
+            lease,
+            baton_ttl,
+            Some((fence_ttl, &channels)),
+        );
+        release.invoke::<redis::Value>(conn).map(drop)
+    }));
+}
+
+/// The longest lease a release grants a waiter (`lib/grant.lua`): what a
+/// waiter that stopped waiting just as the grant came, in a process that
+/// ended before it could give the grant back, costs the others. The
+/// watchdog lengthens a granted ownership to its own lease at once, within
+/// this even on a loaded machine.
+const GRANT_LEASE: Duration = Duration::from_secs(2);
+
+/// The share of a grant's lease past which a grant is not taken as it
+/// came (see [`Lock::take_grant`]): a quarter, so that a granted guard
+/// starts with at least three quarters of it.
+const GRANT_LEASE_SHARE: u32 = 4;
+
+/// What a plain lock's waiter that may be granted the lock keeps across
+/// its attempts: the slot the wait core fills, and when the attempt that
+/// its park follows was sent, with the grant's lease it asked for.
+#[derive(Debug, Default)]
+struct Grantable {
+    slot: GrantSlot,
+    sent: Cell<Option<(Instant, Duration)>>,
 }
 
 /// What a fair lock's waiter keeps across its attempts (the plain lock's

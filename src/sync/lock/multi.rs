@@ -417,11 +417,11 @@ impl MultiLock {
             let waited = match patient_at.filter(|at| deadline.is_none_or(|d| *at < d)) {
                 // Its attempts take no token: a look pops it for them.
                 Some(at) => {
-                    room.wait_a_stretch(name, baton, watch, claim, at, None, None, attempt)?
+                    room.wait_a_stretch(name, baton, watch, claim, at, None, None, None, attempt)?
                 }
-                None => {
-                    room.wait_until(name, baton, watch, claim, deadline, None, None, attempt)?
-                }
+                None => room.wait_until(
+                    name, baton, watch, claim, deadline, None, None, None, attempt,
+                )?,
             };
             match waited {
                 Waited::Acquired(Step::Done(guard)) => return Ok(Some(guard)),

@@ -834,7 +834,15 @@ impl RawLock for QuorumLock {
             lease,
             ..
         } = release;
-        let call = calls::release(keys, identity, fence, guards_left, lease, self.baton_ttl);
+        let call = calls::release(
+            keys,
+            identity,
+            fence,
+            guards_left,
+            lease,
+            self.baton_ttl,
+            None,
+        );
         let replies = self.round::<ReleaseReply>(&keys.lock, &keys.name, &call, lease);
         self.released(keys, &replies)
     }
@@ -899,7 +907,7 @@ impl RawLock for QuorumLock {
         _: &[(String, u64)],
         answered: &mut Answered,
     ) -> Result<(), Error> {
-        let call = calls::release(keys, identity, fence, 0, lease, self.baton_ttl);
+        let call = calls::release(keys, identity, fence, 0, lease, self.baton_ttl, None);
         self.finish::<ReleaseReply>(keys, &call, lease, answered)
     }
 

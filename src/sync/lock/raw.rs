@@ -204,7 +204,8 @@ pub(crate) trait RawLock: RenewLeases {
     }
 
     /// A fair lock's waiter `identity` that leaves without the lock gives
-    /// its place in the queue up. Nothing for other locks.
+    /// its place in the queue up; a plain lock's, where releases may grant,
+    /// its grant (`lock/withdraw.lua`). Nothing for other locks.
     fn leave_queue(&self, keys: &LockKeys, identity: &str) -> Result<(), Error> {
         let _ = (keys, identity);
         Ok(())
@@ -301,16 +302,31 @@ pub(crate) struct DeploymentLock {
     /// Whether the renewal script is known to be loaded: the first round
     /// loads it up front instead of failing once per lock.
     renew_loaded: AtomicBool,
+    /// Where the deployment allows grants: the fence counter's TTL and
+    /// the prefix of the clients' grant channels (see
+    /// `lib/grant.lua`).
+    grants: Option<(Duration, String)>,
 }
 
 impl DeploymentLock {
     pub(crate) fn new(backend: Arc<Backend>, config: &Config) -> Self {
         DeploymentLock {
-            backend,
             baton_ttl: config.baton_ttl,
             acks: config.replica_acks,
             renew_loaded: AtomicBool::new(false),
+            grants: backend
+                .grants()
+                .map(|grants| (config.fence_ttl, grants.prefix().to_owned())),
+            backend,
         }
+    }
+
+    /// What a release needs to grant (see [`DeploymentLock::grants`]'s
+    /// field).
+    fn grants(&self) -> Option<(Duration, &str)> {
+        self.grants
+            .as_ref()
+            .map(|(fence_ttl, prefix)| (*fence_ttl, prefix.as_str()))
     }
 
     fn call<T: redis::FromRedisValue>(&self, at: At<'_>, call: &Call) -> Result<Sent<T>, Failed> {
@@ -560,7 +576,15 @@ impl RawLock for DeploymentLock {
         // keeps the ownership for its lease. An inner release only makes
         // the lease longer, as a renewal does.
         let Some(fair) = &keys.fair else {
-            let call = calls::release(keys, identity, fence, guards_left, lease, self.baton_ttl);
+            let call = calls::release(
+                keys,
+                identity,
+                fence,
+                guards_left,
+                lease,
+                self.baton_ttl,
+                self.grants(),
+            );
             let last = |reply: &ReleaseReply| matches!(reply, ReleaseReply::Released);
             return self.exchange_confirmed(keys, last, &call);
         };
@@ -678,7 +702,15 @@ impl RawLock for DeploymentLock {
         // this master only. Having written nothing, the connection's WAIT
         // then counts the replicas in sync with the master.
         let Some(fair) = &keys.fair else {
-            let call = calls::release(keys, identity, fence, 0, lease, self.baton_ttl);
+            let call = calls::release(
+                keys,
+                identity,
+                fence,
+                0,
+                lease,
+                self.baton_ttl,
+                self.grants(),
+            );
             let any = |_: &ReleaseReply| true;
             return self
                 .exchange_confirmed(keys, any, &call)
@@ -846,6 +878,9 @@ impl RawLock for DeploymentLock {
 
     fn leave_queue(&self, keys: &LockKeys, identity: &str) -> Result<(), Error> {
         let Some(fair) = &keys.fair else {
+            if self.grants.is_some() {
+                self.run::<u8>(keys, &calls::withdraw(keys, identity))?;
+            }
             return Ok(());
         };
         let left: FairReply<Done> = self.run(keys, &calls::leave_queue(keys, fair, identity))?;

@@ -380,6 +380,7 @@ impl RwLock {
                 deadline,
                 Some(&takes_token),
                 None,
+                None,
                 || self.attempt_read(&identity, true, takes_token.take()),
             )?;
             match waited {
@@ -450,6 +451,7 @@ impl RwLock {
                 (),
                 deadline,
                 Some(&takes_token),
+                None,
                 first.take(),
                 || {
                     placed = true;

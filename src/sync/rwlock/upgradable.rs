@@ -166,6 +166,7 @@ impl RwLock {
                 // Attempts take no token: a look pops it for them.
                 None,
                 None,
+                None,
                 || self.attempt_upgradable(&identity, true),
             )?;
             match waited {
@@ -236,6 +237,7 @@ impl RwLock {
                 (),
                 deadline,
                 // Attempts take no token: a look pops it for them.
+                None,
                 None,
                 None,
                 || {

@@ -507,6 +507,7 @@ impl Semaphore {
             (),
             deadline,
             Some(&takes_token),
+            None,
             first,
             attempt,
         );
