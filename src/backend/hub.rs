@@ -218,6 +218,8 @@ struct State {
     looking: HashMap<String, bool>,
     /// Tracking was refused: waiters park elsewhere.
     refused: bool,
+    /// The grant channel was refused: no grant comes here.
+    grants_refused: bool,
     /// The listener's and the tracker's threads run.
     linking: bool,
     /// The sweeper thread runs.
@@ -308,6 +310,15 @@ impl Hub {
     pub(super) fn send_waiters_away(&self, error: &Error) {
         let mut state = self.inner.state.lock();
         state.end_all(|_| Outcome::ConnectionFailed(error.clone()));
+    }
+
+    /// Whether a release's grant may reach a waiter parked here: this
+    /// client has a grant channel, and the server has refused neither
+    /// tracking (waiters would park in `BLPOP`, where no grant reaches
+    /// them) nor the channel. Before the first park, not yet known: yes.
+    pub(super) fn takes_grants(&self) -> bool {
+        let state = self.inner.state.lock();
+        self.inner.grants.is_some() && !state.refused && !state.grants_refused
     }
 
     /// Ends the park of this client's waiters of `list` as a token would
@@ -789,8 +800,6 @@ impl Inner {
     /// announcements and passes them on, until the hub is dropped. Opens
     /// its link when someone waits, and again after a failure.
     fn listen(&self) {
-        // Warned once that the server refuses the grant channel.
-        let mut grants_refused = false;
         loop {
             {
                 let mut state = self.state.lock();
@@ -840,8 +849,7 @@ impl Inner {
                 if let Err(err) = pubsub.subscribe(grants.channel()) {
                     match self.link_error(err) {
                         LinkError::Refused(why) => {
-                            if !grants_refused {
-                                grants_refused = true;
+                            if !std::mem::replace(&mut self.state.lock().grants_refused, true) {
                                 log::warn!(
                                     "redbaton: Redis at {} refused the grant channel ({why}); \
                                      releases wake waiters instead (allow SUBSCRIBE and PUBLISH \
@@ -891,12 +899,18 @@ impl Inner {
                         if let Some(grants) = &self.grants {
                             if message.get_channel_name() == grants.channel() {
                                 let payload = message.get_payload::<Vec<u8>>().unwrap_or_default();
-                                self.granted(grants, &payload);
+                                if !self.granted(grants, &payload) {
+                                    return;
+                                }
                             }
                         }
                     }
                     Err(err) if err.is_timeout() => {
-                        if self.state.lock().closed {
+                        // Refused tracking (the tracker found out): the
+                        // link goes, so that no grant is published to a
+                        // client whose waiters park elsewhere.
+                        let state = self.state.lock();
+                        if state.closed || state.refused {
                             return;
                         }
                     }
@@ -917,18 +931,22 @@ impl Inner {
 
     /// A grant came: the waiter it names ends its park with it, or, where
     /// none is parked, it is given back (on the listener's thread: rare,
-    /// one round trip; see `grants`).
-    fn granted(&self, grants: &Grants, message: &[u8]) {
+    /// one round trip; see `grants`). Whether the listener goes on: not
+    /// once the hub is closed or refused tracking (its waiters then park
+    /// in `BLPOP`, where no grant reaches them, and grants may come faster
+    /// than the listener's read times out, where it looks too). One look
+    /// at the state, so that the woken waiter does not wait for it.
+    fn granted(&self, grants: &Grants, message: &[u8]) -> bool {
         let Some(granted) = Granted::parse(message) else {
             log::warn!("redbaton: a message on the grant channel that is no grant was ignored");
-            return;
+            return true;
         };
-        let taken = {
+        let (taken, listens) = {
             let mut state = self.state.lock();
-            state.grant(&granted)
+            (state.grant(&granted), !state.closed && !state.refused)
         };
         if taken {
-            return;
+            return listens;
         }
         let given = self.commands.get(self.io_timeout).and_then(|mut conn| {
             conn.run(|c| grants.give_back(c, &granted))
@@ -945,6 +963,7 @@ impl Inner {
                 granted.key
             ),
         }
+        listens
     }
 
     /// The links are down: waiters look again (with `failed`), and the

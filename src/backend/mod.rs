@@ -273,6 +273,24 @@ impl Backend {
         self.grants.as_ref()
     }
 
+    /// Whether a release's grant may reach a waiter of this client parked
+    /// now: the deployment allows grants, and the server has refused
+    /// neither the parking hub nor the grant channel. A waiter that could
+    /// not be reached is not offered one: the release's failed grant (a
+    /// token drawn, a message nobody hears) would only slow its hand-off.
+    pub(crate) fn takes_grants(&self) -> bool {
+        if self.grants.is_none() {
+            return false;
+        }
+        match &self.flavor {
+            Flavor::Single(single) => single.takes_grants(),
+            #[cfg(feature = "sentinel")]
+            Flavor::Sentinel(sentinel) => sentinel.takes_grants(),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
     /// Refuses to be used from a process forked from the one that made it.
     pub(crate) fn check_process(&self) -> Result<(), Error> {
         let current = std::process::id();

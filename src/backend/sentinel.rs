@@ -163,6 +163,16 @@ impl Sentinel {
         }
     }
 
+    /// Whether a release's grant may reach a waiter parked at the current
+    /// master (before the first lookup, not yet known: yes).
+    pub(super) fn takes_grants(&self) -> bool {
+        self.shared
+            .current
+            .read()
+            .as_ref()
+            .is_none_or(|master| master.server.takes_grants())
+    }
+
     /// Wakes this client's waiters parked on `list` at the current master.
     pub(super) fn wake_parked(&self, list: &str) -> bool {
         self.shared

@@ -139,6 +139,12 @@ impl Single {
         self.commands.addr()
     }
 
+    /// Whether a release's grant may reach a waiter parked here (see
+    /// `Hub::takes_grants`).
+    pub(super) fn takes_grants(&self) -> bool {
+        self.hub.takes_grants()
+    }
+
     /// Wakes this client's waiters parked on `list` here, with no
     /// command; whether there were any (see `Backend::wake_parked`).
     pub(super) fn wake_parked(&self, list: &str) -> bool {

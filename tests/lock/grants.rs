@@ -394,3 +394,42 @@ fn a_grant_to_a_stopped_process_costs_the_others_its_short_lease() {
         "served after {waited:?} (a grant's lease is 2 s, the child's own 30 s)"
     );
 }
+
+/// A client whose server refused it the parking hub parks its waiters in
+/// `BLPOP`, where no grant reaches them: once it knows, its waiters are
+/// not offered one, and a release wakes them with its baton, as before
+/// grants (a grant nobody could take would cost the hand-off a token drawn
+/// and a message nobody reads, or given back).
+#[test]
+fn a_waiter_parked_in_blpop_is_not_offered_a_grant() {
+    let server = RedisServer::start();
+    let url = testkit::untracked_user(&mut server.connection(), &server.url());
+    let holder = support::client(&server);
+    let waiting = Client::builder(url)
+        .max_park(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let lock = waiting.lock("blpop").unwrap();
+    // The first park finds out that the hub is refused.
+    drop(holder.lock("other").unwrap().lock().unwrap());
+    let held = holder.lock("blpop").unwrap().lock().unwrap();
+    let first = lock.clone();
+    let waiter = thread::spawn(move || {
+        first
+            .try_lock_for(Duration::from_millis(200))
+            .unwrap()
+            .is_some()
+    });
+    assert!(!waiter.joined());
+    held.unlock().unwrap();
+    let held = holder.lock("blpop").unwrap().lock().unwrap();
+    let used = support::hand_off_commands(
+        &server,
+        move || {
+            let guard = lock.try_lock_for(Duration::from_secs(30)).unwrap();
+            guard.expect("woken by the release").unlock().unwrap();
+        },
+        || held.unlock().unwrap(),
+    );
+    assert_eq!(used.get("publish"), None, "{used:?}");
+}

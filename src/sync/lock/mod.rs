@@ -469,8 +469,8 @@ impl Lock {
         let parked = Cell::new(false);
         // A plain lock's waiter parked on its client's hub may be granted
         // the lock by its holder's release (see `lib/grant.lua`).
-        let grantable = (self.keys.fair.is_none() && context.backend.grants().is_some())
-            .then(Grantable::default);
+        let grantable =
+            (self.keys.fair.is_none() && context.backend.takes_grants()).then(Grantable::default);
         let attempt = || {
             if let Some(guard) = grantable
                 .as_ref()
