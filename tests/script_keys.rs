@@ -295,7 +295,14 @@ fn scenario(server: &RedisServer) -> (Client, FaultProxy) {
             "re-entered"
         );
     });
-    thread::sleep(ms(100));
+    let mut raw = server.connection();
+    support::eventually(Duration::from_secs(10), "the waiter marked", || {
+        redis::cmd("HEXISTS")
+            .arg(support::lock_key("keys-grant"))
+            .arg("grant")
+            .query(&mut raw)
+            .unwrap()
+    });
     held.unlock().unwrap();
     granted.joined();
     let held = client.lock("keys-grant").unwrap().lock().unwrap();

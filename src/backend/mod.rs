@@ -161,12 +161,8 @@ impl Backend {
         grants: Option<Arc<Grants>>,
     ) -> Backend {
         let workers = single::connect_workers();
-        Backend {
-            grants: grants.clone(),
-            ..Backend::with(Flavor::Single(single::Single::new(
-                client, config, trace, &workers, false, grants,
-            )))
-        }
+        let single = single::Single::new(client, config, trace, &workers, false, grants.clone());
+        Backend::with(Flavor::Single(single), grants)
     }
 
     /// A Redis Cluster first reached through `seeds`. Does not connect.
@@ -177,9 +173,9 @@ impl Backend {
         trace: ScriptTracer,
     ) -> Backend {
         let workers = single::connect_workers();
-        Backend::with(Flavor::Cluster(cluster::Cluster::new(
-            seeds, config, trace, workers,
-        )))
+        // A node's publish reaches its own subscribers only: no grants.
+        let cluster = cluster::Cluster::new(seeds, config, trace, workers);
+        Backend::with(Flavor::Cluster(cluster), None)
     }
 
     /// The master of `service` as `sentinels` know it, reached with
@@ -197,19 +193,17 @@ impl Backend {
         grants: Option<Arc<Grants>>,
     ) -> Backend {
         let workers = single::connect_workers();
-        Backend {
-            grants: grants.clone(),
-            ..Backend::with(Flavor::Sentinel(sentinel::Sentinel::new(
-                service,
-                sentinels,
-                master,
-                config,
-                trace,
-                workers,
-                follow_switches,
-                grants,
-            )))
-        }
+        let sentinel = sentinel::Sentinel::new(
+            service,
+            sentinels,
+            master,
+            config,
+            trace,
+            workers,
+            follow_switches,
+            grants.clone(),
+        );
+        Backend::with(Flavor::Sentinel(sentinel), grants)
     }
 
     /// Independent masters for a Redlock quorum, each already a backend of
@@ -217,7 +211,8 @@ impl Backend {
     #[cfg(feature = "redlock")]
     pub(crate) fn quorum(config: &Config, masters: Vec<Arc<Backend>>) -> Backend {
         let observer = config.observer.clone();
-        Backend::with(Flavor::Quorum(quorum::Quorum::new(masters, observer)))
+        // A grant would be one master's: none.
+        Backend::with(Flavor::Quorum(quorum::Quorum::new(masters, observer)), None)
     }
 
     /// The masters of a quorum; `None` for every other flavor.
@@ -259,11 +254,11 @@ impl Backend {
         }
     }
 
-    fn with(flavor: Flavor) -> Backend {
+    fn with(flavor: Flavor, grants: Option<Arc<Grants>>) -> Backend {
         Backend {
             flavor,
             pid: std::process::id(),
-            grants: None,
+            grants,
         }
     }
 

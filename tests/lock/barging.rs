@@ -368,18 +368,7 @@ fn clients_whose_threads_always_wait_take_turns() {
 #[test]
 fn clients_whose_threads_always_wait_in_blpop_take_turns() {
     let server = RedisServer::start();
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("untracked")
-        .arg("on")
-        .arg(">pw")
-        .arg("~*")
-        .arg("&*")
-        .arg("+@all")
-        .arg("-client|tracking")
-        .query(&mut server.connection())
-        .unwrap();
-    let url = format!("redis://untracked:pw@127.0.0.1:{}/", server.port());
+    let url = testkit::untracked_user(&mut server.connection(), &server.url());
     clients_take_turns(&server, &url);
 }
 

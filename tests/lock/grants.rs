@@ -12,12 +12,11 @@ use std::time::{Duration, Instant};
 use redbaton::Client;
 use testkit::RedisServer;
 
-use crate::scripts::{fence_key, field, script, tokens, BATON_TTL_MS, FENCE_TTL_MS, LEASE_MS};
+use crate::scripts::{
+    fence_key, field, release, script, take, tokens, BATON_TTL_MS, FENCE_TTL_MS, GRANT_CHANNELS,
+    LEASE_MS,
+};
 use crate::support::{self, baton_key, eventually, lock_key, spawn_child, JoinWithin};
-
-/// The channels' prefix the crate publishes grants under (its default key
-/// prefix's).
-const CHANNELS: &str = "redbaton:grant:";
 
 /// The lease a waiter here asks a grant for.
 const GRANT_MS: u64 = 2_000;
@@ -57,47 +56,6 @@ fn mark(
         .unwrap()
 }
 
-/// `id` takes `name` (a `try_lock`): its fencing token.
-fn take(raw: &mut redis::Connection, name: &str, id: &str) -> i64 {
-    let reply: Vec<i64> = script("acquire")
-        .key(lock_key(name))
-        .key(fence_key(name))
-        .arg(id)
-        .arg(LEASE_MS)
-        .arg(0)
-        .arg(1)
-        .arg(FENCE_TTL_MS)
-        .arg(1)
-        .arg(-1)
-        .arg(0)
-        .arg(0)
-        .arg(0)
-        .invoke(raw)
-        .unwrap();
-    assert_eq!(reply[0], 1, "{id} takes {name}: {reply:?}");
-    reply[1]
-}
-
-/// The last release of `id`'s ownership `fence`, where the deployment
-/// allows grants.
-fn release(raw: &mut redis::Connection, name: &str, id: &str, fence: i64) {
-    let freed: i64 = script("release")
-        .key(lock_key(name))
-        .key(baton_key(name))
-        .key(fence_key(name))
-        .arg(id)
-        .arg(fence)
-        .arg(0)
-        .arg(LEASE_MS)
-        .arg(BATON_TTL_MS)
-        .arg(100)
-        .arg(FENCE_TTL_MS)
-        .arg(CHANNELS)
-        .invoke(raw)
-        .unwrap();
-    assert_eq!(freed, 0, "{id} frees {name}");
-}
-
 #[test]
 fn a_release_grants_the_marked_waiter_whose_client_hears_it() {
     let server = RedisServer::start();
@@ -105,7 +63,7 @@ fn a_release_grants_the_marked_waiter_whose_client_hears_it() {
     let listener = redis::Client::open(server.url()).unwrap();
     let mut subscriber = listener.get_connection().unwrap();
     let mut pubsub = subscriber.as_pubsub();
-    pubsub.subscribe(format!("{CHANNELS}b")).unwrap();
+    pubsub.subscribe(format!("{GRANT_CHANNELS}b")).unwrap();
     pubsub
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
@@ -115,7 +73,7 @@ fn a_release_grants_the_marked_waiter_whose_client_hears_it() {
         field(&mut raw, "granted", "grant").as_deref(),
         Some("7 2000 3")
     );
-    release(&mut raw, "granted", "a:1", fence);
+    release(&mut raw, "granted", "a:1", fence, true);
     // b:1 holds it, under a token above a:1's, for the grant's lease.
     assert_eq!(field(&mut raw, "granted", "flag").as_deref(), Some("b:1"));
     let token: i64 = field(&mut raw, "granted", "fence")
@@ -154,7 +112,7 @@ fn a_grant_nobody_hears_opens_the_window_instead() {
     let mut raw = server.connection();
     let fence = take(&mut raw, "unheard", "a:1");
     assert_eq!(mark(&mut raw, "unheard", "b:1", LONG, 7, GRANT_MS)[0], 0);
-    release(&mut raw, "unheard", "a:1", fence);
+    release(&mut raw, "unheard", "a:1", fence, true);
     assert_eq!(field(&mut raw, "unheard", "flag"), None);
     assert_eq!(field(&mut raw, "unheard", "for").as_deref(), Some("b:1"));
     assert!(field(&mut raw, "unheard", "handover").is_some());
@@ -256,7 +214,7 @@ fn a_grant_no_parked_waiter_takes_is_given_back_at_once() {
     );
     let before = server.command_calls();
     let released = Instant::now();
-    release(&mut raw, "unclaimed", "a:1", fence);
+    release(&mut raw, "unclaimed", "a:1", fence, true);
     eventually(Duration::from_secs(10), "the grant given back", || {
         field(&mut raw, "unclaimed", "flag").is_none()
     });

@@ -58,3 +58,55 @@ pub fn field(raw: &mut redis::Connection, name: &str, field: &str) -> Option<Str
 pub fn tokens(raw: &mut redis::Connection, name: &str) -> u64 {
     redis::cmd("LLEN").arg(baton_key(name)).query(raw).unwrap()
 }
+
+/// The channels' prefix the crate publishes grants under (its default key
+/// prefix's).
+pub const GRANT_CHANNELS: &str = "redbaton:grant:";
+
+/// The hand-over window a release opens, as the crate asks for it.
+pub const WINDOW_MS: u64 = 100;
+
+/// `id` takes `name` (a `try_lock`): its fencing token.
+pub fn take(raw: &mut redis::Connection, name: &str, id: &str) -> i64 {
+    let reply: Vec<i64> = script("acquire")
+        .key(lock_key(name))
+        .key(fence_key(name))
+        .arg(id)
+        .arg(LEASE_MS)
+        .arg(0)
+        .arg(1)
+        .arg(FENCE_TTL_MS)
+        .arg(1)
+        .arg(-1)
+        .arg(0)
+        .arg(0)
+        .arg(0)
+        .invoke(raw)
+        .unwrap();
+    assert_eq!(reply[0], 1, "{id} takes {name}: {reply:?}");
+    reply[1]
+}
+
+/// The last release of `id`'s ownership `fence`, opening a window if a
+/// waiter of another client found it in its way; `grants`: where the
+/// deployment allows grants (the release grants that waiter the lock if
+/// its client hears it).
+pub fn release(raw: &mut redis::Connection, name: &str, id: &str, fence: i64, grants: bool) {
+    let script = script("release");
+    let mut call = script.prepare_invoke();
+    call.key(lock_key(name)).key(baton_key(name));
+    if grants {
+        call.key(fence_key(name));
+    }
+    call.arg(id)
+        .arg(fence)
+        .arg(0)
+        .arg(LEASE_MS)
+        .arg(BATON_TTL_MS)
+        .arg(WINDOW_MS);
+    if grants {
+        call.arg(FENCE_TTL_MS).arg(GRANT_CHANNELS);
+    }
+    let freed: i64 = call.invoke(raw).unwrap();
+    assert_eq!(freed, 0, "{id} frees {name}");
+}

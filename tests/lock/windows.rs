@@ -9,12 +9,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::scripts::{fence_key, field, script, tokens, BATON_TTL_MS, FENCE_TTL_MS, LEASE_MS};
+use crate::scripts::{
+    fence_key, field, release, script, take, tokens, BATON_TTL_MS, FENCE_TTL_MS, LEASE_MS,
+    WINDOW_MS,
+};
 use crate::support::{baton_key, eventually, lock_key, JoinWithin};
 use testkit::RedisServer;
-
-/// The window a release opens, as the crate asks for it.
-const WINDOW_MS: u64 = 100;
 
 /// How long a waiter here has been asking, in µs: since before any window
 /// of these tests opened.
@@ -59,30 +59,6 @@ fn attempt_popping(
         .unwrap()
 }
 
-/// `id` takes `name` (a `try_lock`): its fencing token.
-fn take(raw: &mut redis::Connection, name: &str, id: &str) -> i64 {
-    let reply = attempt(raw, name, id, -1);
-    assert_eq!(reply[0], 1, "{id} takes {name}: {reply:?}");
-    reply[1]
-}
-
-/// The last release of `id`'s ownership `fence`, opening a window if a
-/// waiter of another client found it in its way.
-fn release(raw: &mut redis::Connection, name: &str, id: &str, fence: i64) {
-    let freed: i64 = script("release")
-        .key(lock_key(name))
-        .key(baton_key(name))
-        .arg(id)
-        .arg(fence)
-        .arg(0)
-        .arg(LEASE_MS)
-        .arg(BATON_TTL_MS)
-        .arg(WINDOW_MS)
-        .invoke(raw)
-        .unwrap();
-    assert_eq!(freed, 0, "{id} frees {name}");
-}
-
 /// Makes `name`'s window as young as if it had just opened: these tests
 /// check who is kept out of its first part, which a loaded machine could
 /// otherwise let pass between two of their commands.
@@ -106,7 +82,7 @@ fn a_window_is_kept_for_the_longest_waiting_other_client_alone_at_first() {
     assert_eq!(attempt(&mut raw, "kept", "b:1", LONG)[0], 0);
     assert_eq!(attempt(&mut raw, "kept", "c:1", LONG / 2)[0], 0);
     assert_eq!(field(&mut raw, "kept", "queued").as_deref(), Some("b:1"));
-    release(&mut raw, "kept", "a:1", fence);
+    release(&mut raw, "kept", "a:1", fence, false);
     // c asked before the window opened, and is kept out all the same.
     reopen(&mut raw, "kept");
     let refused = attempt(&mut raw, "kept", "c:1", LONG);
@@ -120,7 +96,7 @@ fn a_window_its_waiter_does_not_take_opens_to_earlier_callers_after_its_first_pa
     let mut raw = server.connection();
     let fence = take(&mut raw, "late", "a:1");
     assert_eq!(attempt(&mut raw, "late", "b:1", LONG)[0], 0);
-    release(&mut raw, "late", "a:1", fence);
+    release(&mut raw, "late", "a:1", fence, false);
     let opened = Instant::now();
     // b never comes; c, asking since before the window opened, takes it
     // once the window is no longer b's alone (and long before its end).
@@ -148,7 +124,7 @@ fn a_waiter_of_the_holders_own_client_opens_no_window() {
     let fence = take(&mut raw, "own", "a:1");
     assert_eq!(attempt(&mut raw, "own", "a:2", LONG)[0], 0);
     assert_eq!(field(&mut raw, "own", "queued"), None, "nobody kept");
-    release(&mut raw, "own", "a:1", fence);
+    release(&mut raw, "own", "a:1", fence, false);
     let left: bool = redis::cmd("EXISTS")
         .arg(lock_key("own"))
         .query(&mut raw)
@@ -163,7 +139,7 @@ fn a_caller_kept_out_puts_back_a_token_another_process_took() {
     let mut raw = server.connection();
     let fence = take(&mut raw, "told", "a:1");
     assert_eq!(attempt(&mut raw, "told", "b:1", LONG)[0], 0);
-    release(&mut raw, "told", "a:1", fence);
+    release(&mut raw, "told", "a:1", fence, false);
     assert_eq!(tokens(&mut raw, "told"), 1, "the release's baton");
     // c's process popped it for c (its look came first): b's look found
     // nothing, and b parks on.
@@ -186,7 +162,7 @@ fn a_rung_caller_kept_out_leaves_the_token_for_the_kept_waiter() {
     let mut raw = server.connection();
     let fence = take(&mut raw, "rung", "a:1");
     assert_eq!(attempt(&mut raw, "rung", "b:1", LONG)[0], 0);
-    release(&mut raw, "rung", "a:1", fence);
+    release(&mut raw, "rung", "a:1", fence, false);
     // c, rung at the release's announcement, would pop the token in its
     // attempt: kept out, it leaves it for b.
     reopen(&mut raw, "rung");
@@ -224,7 +200,7 @@ fn a_waiter_kept_out_of_a_window_is_kept_the_next_one() {
     let mut raw = server.connection();
     let fence = take(&mut raw, "next", "a:1");
     assert_eq!(attempt(&mut raw, "next", "b:1", LONG)[0], 0);
-    release(&mut raw, "next", "a:1", fence);
+    release(&mut raw, "next", "a:1", fence, false);
     // d, then c (asking longer) are kept out of b's window: c is marked
     // for the next one, and d does not take its place.
     reopen(&mut raw, "next");
@@ -242,7 +218,7 @@ fn a_waiter_kept_out_of_a_window_is_kept_the_next_one() {
     for gone in ["handover", "for", "nsince"] {
         assert_eq!(field(&mut raw, "next", gone), None, "the window's {gone}");
     }
-    release(&mut raw, "next", "b:1", taken[1]);
+    release(&mut raw, "next", "b:1", taken[1], false);
     assert_eq!(field(&mut raw, "next", "for").as_deref(), Some("c:1"));
     reopen(&mut raw, "next");
     assert_eq!(attempt(&mut raw, "next", "d:1", LONG / 4)[2], -1);
@@ -255,14 +231,14 @@ fn a_waiter_kept_out_of_a_window_its_own_client_takes_is_served_in_memory() {
     let mut raw = server.connection();
     let fence = take(&mut raw, "same", "a:1");
     assert_eq!(attempt(&mut raw, "same", "b:1", LONG)[0], 0);
-    release(&mut raw, "same", "a:1", fence);
+    release(&mut raw, "same", "a:1", fence, false);
     reopen(&mut raw, "same");
     assert_eq!(attempt(&mut raw, "same", "b:2", LONG / 2)[2], -1);
     let taken = attempt(&mut raw, "same", "b:1", LONG);
     assert_eq!(taken[0], 1, "{taken:?}");
     assert_eq!(field(&mut raw, "same", "queued"), None, "b:2 is b's own");
     assert_eq!(field(&mut raw, "same", "waited").as_deref(), Some("1"));
-    release(&mut raw, "same", "b:1", taken[1]);
+    release(&mut raw, "same", "b:1", taken[1], false);
     assert_eq!(field(&mut raw, "same", "handover"), None, "no window");
 }
 
@@ -272,7 +248,7 @@ fn a_multi_lock_taking_a_window_carries_the_waiter_it_marked_next() {
     let mut raw = server.connection();
     let fence = take(&mut raw, "many", "a:1");
     assert_eq!(attempt(&mut raw, "many", "b:1", LONG)[0], 0);
-    release(&mut raw, "many", "a:1", fence);
+    release(&mut raw, "many", "a:1", fence, false);
     reopen(&mut raw, "many");
     assert_eq!(attempt(&mut raw, "many", "c:1", LONG / 2)[2], -1);
     // e's multi-lock asked before the window opened, and takes it after
@@ -295,24 +271,13 @@ fn a_multi_lock_taking_a_window_carries_the_waiter_it_marked_next() {
 fn a_waiter_parked_in_blpop_through_a_window_puts_back_the_token_it_popped() {
     let server = RedisServer::start();
     let mut raw = server.connection();
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("untracked")
-        .arg("on")
-        .arg(">pw")
-        .arg("~*")
-        .arg("&*")
-        .arg("+@all")
-        .arg("-client|tracking")
-        .query(&mut raw)
-        .unwrap();
-    let url = format!("redis://untracked:pw@127.0.0.1:{}/", server.port());
+    let url = testkit::untracked_user(&mut raw, &server.url());
     let client = redbaton::Client::open(url.as_str()).unwrap();
     // Connected before the window opens.
     drop(client.lock("elsewhere").unwrap().try_lock().unwrap());
     let fence = take(&mut raw, "popped", "a:1");
     assert_eq!(attempt(&mut raw, "popped", "b:1", LONG)[0], 0);
-    release(&mut raw, "popped", "a:1", fence);
+    release(&mut raw, "popped", "a:1", fence, false);
     let pushed = || -> u64 {
         let stats = server.command_calls();
         stats.get("rpush").copied().unwrap_or(0)
