@@ -900,6 +900,7 @@ impl Inner {
                             if message.get_channel_name() == grants.channel() {
                                 let payload = message.get_payload::<Vec<u8>>().unwrap_or_default();
                                 if !self.granted(grants, &payload) {
+                                    self.leave_grants(grants, &mut pubsub);
                                     return;
                                 }
                             }
@@ -909,8 +910,14 @@ impl Inner {
                         // Refused tracking (the tracker found out): the
                         // link goes, so that no grant is published to a
                         // client whose waiters park elsewhere.
-                        let state = self.state.lock();
-                        if state.closed || state.refused {
+                        let leaves = {
+                            let state = self.state.lock();
+                            state.closed || state.refused
+                        };
+                        if leaves {
+                            if let Some(grants) = &self.grants {
+                                self.leave_grants(grants, &mut pubsub);
+                            }
                             return;
                         }
                     }
@@ -964,6 +971,28 @@ impl Inner {
             ),
         }
         listens
+    }
+
+    /// The listener leaves its link for good (the hub closed, or refused
+    /// tracking): it unsubscribes from the grant channel and gives back
+    /// every grant that came before the server's confirmation (grants come
+    /// in order on the link; after it, a release's `PUBLISH` finds nobody
+    /// and opens its window). A grant left unread would keep its lock for
+    /// the grant's lease, and a waiter parked in `BLPOP` (a hub refused
+    /// tracking after a grant was offered) would not hear of it until its
+    /// park ended.
+    fn leave_grants(&self, grants: &Grants, pubsub: &mut redis::PubSub<'_>) {
+        if pubsub.unsubscribe(grants.channel()).is_err() {
+            // The link failed: nothing more comes, and the releases that
+            // hear nobody open their windows.
+            return;
+        }
+        while let Ok(message) = pubsub.get_message() {
+            if message.get_channel_name() == grants.channel() {
+                let payload = message.get_payload::<Vec<u8>>().unwrap_or_default();
+                self.granted(grants, &payload);
+            }
+        }
     }
 
     /// The links are down: waiters look again (with `failed`), and the
