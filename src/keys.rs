@@ -95,6 +95,14 @@ impl LockKeys {
     pub(crate) fn wake_list(&self, identity: &str) -> String {
         format!("{}:{identity}", self.baton)
     }
+
+    /// Where a fair lock's waiter `identity` keeps what a release may
+    /// grant it (`fair/acquire.lua` writes it while the waiter keeps its
+    /// place; `fair/release.lua` reads the guessed head's): shares the
+    /// lock's hash tag, like its list.
+    pub(crate) fn grant_spec(&self, identity: &str) -> String {
+        format!("{}:grant:{identity}", self.lock)
+    }
 }
 
 impl LockKeys {
@@ -423,6 +431,20 @@ pub(crate) fn lock_name_of(prefix: &str, key: &str) -> Option<String> {
     Some(name)
 }
 
+/// The keys of the lock, plain or fair, whose lock key is `key` under
+/// `prefix`, or `None` when `key` is neither's.
+pub(crate) fn lock_keys_of(prefix: &str, key: &str) -> Option<LockKeys> {
+    if let Some(name) = lock_name_of(prefix, key) {
+        return LockKeys::new(prefix, &name).ok();
+    }
+    let tag = key
+        .strip_prefix(prefix)?
+        .strip_prefix(":{")?
+        .strip_suffix("}:fair:lock")?;
+    let name = untag(tag)?;
+    LockKeys::fair(prefix, &name).ok()
+}
+
 /// Undoes [`hash_tag`]: `None` for a tag it cannot have made (a brace, or
 /// a `%` not followed by one of its three codes).
 fn untag(tag: &str) -> Option<String> {
@@ -610,6 +632,20 @@ mod tests {
         ] {
             assert_eq!(lock_name_of("p", key), None, "{key}");
         }
+    }
+
+    #[test]
+    fn the_keys_of_a_plain_or_fair_lock_are_read_back_from_its_lock_key() {
+        for name in ["plain", "a{b}c%d", "x:fair", "%"] {
+            let plain = LockKeys::new("p", name).unwrap();
+            assert_eq!(lock_keys_of("p", &plain.lock), Some(plain));
+            let fair = LockKeys::fair("p", name).unwrap();
+            assert_eq!(lock_keys_of("p", &fair.lock), Some(fair));
+        }
+        let fair = LockKeys::fair("p", "n").unwrap();
+        assert_eq!(lock_keys_of("p", &fair.baton), None);
+        assert_eq!(lock_keys_of("q", &fair.lock), None);
+        assert_eq!(lock_keys_of("p", "p:{a}b}:fair:lock"), None);
     }
 
     #[test]

@@ -327,6 +327,37 @@ fn scenario(server: &RedisServer) -> (Client, FaultProxy) {
     single.unlock().unwrap();
     waiting.joined();
 
+    // Fair lock granted: the second of two waiters of other clients, found
+    // next by the first's acquisition, is granted the lock by the first's
+    // release (its grant spec, the fence, its place).
+    let first = client.fair_lock("keys-fair-grant").unwrap().lock().unwrap();
+    let published = |server: &RedisServer| server.command_calls().get("publish").copied();
+    let before = published(server).unwrap_or(0);
+    let granted: Vec<_> = (1..=2)
+        .map(|queued| {
+            let fair = Client::builder(server.url())
+                .max_park(ms(30_000))
+                .build()
+                .unwrap()
+                .fair_lock("keys-fair-grant")
+                .unwrap();
+            let waiter = thread::spawn(move || {
+                let guard = fair.try_lock_for(Duration::from_secs(10)).unwrap().unwrap();
+                guard.unlock().unwrap();
+            });
+            let fair = client.fair_lock("keys-fair-grant").unwrap();
+            support::eventually(Duration::from_secs(10), "the waiter queued", || {
+                fair.queued_waiters().unwrap() == queued
+            });
+            waiter
+        })
+        .collect();
+    first.unlock().unwrap();
+    for waiter in granted {
+        waiter.joined();
+    }
+    assert!(published(server).unwrap_or(0) > before, "granted");
+
     // Fair lock: queued waiters woken one at a time (one of this client,
     // woken in memory, and one of another client, woken by a token the
     // release pushes to its list), one that gives up, force_unlock with

@@ -23,6 +23,8 @@
 use std::fmt;
 use std::sync::OnceLock;
 
+use super::GrantReceipt;
+
 /// What the client's synchronizer sends on a connection to the server
 /// that granted it to give back a grant nobody parked took. It holds no
 /// handle on the client: the hub's listener gives grants back even while
@@ -58,6 +60,8 @@ pub(super) struct Granted {
     /// The owner alone.
     owner_len: usize,
     pub(super) token: u64,
+    /// What was passed along with it (see [`GrantReceipt::behind`]).
+    behind: String,
     /// The key of what was granted.
     pub(super) key: String,
     /// The list its waiter parks on.
@@ -115,13 +119,15 @@ impl Grants {
 }
 
 impl Granted {
-    /// Reads a message: `<owner> <request> <token> <length of the key>
-    /// <key><list>` (see the lock's `lib/grant.lua`). `None`: not one.
+    /// Reads a message: `<owner> <request> <token> <behind> <length of
+    /// the key> <key><list>` (see the lock's `lib/grant.lua`). `None`: not
+    /// one.
     pub(super) fn parse(message: &[u8]) -> Option<Granted> {
-        let mut fields = message.splitn(5, |&byte| byte == b' ');
+        let mut fields = message.splitn(6, |&byte| byte == b' ');
         let owner = std::str::from_utf8(fields.next()?).ok()?;
         let request = std::str::from_utf8(fields.next()?).ok()?;
         let token = std::str::from_utf8(fields.next()?).ok()?.parse().ok()?;
+        let behind = std::str::from_utf8(fields.next()?).ok()?.to_owned();
         let key_len: usize = std::str::from_utf8(fields.next()?).ok()?.parse().ok()?;
         let rest = fields.next()?;
         if owner.is_empty() || request.is_empty() || rest.len() <= key_len {
@@ -132,9 +138,20 @@ impl Granted {
             ticket: ticket(owner, request),
             owner_len: owner.len(),
             token,
+            behind,
             key: std::str::from_utf8(key).ok()?.to_owned(),
             list: std::str::from_utf8(list).ok()?.to_owned(),
         })
+    }
+}
+
+impl Granted {
+    /// What the waiter it names is told.
+    pub(super) fn receipt(&self) -> GrantReceipt {
+        GrantReceipt {
+            token: self.token,
+            behind: self.behind.as_str().into(),
+        }
     }
 }
 
@@ -159,11 +176,14 @@ mod tests {
 
     #[test]
     fn a_message_names_ticket_token_key_and_list() {
-        let granted = Granted::parse(b"ab-12:7 42 1700000000000001 10 rb:{a b}:lrb:{a b}:baton")
-            .expect("a grant");
+        let granted = Granted::parse(
+            b"ab-12:7 42 1700000000000001 ab-12:8,5;cd:1 10 rb:{a b}:lrb:{a b}:baton",
+        )
+        .expect("a grant");
         assert_eq!(granted.ticket, "ab-12:7 42");
         assert_eq!(&granted.ticket[..granted.owner_len], "ab-12:7");
         assert_eq!(granted.token, 1_700_000_000_000_001);
+        assert_eq!(&*granted.receipt().behind, "ab-12:8,5;cd:1");
         assert_eq!(granted.key, "rb:{a b}:l");
         assert_eq!(granted.list, "rb:{a b}:baton");
     }
@@ -173,10 +193,11 @@ mod tests {
         for message in [
             &b""[..],
             b"a:1 2",
-            b"a:1 2 x 3 keylist",
-            b"a:1 2 3 8 keylist",
-            b"a:1 2 3 99 keylist",
-            b" 2 3 3 keylist",
+            b"a:1 2 x ; 3 keylist",
+            b"a:1 2 3 ; 8 keylist",
+            b"a:1 2 3 ; 99 keylist",
+            b"a:1 2 3 3 keylist",
+            b" 2 3 ; 3 keylist",
         ] {
             assert_eq!(Granted::parse(message), None, "{message:?}");
         }

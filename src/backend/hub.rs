@@ -97,7 +97,7 @@ use super::classify::{
 };
 use super::grants::Granted;
 use super::pool::{Pool, PooledConn};
-use super::{Grants, NodeParked, ParkHow, Parked};
+use super::{GrantReceipt, Grants, NodeParked, ParkHow, Parked};
 use crate::error::Error;
 
 /// The connections the hub of one server keeps: the listener and the
@@ -257,7 +257,7 @@ enum Outcome {
     /// `MOVED` or `ASK`: a Cluster's other node serves the key.
     Redirected(redis::RedisError),
     /// A release granted the waiter what it waits for, under this token.
-    Granted(u64),
+    Granted(GrantReceipt),
 }
 
 /// What one key's look found.
@@ -471,7 +471,7 @@ impl Outcome {
             Outcome::ConnectionFailed(err) => Ok(NodeParked::Parked(Parked::ConnectionFailed(err))),
             Outcome::Refused(err) => Err(err),
             Outcome::Redirected(err) => Ok(NodeParked::Redirected(err)),
-            Outcome::Granted(token) => Ok(NodeParked::Parked(Parked::Granted(token))),
+            Outcome::Granted(receipt) => Ok(NodeParked::Parked(Parked::Granted(receipt))),
         }
     }
 }
@@ -559,7 +559,7 @@ impl State {
             self.keys.remove(&granted.list);
         }
         self.outcomes
-            .insert(waiter.id, Outcome::Granted(granted.token));
+            .insert(waiter.id, Outcome::Granted(granted.receipt()));
         waiter.wake.notify_one();
         true
     }
@@ -1527,7 +1527,7 @@ mod tests {
     #[test]
     fn a_grant_ends_the_park_of_the_waiter_it_names_alone() {
         let mut state = a_waiter_due_for_a_look();
-        let message = |ticket: &str| format!("{ticket} 99 7 p:{{k}}:l{KEY}");
+        let message = |ticket: &str| format!("{ticket} 99 a:2,5; 7 p:{{k}}:l{KEY}");
         for other in ["c:1 4", "c:2 5"] {
             let granted = Granted::parse(message(other).as_bytes()).unwrap();
             assert!(!state.grant(&granted), "{other}");
@@ -1535,7 +1535,10 @@ mod tests {
         assert!(state.outcomes.is_empty());
         let granted = Granted::parse(message("c:1 5").as_bytes()).unwrap();
         assert!(state.grant(&granted));
-        assert!(matches!(state.outcomes.get(&7), Some(Outcome::Granted(99))));
+        assert!(matches!(
+            state.outcomes.get(&7),
+            Some(Outcome::Granted(GrantReceipt { token: 99, behind })) if &**behind == "a:2,5;"
+        ));
         assert!(!state.keys.contains_key(KEY), "its key has no waiter left");
         assert!(!state.grant(&granted), "granted once");
     }

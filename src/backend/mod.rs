@@ -135,8 +135,19 @@ pub(crate) enum Parked {
     /// The parked connection failed; it was closed.
     ConnectionFailed(Error),
     /// A release granted the waiter (its [`ParkHow::ticket`]) what it
-    /// waits for, under this token.
-    Granted(u64),
+    /// waits for.
+    Granted(GrantReceipt),
+}
+
+/// What a grant brought the parked waiter it named (see `grants`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GrantReceipt {
+    /// The token of the ownership granted.
+    pub(crate) token: u64,
+    /// What the grant passed along with it, as the synchronizer's script
+    /// wrote it (a fair lock's line of the waiter's client's threads
+    /// behind it, see `lib/grant.lua`).
+    pub(crate) behind: Box<str>,
 }
 
 /// How a park on one node ended, before a flavor that routes acts on a

@@ -39,7 +39,7 @@ use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::{Backend, ParkHow, Parked};
+use crate::backend::{Backend, GrantReceipt, ParkHow, Parked};
 use crate::config::Config;
 use crate::error::Error;
 use crate::keys;
@@ -142,12 +142,12 @@ struct Wait<'a> {
 /// What a waiter that may be granted what it waits for while parked (a
 /// release writes its ownership and tells its client, see
 /// `backend::grants`) shares with the wait core: the ticket its parks
-/// carry, which its attempts set, and the token a grant brought, which its
+/// carry, which its attempts set, and what a grant brought, which its
 /// next attempt takes instead of asking Redis.
 #[derive(Debug, Default)]
 pub(crate) struct GrantSlot {
     ticket: RefCell<Option<String>>,
-    granted: Cell<Option<u64>>,
+    granted: RefCell<Option<GrantReceipt>>,
 }
 
 impl GrantSlot {
@@ -157,9 +157,9 @@ impl GrantSlot {
         *self.ticket.borrow_mut() = ticket;
     }
 
-    /// The token a grant brought since the last call, if one did.
-    pub(crate) fn take_granted(&self) -> Option<u64> {
-        self.granted.take()
+    /// What a grant brought since the last call, if one came.
+    pub(crate) fn take_granted(&self) -> Option<GrantReceipt> {
+        self.granted.borrow_mut().take()
     }
 }
 
@@ -533,11 +533,9 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
             member.parker_parks(park_key);
             // On its own list, or on one its attempt pops.
             let claims = takes_token.filter(|_| park_on.as_ref().is_none_or(|on| on.claims));
-            // A grant names the waiter parked on the baton, not one on a
-            // list of its own.
-            let ticket = grant
-                .filter(|_| park_on.is_none())
-                .map(|slot| slot.ticket.borrow());
+            // A grant names the waiter by its ticket and the list it
+            // parks on.
+            let ticket = grant.map(|slot| slot.ticket.borrow());
             let how = ParkHow {
                 precise: park.precise,
                 watch,
@@ -562,9 +560,9 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
                     failures.count(err, deadline)?;
                 }
                 // Granted: the next attempt takes it, with no command.
-                Parked::Granted(token) => {
+                Parked::Granted(receipt) => {
                     if let Some(slot) = grant {
-                        slot.granted.set(Some(token));
+                        *slot.granted.borrow_mut() = Some(receipt);
                     }
                 }
             }

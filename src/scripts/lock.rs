@@ -95,10 +95,11 @@ pub(crate) struct AcquireArgs<'a> {
     pub(crate) after_park: bool,
     /// The TTL of such a token.
     pub(crate) baton_ttl: Duration,
-    /// A plain lock's waiter that parks where a grant reaches it: the
-    /// release of an ownership it finds in its way may grant it the lock
-    /// (`lib/grant.lua`), by a message naming this request, for this lease
-    /// (`None`: no grant).
+    /// A waiter that parks where a grant reaches it: the release of an
+    /// ownership it finds in its way (a fair lock's: the release that
+    /// makes it the next holder) may grant it the lock (`lib/grant.lua`),
+    /// by a message naming this request, for this lease (`None`: no
+    /// grant).
     pub(crate) grantable: Option<Duration>,
     /// A fair lock's: the caller's last park was on the head's list
     /// ([`FairKeys::next`]), not its own.
@@ -128,10 +129,16 @@ pub(crate) fn acquire(keys: &LockKeys, args: AcquireArgs<'_>) -> Call {
         // The fair lock's waiters queue in Redis: no hand-over window.
         let call = call.arg(if args.asking.waits() { "1" } else { "0" });
         let call = call.arg(millis(args.place_ttl)).arg(args.arrival);
-        // ARGV[12] and ARGV[13] follow ARGV[10] and ARGV[11].
+        // ARGV[12] to ARGV[14] follow ARGV[10] and ARGV[11]; the grant
+        // spec's key is the last.
         let line_and_free = |call: Call| {
-            call.arg(args.reserve)
-                .arg(if args.free_only { "1" } else { "0" })
+            let call = call
+                .arg(args.reserve)
+                .arg(if args.free_only { "1" } else { "0" });
+            match args.grantable {
+                Some(lease) => call.arg(millis(lease)).key(&keys.grant_spec(args.identity)),
+                None => call.arg(0),
+            }
         };
         if !args.takes_token && !args.on_heads_list {
             return line_and_free(call.arg("0").arg("0"));
@@ -393,6 +400,7 @@ pub(crate) fn fair_release(
     baton_ttl: Duration,
     next_in_line: Option<&str>,
     served: &[(String, u64)],
+    grants: Option<(Duration, &str)>,
 ) -> Call {
     let base = Call::new(&FAIR_RELEASE)
         .key(&keys.lock)
@@ -410,12 +418,23 @@ pub(crate) fn fair_release(
         call
     };
     // The lists, mostly empty, are left out while the slot migrates (see
-    // `fair/release.lua`).
-    let without = with_served(base.clone().arg(""));
-    let with = base.key(&fair.next);
+    // `fair/release.lua`), and so is a grant (never on a Cluster).
+    let without = with_served(base.clone().arg("").arg("").arg(""));
+    let with = base.key(&fair.next).key(&keys.fence);
+    let grants = grants.filter(|_| guards_left == 0);
     let with = match next_in_line {
-        Some(waiter) => with.key(&keys.wake_list(waiter)).arg(waiter),
+        Some(waiter) => {
+            let with = with.key(&keys.wake_list(waiter)).arg(waiter);
+            match grants {
+                Some(_) => with.key(&keys.grant_spec(waiter)),
+                None => with,
+            }
+        }
         None => with.arg(""),
+    };
+    let with = match grants {
+        Some((fence_ttl, channels)) => with.arg(millis(fence_ttl)).arg(channels),
+        None => with.arg("").arg(""),
     };
     with_served(with).or_when_split(without)
 }

@@ -72,10 +72,10 @@ scripts! {
     /// The fair lock: take it in arrival order, or keep a place in its queue.
     FAIR_ACQUIRE => "fair/acquire.lua"
         with ["lib/next_fence.lua", "lib/lease.lua", "lib/fair_queue.lua", "lib/baton.lua"];
-    /// The fair lock's release: wakes the head of its queue parked on the
-    /// head's list, or names the head to wake.
+    /// The fair lock's release: wakes (or grants the lock to) the head of
+    /// its queue, or names the head to wake.
     FAIR_RELEASE => "fair/release.lua"
-        with ["lib/lease.lua", "lib/fair_queue.lua", "lib/baton.lua"];
+        with ["lib/lease.lua", "lib/fair_queue.lua", "lib/baton.lua", "lib/next_fence.lua", "lib/grant.lua"];
     /// The last release of a fair lock's holder, handing it to a waiter of
     /// the same process that is the head of the queue.
     FAIR_HANDOFF => "fair/handoff.lua" with ["lib/next_fence.lua", "lib/fair_queue.lua"];

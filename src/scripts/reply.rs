@@ -61,6 +61,34 @@ impl Line {
         let after = after.map(String::from_redis_value).transpose()?;
         Ok(Line { waiters, after })
     }
+
+    /// The line a grant passed along (`fair/release.lua`'s `<behind>`:
+    /// `<waiter>,<arrival>,...;<next>`, where `<next>` is the waiter after
+    /// the line, or, with no line, the first waiter behind the grantee),
+    /// and the first waiter behind the grantee. `None`: not one.
+    pub(crate) fn of_grant(behind: &str) -> Option<(Line, Option<String>)> {
+        let (line, next) = behind.split_once(';')?;
+        let next = (!next.is_empty()).then(|| next.to_owned());
+        let mut waiters = Vec::new();
+        if !line.is_empty() {
+            let mut items = line.split(',');
+            while let Some(waiter) = items.next() {
+                let arrival = items.next()?.parse().ok()?;
+                waiters.push((waiter.to_owned(), arrival));
+            }
+        }
+        let Some((first, _)) = waiters.first() else {
+            return Some((Line::default(), next));
+        };
+        let first = Some(first.clone());
+        Some((
+            Line {
+                waiters,
+                after: next,
+            },
+            first,
+        ))
+    }
 }
 
 impl FromRedisValue for AcquireReply {
@@ -373,6 +401,31 @@ mod tests {
 
     fn ints(values: &[i64]) -> Value {
         Value::Array(values.iter().map(|&v| Value::Int(v)).collect())
+    }
+
+    #[test]
+    fn a_grants_line_reads_back_as_a_fresh_acquisitions() {
+        let line = |waiters: &[(&str, u64)], after: Option<&str>| Line {
+            waiters: waiters.iter().map(|&(w, a)| (w.to_owned(), a)).collect(),
+            after: after.map(str::to_owned),
+        };
+        let some = |waiter: &str| Some(waiter.to_owned());
+        assert_eq!(Line::of_grant(";"), Some((Line::default(), None)));
+        assert_eq!(Line::of_grant(";b:1"), Some((Line::default(), some("b:1"))));
+        assert_eq!(
+            Line::of_grant("a:2,100,a:3,200;b:1"),
+            Some((
+                line(&[("a:2", 100), ("a:3", 200)], Some("b:1")),
+                some("a:2")
+            ))
+        );
+        assert_eq!(
+            Line::of_grant("a:2,100;"),
+            Some((line(&[("a:2", 100)], None), some("a:2")))
+        );
+        for broken in ["", "a:2", "a:2;", "a:2,x;", "a:2,1,a:3;"] {
+            assert_eq!(Line::of_grant(broken), None, "{broken}");
+        }
     }
 
     #[test]

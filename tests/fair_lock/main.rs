@@ -20,6 +20,7 @@ use crate::support::{spawn_child, JoinWithin};
 #[cfg(feature = "cluster")]
 mod cluster;
 mod events;
+mod grants;
 mod order;
 
 const THREADS_PER_CHILD: usize = 4;
@@ -88,6 +89,7 @@ fn child_entry() {
             "fair_waiter" => fair_waiter(url),
             "fair_holder" => fair_holder(url),
             "fair_run" => fair_run(url),
+            "fair_granted" => grants::granted_waiter(url),
             _ => return false,
         }
         true
@@ -529,10 +531,12 @@ fn a_run_in_memory_stops_at_a_waiter_of_another_client_that_arrived_before_the_n
     let during = server.commands_since(&before);
     let who: Vec<&str> = rest.iter().map(|&(who, _)| who).collect();
     assert_eq!(who, ["local", "remote", "later"]);
-    // The local thread's release (the run's last) wakes the remote waiter
-    // in its own script, knowing it from the line's `after`; then each
-    // attempt and release: five scripts, no second call to wake anyone.
-    assert_eq!(support::scripts_run(&during), 5, "{during:?}");
+    // The local thread's release (the run's last) grants the lock to the
+    // remote waiter, knowing it from the line's `after`, and the remote
+    // waiter's release grants it to the later thread: three releases, two
+    // grants, no attempt, no second call to wake anyone.
+    assert_eq!(support::scripts_run(&during), 3, "{during:?}");
+    assert_eq!(during.get("publish"), Some(&2), "{during:?}");
     assert_eq!(rest[0].1, holder.1 + 1, "passed in memory: {rest:?}");
     assert!(rest[1].1 > rest[0].1 && rest[2].1 > rest[1].1, "{rest:?}");
     assert!(took < Duration::from_secs(5), "all served after {took:?}");
@@ -837,13 +841,15 @@ fn a_runs_last_release_drops_only_the_places_it_served() {
         include_str!("../../src/scripts/lib/lease.lua"),
         include_str!("../../src/scripts/lib/fair_queue.lua"),
         include_str!("../../src/scripts/lib/baton.lua"),
+        include_str!("../../src/scripts/lib/next_fence.lua"),
+        include_str!("../../src/scripts/lib/grant.lua"),
         include_str!("../../src/scripts/fair/release.lua")
     ));
     let reply: (i64, String, i64) = release
         .key(&lock)
         .key(&queue)
         .key(&places)
-        .arg(&["c:1", "10", "0", "30000", "60000", ""])
+        .arg(&["c:1", "10", "0", "30000", "60000", "", "", ""])
         .arg(&["c:2", "100", "c:3", "50"])
         .invoke(&mut con)
         .unwrap();
@@ -1029,14 +1035,17 @@ fn another_clients_waiter_takes_its_token_in_its_attempt_without_a_look() {
 /// (behind another client's waiter that went first) never found itself
 /// the head behind a holder, so it parks on its own list. The release of
 /// the waiter that went first pushes that list itself (its acquisition
-/// found that waiter next in line): no second call to wake it.
+/// found that waiter next in line): no second call to wake it. (Its
+/// clients are refused the grant channel: else the release grants it the
+/// lock, see `grants`.)
 #[test]
 fn a_waiter_that_became_the_head_while_parked_is_woken_by_the_release_itself() {
     let server = RedisServer::start();
     let holder = Client::open(&server.url()).unwrap();
     let held = holder.fair_lock("steady").unwrap().lock().unwrap();
     let (go, first_may_go) = mpsc::channel();
-    let (waiters, order) = two_parked_waiters(&server, "steady", &server.url(), Some(first_may_go));
+    let ungranted = testkit::ungranted_user(&mut server.connection(), &server.url());
+    let (waiters, order) = two_parked_waiters(&server, "steady", &ungranted, Some(first_may_go));
     held.unlock().unwrap();
     assert_eq!(order.recv_timeout(Duration::from_secs(20)), Ok("first"));
     let before = server.command_calls();

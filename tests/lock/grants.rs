@@ -102,7 +102,7 @@ fn a_release_grants_the_marked_waiter_whose_client_hears_it() {
     let (key, baton) = (lock_key("granted"), baton_key("granted"));
     assert_eq!(
         String::from_utf8(message).unwrap(),
-        format!("b:1 7 {token} {} {key}{baton}", key.len())
+        format!("b:1 7 {token} ; {} {key}{baton}", key.len())
     );
 }
 

@@ -27,6 +27,12 @@
 --          live guards, and another thread of its client holds what the
 --          caller took under its identity (passed on in memory), so a lock
 --          under the caller's identity is that thread's, not a leftover
+-- ARGV[14] the grant's lease in ms where a release may grant the lock to
+--          the caller while it waits (lib/grant.lua), else "0"; with it,
+--          the last key is the caller's grant spec (LockKeys::grant_spec),
+--          which an attempt that leaves the caller waiting writes, for as
+--          long as its place lives: `<request> <lease> <ARGV[12]>`
+--          (fair/release.lua reads it)
 --
 -- Returns {1, fence, depth}         acquired: fresh (depth 1) or re-entered
 --         {1, fence, 1, next}       acquired afresh with others waiting:
@@ -146,22 +152,11 @@ if leftover or (held[1] == false and (head == nil or head == ARGV[1])) then
   -- client (read only when the first is one), and the one `after` them.
   local most = tonumber(ARGV[12])
   local client = string.match(ARGV[1], '^(.*:)')
-  local function local_waiter(waiter)
-    return string.sub(waiter, 1, #client) == client
-  end
   local line, after = {}, nil
-  if most > 0 and client and next_in_line and local_waiter(next_in_line) then
-    local waiting = redis.call('ZRANGE', queue, 0, most, 'WITHSCORES')
-    for i = 1, #waiting, 2 do
-      local waiter = waiting[i]
-      if waiter ~= ARGV[1] then
-        if #line == 2 * most or not local_waiter(waiter) then
-          after = waiter
-          break
-        end
-        line[#line + 1] = waiter
-        line[#line + 1] = tonumber(waiting[i + 1])
-      end
+  if most > 0 and client and next_in_line and string.sub(next_in_line, 1, #client) == client then
+    line, after = line_of(redis.call('ZRANGE', queue, 0, most, 'WITHSCORES'), ARGV[1], most)
+    for i = 2, #line, 2 do
+      line[i] = tonumber(line[i])
     end
   end
   local reserve = nil
@@ -207,6 +202,9 @@ if ARGV[7] == '1' then
   end
   redis.call('ZADD', places, now + tonumber(ARGV[8]), ARGV[1])
   keep_queue(queue, places, ARGV[8])
+  if ARGV[14] ~= '0' then
+    redis.call('SET', KEYS[#KEYS], ARGV[6] .. ' ' .. ARGV[14] .. ' ' .. ARGV[12], 'PX', ARGV[8])
+  end
   if held[1] then
     if head == nil or head == ARGV[1] then
       is_head = 1

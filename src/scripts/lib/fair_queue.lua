@@ -95,3 +95,31 @@ local function keep_queue(queue, places, ms)
     end
   end
 end
+
+-- line_of(waiting, waiter, most): the waiters after `waiter` in `waiting`
+-- (the first of the queue, `ZRANGE ... WITHSCORES`, `waiter` among them)
+-- that an ownership `waiter` takes may pass along in memory: the first of
+-- them while they are threads of its client, up to `most`, as {waiter,
+-- arrival, ...} (arrivals as the reply gave them); then the waiter after
+-- that line (nil when the line took all `waiting` had), and the first
+-- waiter after `waiter` (nil: nobody waits behind it).
+local function line_of(waiting, waiter, most)
+  local client = string.match(waiter, '^(.*:)')
+  local line, after, first = {}, nil, nil
+  for i = 1, #waiting, 2 do
+    local other = waiting[i]
+    if other ~= waiter then
+      first = first or other
+      if #line == 2 * most or not client or string.sub(other, 1, #client) ~= client then
+        after = other
+        break
+      end
+      line[#line + 1] = other
+      line[#line + 1] = waiting[i + 1]
+    end
+  end
+  if #line == 0 then
+    after = nil
+  end
+  return line, after, first
+end

@@ -57,7 +57,8 @@ redis.call('DEL', KEYS[1])
 if held[4] then
   -- Granted: the waiter holds it, and its release pushes the baton for
   -- the others (`waited`).
-  if held[6] and KEYS[3] and grant(KEYS[1], KEYS[2], KEYS[3], ARGV[7], ARGV[8], held[4], held[6]) then
+  local req, lease, reserve = grant_spec(held[6] or '')
+  if req and KEYS[3] and grant(KEYS[1], KEYS[2], KEYS[3], ARGV[7], ARGV[8], held[4], req, lease, reserve, ';') then
     return 0
   end
   hand_over(KEYS[1], ARGV[6], held[4], held[5])

@@ -25,7 +25,7 @@ use crate::lease::{earlier, Claim, FairRun, Grant, LeaseMode, Leased, RenewLease
 use crate::observe::{Acquisition, Event, HoldKind, LostSignal};
 use crate::parking::{self, Attempt, GrantSlot, ParkOn, Waited};
 use crate::scripts::lock::{self as calls, AcquireArgs, Asking};
-use crate::scripts::reply::AcquireReply;
+use crate::scripts::reply::{AcquireReply, FairReply, Line, ReleaseReply};
 
 pub use guard::LockGuard;
 pub use multi::{MultiLock, MultiLockGuard};
@@ -433,8 +433,20 @@ impl Lock {
         // as the wait's first would (a plain lock's wait attempts again,
         // as a caller that has waited, see `lib/hand_over.lua`).
         let mut first = None;
+        // A waiter parked on its client's hub may be granted the lock by
+        // its holder's release (see `lib/grant.lua`): from its first
+        // attempt on, for a fair lock's (whose wait parks after it).
+        let grantable = context.backend.takes_grants().then(Grantable::default);
         if holds || !context.lock_room.has_waiters(&self.keys.baton) {
-            match self.attempt(&identity, Asking::First, &mut place, false, false, None) {
+            let grantable = grantable.as_ref().filter(|_| self.keys.fair.is_some());
+            match self.attempt(
+                &identity,
+                Asking::First,
+                &mut place,
+                false,
+                false,
+                grantable,
+            ) {
                 Ok(Attempt::Acquired(guard)) => {
                     return Ok(Some(self.acquired(guard, start, Acquisition::FirstAttempt)))
                 }
@@ -467,14 +479,10 @@ impl Lock {
         // park may have ended with a token a look popped for it (see
         // `AcquireArgs::after_park`).
         let parked = Cell::new(false);
-        // A plain lock's waiter parked on its client's hub may be granted
-        // the lock by its holder's release (see `lib/grant.lua`).
-        let grantable =
-            (self.keys.fair.is_none() && context.backend.takes_grants()).then(Grantable::default);
         let attempt = || {
             if let Some(guard) = grantable
                 .as_ref()
-                .and_then(|g| self.take_grant(&identity, g))
+                .and_then(|g| self.take_grant(&identity, g, place.arrival))
             {
                 return Ok(Attempt::Acquired(guard));
             }
@@ -647,16 +655,49 @@ impl Lock {
     /// [`GRANT_LEASE`]): the guard is recorded as if sent that much
     /// earlier, so that it counts the grant's lease, and its first renewal
     /// is due at once, which lengthens it.
-    fn take_grant(&self, identity: &Arc<str>, grantable: &Grantable) -> Option<LockGuard> {
-        let token = grantable.slot.take_granted()?;
+    ///
+    /// A fair lock's grant passes along the line of this client's threads
+    /// behind the waiter, as a fresh acquisition's reply does, and leaves
+    /// the waiter's place (its `arrival`) in the queue: the ownership's
+    /// run counts it served, so that its last release drops it.
+    fn take_grant(
+        &self,
+        identity: &Arc<str>,
+        grantable: &Grantable,
+        arrival: u64,
+    ) -> Option<LockGuard> {
+        let receipt = grantable.slot.take_granted()?;
         let (sent, granted) = grantable.sent.get()?;
         if sent.elapsed() > granted / GRANT_LEASE_SHARE {
             return None;
         }
+        let (line, next_in_line) = match self.keys.fair {
+            Some(_) => Line::of_grant(&receipt.behind)?,
+            None => (Line::default(), None),
+        };
         let mode = self.mode();
         let sent = earlier(sent, self.raw.clock_margin(granted));
         let sent = sent.checked_sub(mode.lease().saturating_sub(granted))?;
-        Some(self.guard(identity, identity, token, mode, sent, None))
+        let guard = self.guard(identity, identity, receipt.token, mode, sent, next_in_line);
+        if self.keys.fair.is_some() {
+            let own_place = vec![(identity.to_string(), arrival)];
+            self.start_run(&guard, line, own_place);
+        }
+        Some(guard)
+    }
+
+    /// Starts the run of a fresh ownership `guard` along `line`, the
+    /// threads of this client next in a fair lock's queue, with the places
+    /// `served` already (none, but a grantee's own), if there is any.
+    fn start_run(&self, guard: &LockGuard, line: Line, served: Vec<(String, u64)>) {
+        if !line.waiters.is_empty() || !served.is_empty() {
+            let run = FairRun {
+                ahead: line.waiters.into(),
+                after: line.after,
+                served,
+            };
+            guard.start_run(&self.context.leases.registry, run);
+        }
     }
 
     /// The lease of an ownership a release may grant a waiter of this
@@ -726,16 +767,9 @@ impl Lock {
                 // The lease as the slowest clock may count it.
                 let sent = earlier(sent, self.raw.clock_margin(mode.lease()));
                 let guard = self.guard(identity, &owner, fence, mode, sent, next_in_line);
-                if !line.waiters.is_empty() {
-                    // Threads of this client are next in the queue: the
-                    // ownership may pass along them in memory.
-                    let run = FairRun {
-                        ahead: line.waiters.into(),
-                        after: line.after,
-                        served: Vec::new(),
-                    };
-                    guard.start_run(registry, run);
-                }
+                // Threads of this client next in the queue: the ownership
+                // may pass along them in memory.
+                self.start_run(&guard, line, Vec::new());
                 Ok(Attempt::Acquired(guard))
             }
             Ok(AcquireReply::Held {
@@ -806,27 +840,52 @@ pub(crate) fn give_back_unclaimed_grants(context: &Context) {
     );
     let (fence_ttl, channels) = (config.fence_ttl, grants.prefix().to_owned());
     grants.give_back_with(Box::new(move |conn, unclaimed| {
-        let Some(keys) = keys::lock_name_of(&prefix, unclaimed.key)
-            .and_then(|name| LockKeys::new(&prefix, &name).ok())
-        else {
+        let Some(keys) = keys::lock_keys_of(&prefix, unclaimed.key) else {
             log::warn!(
                 "redbaton: a grant of {:?}, which is no lock of this client's prefix, was left",
                 unclaimed.key
             );
             return Ok(());
         };
+        let grants = Some((fence_ttl, channels.as_str()));
         // The last release of the granted ownership, as its holder's
         // would be: it wakes (or grants) the next waiter.
-        let release = calls::release(
+        let Some(fair) = &keys.fair else {
+            let release = calls::release(
+                &keys,
+                unclaimed.owner,
+                unclaimed.token,
+                0,
+                lease,
+                baton_ttl,
+                grants,
+            );
+            return release.invoke::<redis::Value>(conn).map(drop);
+        };
+        let release = calls::fair_release(
             &keys,
+            fair,
             unclaimed.owner,
             unclaimed.token,
             0,
             lease,
             baton_ttl,
-            Some((fence_ttl, &channels)),
+            None,
+            &[],
+            grants,
         );
-        release.invoke::<redis::Value>(conn).map(drop)
+        let released: FairReply<ReleaseReply> = release.invoke(conn)?;
+        // The head it names is this client's (the grantee, whose place
+        // stayed, or a thread of the line the grant passed along): woken
+        // on both its lists, as from another process (where it parks is
+        // not known: the grant took the lock's record of it).
+        let Some(head) = released.wake else {
+            return Ok(());
+        };
+        for list in [&keys.wake_list(&head), &fair.next] {
+            calls::push_baton(list, baton_ttl).invoke::<redis::Value>(conn)?;
+        }
+        Ok(())
     }));
 }
 

@@ -598,6 +598,7 @@ impl RawLock for DeploymentLock {
             self.baton_ttl,
             next_in_line,
             served,
+            self.grants(),
         );
         // A release resent after a lost reply whose first run freed the
         // lock is told "not the owner", and names the head all the same
@@ -727,6 +728,7 @@ impl RawLock for DeploymentLock {
             self.baton_ttl,
             None,
             served,
+            self.grants(),
         );
         let any = |_: &FairReply<ReleaseReply>| true;
         let sent = self
