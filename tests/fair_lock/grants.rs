@@ -12,7 +12,10 @@ use redbaton::Client;
 use testkit::RedisServer;
 
 use crate::support::{self, JoinWithin};
-use crate::{patient, queue_key, queue_len};
+use crate::{
+    held_by_c1, patient, queue_key, queue_len, queued_in_turn, release_script, unlocked,
+    InTurnWaiter,
+};
 
 /// The prefix of the clients' grant channels (`<prefix>:grant:`).
 const GRANT_CHANNELS: &str = "redbaton:grant:";
@@ -30,39 +33,12 @@ fn spec_key(name: &str, waiter: &str) -> String {
     format!("{}:grant:{waiter}", lock_key(name))
 }
 
-/// `fair/release.lua` as the client sends it, with its libraries.
-fn release_script() -> redis::Script {
-    redis::Script::new(concat!(
-        include_str!("../../src/scripts/lib/lease.lua"),
-        include_str!("../../src/scripts/lib/fair_queue.lua"),
-        include_str!("../../src/scripts/lib/baton.lua"),
-        include_str!("../../src/scripts/lib/next_fence.lua"),
-        include_str!("../../src/scripts/lib/grant.lua"),
-        include_str!("../../src/scripts/fair/release.lua")
-    ))
-}
-
 /// The lock `name` held by `c:1` under token 10, asked for, with `g:1`,
 /// `g:2` (threads of one client) and `r:9` queued in that order, and
 /// `g:1`'s grant spec (request 7, a 2 s grant, up to 5 in its line).
 fn held_with_three_waiters(con: &mut redis::Connection, name: &str) {
-    let lock = lock_key(name);
-    let far = u64::MAX >> 12;
-    redis::pipe()
-        .cmd("HSET")
-        .arg(&lock)
-        .arg(&["flag", "c:1", "count", "1", "fence", "10", "waited", "1"])
-        .cmd("PEXPIRE")
-        .arg(&lock)
-        .arg(30_000)
-        .cmd("ZADD")
-        .arg(queue_key(name))
-        .arg(&["100", "g:1", "200", "g:2", "300", "r:9"])
-        .cmd("ZADD")
-        .arg(format!("{lock}:places"))
-        .arg(&[far.to_string(), "g:1".into(), far.to_string(), "g:2".into()])
-        .arg(&[far.to_string(), "r:9".into()])
-        .cmd("SET")
+    held_by_c1(con, name, &[("g:1", 100), ("g:2", 200), ("r:9", 300)]);
+    redis::cmd("SET")
         .arg(spec_key(name, "g:1"))
         .arg("7 2000 5")
         .query::<()>(con)
@@ -186,64 +162,54 @@ fn a_grant_nobody_hears_wakes_the_head_instead() {
     assert_eq!(place_end(&mut con, name, "g:1"), (u64::MAX >> 12) as f64);
 }
 
-/// Who was served, with its guard's token and the token in Redis then.
-type Served = mpsc::Receiver<(&'static str, u64, u64)>;
+/// The gates of the guessed holder and of the first granted waiter.
+type Gates = [mpsc::Sender<()>; 2];
+
+/// Who was served, with its guard's token.
+type Served = mpsc::Receiver<(&'static str, u64)>;
 
 /// `first` holds `name`; `guessed`'s waiter and then `threads` waiters of
 /// the client `granted` queue behind it, each parked (60 s parks).
 /// `first`'s release serves `guessed`, whose fresh acquisition finds
-/// `granted`'s first waiter next. Returns the guessed holder's sender (it
-/// unlocks when told), the waiters' threads, and the receiver of (who,
-/// token, token in Redis) as each is served.
+/// `granted`'s first waiter next. Returns the gates of the guessed holder
+/// and of the first granted waiter (each unlocks when told), the waiters'
+/// threads, and the receiver of (who, token) as each is served.
 fn guessed_then_granted(
     server: &RedisServer,
     name: &'static str,
     threads: usize,
-) -> (mpsc::Sender<()>, Vec<thread::JoinHandle<()>>, Served) {
+) -> (Gates, Vec<thread::JoinHandle<()>>, Served) {
     let first = Client::open(&server.url()).unwrap();
     let held = first.fair_lock(name).unwrap().lock().unwrap();
-    let (served, order) = mpsc::channel();
-    let (go, may_go) = mpsc::channel::<()>();
-    let mut may_go = Some(may_go);
     let (guessed, granted) = (patient(server), patient(server));
-    let waiters = std::iter::once(("guessed", &guessed)).chain(
-        ["granted", "granted 2", "granted 3"][..threads]
-            .iter()
-            .map(|who| (*who, &granted)),
-    );
-    let threads = waiters
-        .enumerate()
-        .map(|(i, (who, client))| {
-            let lock = client.fair_lock(name).unwrap();
-            let served = served.clone();
-            let may_go = may_go.take();
-            let mut con = server.connection();
-            let thread = thread::spawn(move || {
-                let guard = lock
-                    .try_lock_for(Duration::from_secs(30))
-                    .unwrap()
-                    .expect("served");
-                let in_redis: u64 = redis::cmd("HGET")
-                    .arg(lock_key(name))
-                    .arg("fence")
-                    .query(&mut con)
-                    .unwrap();
-                served.send((who, guard.fencing_token(), in_redis)).unwrap();
-                if let Some(may_go) = may_go {
-                    may_go.recv().unwrap();
-                }
-                guard.unlock().unwrap();
-            });
-            support::eventually(Duration::from_secs(10), "the waiter parked", || {
-                queue_len(server, name) == i as u64 + 1 && support::parked(server) == i as u64 + 1
-            });
-            thread
+    let (go, gates): (Vec<_>, Vec<_>) = (0..2).map(|_| mpsc::channel::<()>()).unzip();
+    let mut gates = gates.into_iter().map(Some);
+    let waiters = [("guessed", &guessed), ("granted", &granted)]
+        .into_iter()
+        .chain(["granted 2", "granted 3"].map(|who| (who, &granted)))
+        .take(threads + 1)
+        .map(|(who, client)| InTurnWaiter {
+            who,
+            client,
+            gate: gates.next().flatten(),
+            then: unlocked,
+            reenters: false,
         })
         .collect();
+    let (threads, order) = queued_in_turn(server, name, waiters, None);
     held.unlock().unwrap();
     let guessed = order.recv_timeout(Duration::from_secs(20)).unwrap();
     assert_eq!(guessed.0, "guessed");
-    (go, threads, order)
+    (go.try_into().unwrap(), threads, order)
+}
+
+/// The fencing token of the ownership of `name` in Redis.
+fn token_in_redis(server: &RedisServer, name: &str) -> u64 {
+    redis::cmd("HGET")
+        .arg(lock_key(name))
+        .arg("fence")
+        .query(&mut server.connection())
+        .unwrap()
 }
 
 /// A waiter of another client, the head the holder's acquisition found
@@ -255,16 +221,21 @@ fn guessed_then_granted(
 fn the_guessed_head_of_another_client_is_granted_the_lock_without_an_attempt() {
     let server = RedisServer::start();
     let name = "without_attempt";
-    let (go, threads, order) = guessed_then_granted(&server, name, 1);
+    let ([guessed, granted], threads, order) = guessed_then_granted(&server, name, 1);
     let before = server.command_calls();
-    go.send(()).unwrap();
-    let (who, token, in_redis) = order.recv_timeout(Duration::from_secs(20)).unwrap();
+    guessed.send(()).unwrap();
+    let (who, token) = order.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert_eq!(who, "granted");
+    assert_eq!(
+        token,
+        token_in_redis(&server, name),
+        "the ownership's token"
+    );
+    granted.send(()).unwrap();
     for thread in threads {
         thread.joined();
     }
     let used = server.commands_since(&before);
-    assert_eq!(who, "granted");
-    assert_eq!(token, in_redis, "the guard's token is the ownership's");
     assert_eq!(used.get("publish"), Some(&1), "{used:?}");
     assert_eq!(used.get("rpush"), None, "{used:?}");
     assert_eq!(used.get("lpop"), None, "{used:?}");
@@ -280,7 +251,7 @@ fn the_guessed_head_of_another_client_is_granted_the_lock_without_an_attempt() {
 fn a_grant_given_back_leaves_the_head_its_turn() {
     let server = RedisServer::start();
     let name = "given_back";
-    let (go, threads, order) = guessed_then_granted(&server, name, 1);
+    let ([guessed, granted], threads, order) = guessed_then_granted(&server, name, 1);
     let granted_waiter: Vec<String> = redis::cmd("ZRANGE")
         .arg(queue_key(name))
         .arg(0)
@@ -297,9 +268,10 @@ fn a_grant_given_back_leaves_the_head_its_turn() {
         .unwrap();
     let before = server.command_calls();
     let released = Instant::now();
-    go.send(()).unwrap();
-    let (who, _, _) = order.recv_timeout(Duration::from_secs(20)).unwrap();
+    guessed.send(()).unwrap();
+    let (who, _) = order.recv_timeout(Duration::from_secs(20)).unwrap();
     let took = released.elapsed();
+    granted.send(()).unwrap();
     for thread in threads {
         thread.joined();
     }
@@ -317,21 +289,18 @@ fn a_grant_given_back_leaves_the_head_its_turn() {
 fn a_grant_passes_along_the_line_of_the_grantees_client() {
     let server = RedisServer::start();
     let name = "line";
-    let (go, threads, order) = guessed_then_granted(&server, name, 2);
+    let ([guessed, granted], threads, order) = guessed_then_granted(&server, name, 2);
     let before = server.command_calls();
-    go.send(()).unwrap();
-    let served: Vec<(&str, u64, u64)> = (0..2)
-        .map(|_| order.recv_timeout(Duration::from_secs(20)).unwrap())
-        .collect();
+    guessed.send(()).unwrap();
+    let first = order.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert_eq!(first.0, "granted");
+    granted.send(()).unwrap();
+    let next = order.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert_eq!(next, ("granted 2", first.1 + 1), "passed in memory");
     for thread in threads {
         thread.joined();
     }
     let used = server.commands_since(&before);
-    let who: Vec<&str> = served.iter().map(|&(who, ..)| who).collect();
-    assert_eq!(who, ["granted", "granted 2"]);
-    let (granted, next) = (served[0].1, served[1].1);
-    assert_eq!(next, granted + 1, "passed in memory");
-    assert_eq!(served[1].2, granted, "Redis keeps the run's ownership");
     assert_eq!(used.get("publish"), Some(&1), "{used:?}");
     // The guessed holder's release and the run's last release.
     assert_eq!(support::scripts_run(&used), 2, "{used:?}");

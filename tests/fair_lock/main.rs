@@ -816,36 +816,9 @@ fn a_runs_last_release_drops_only_the_places_it_served() {
     let name = "served";
     let lock = format!("redbaton:{{{name}}}:fair:lock");
     let (queue, places) = (queue_key(name), format!("{lock}:places"));
-    redis::pipe()
-        .cmd("HSET")
-        .arg(&lock)
-        .arg(&["flag", "c:1", "count", "1", "fence", "10", "waited", "1"])
-        .cmd("PEXPIRE")
-        .arg(&lock)
-        .arg(30_000)
-        // c:2 and c:3 were served in memory; c:3 asked again since.
-        .cmd("ZADD")
-        .arg(&queue)
-        .arg(&["100", "c:2", "200", "r:9", "300", "c:3"])
-        .query::<()>(&mut con)
-        .unwrap();
-    for waiter in ["c:2", "r:9", "c:3"] {
-        redis::cmd("ZADD")
-            .arg(&places)
-            .arg(u64::MAX >> 12)
-            .arg(waiter)
-            .query::<()>(&mut con)
-            .unwrap();
-    }
-    let release = redis::Script::new(concat!(
-        include_str!("../../src/scripts/lib/lease.lua"),
-        include_str!("../../src/scripts/lib/fair_queue.lua"),
-        include_str!("../../src/scripts/lib/baton.lua"),
-        include_str!("../../src/scripts/lib/next_fence.lua"),
-        include_str!("../../src/scripts/lib/grant.lua"),
-        include_str!("../../src/scripts/fair/release.lua")
-    ));
-    let reply: (i64, String, i64) = release
+    // c:2 and c:3 were served in memory; c:3 asked again since.
+    held_by_c1(&mut con, name, &[("c:2", 100), ("r:9", 200), ("c:3", 300)]);
+    let reply: (i64, String, i64) = release_script()
         .key(&lock)
         .key(&queue)
         .key(&places)
@@ -868,6 +841,42 @@ fn a_runs_last_release_drops_only_the_places_it_served() {
         .query(&mut con)
         .unwrap();
     assert_eq!(left, ["c:3", "r:9"]);
+}
+
+/// The fair lock `name` held by `c:1` under token 10, asked for, with
+/// `queued` (waiter, arrival) in its queue, their places far off.
+fn held_by_c1(con: &mut redis::Connection, name: &str, queued: &[(&str, u64)]) {
+    let lock = format!("redbaton:{{{name}}}:fair:lock");
+    let mut pipe = redis::pipe();
+    pipe.cmd("HSET")
+        .arg(&lock)
+        .arg(&["flag", "c:1", "count", "1", "fence", "10", "waited", "1"])
+        .cmd("PEXPIRE")
+        .arg(&lock)
+        .arg(30_000);
+    for &(waiter, arrival) in queued {
+        pipe.cmd("ZADD")
+            .arg(queue_key(name))
+            .arg(arrival)
+            .arg(waiter)
+            .cmd("ZADD")
+            .arg(format!("{lock}:places"))
+            .arg(u64::MAX >> 12)
+            .arg(waiter);
+    }
+    pipe.query::<()>(con).unwrap();
+}
+
+/// `fair/release.lua` as the client sends it, with its libraries.
+fn release_script() -> redis::Script {
+    redis::Script::new(concat!(
+        include_str!("../../src/scripts/lib/lease.lua"),
+        include_str!("../../src/scripts/lib/fair_queue.lua"),
+        include_str!("../../src/scripts/lib/baton.lua"),
+        include_str!("../../src/scripts/lib/next_fence.lua"),
+        include_str!("../../src/scripts/lib/grant.lua"),
+        include_str!("../../src/scripts/fair/release.lua")
+    ))
 }
 
 /// The threads [`parked_in_turn`] started, the receiver they say their

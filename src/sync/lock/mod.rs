@@ -901,7 +901,7 @@ const GRANT_LEASE: Duration = Duration::from_secs(2);
 /// starts with at least three quarters of it.
 const GRANT_LEASE_SHARE: u32 = 4;
 
-/// What a plain lock's waiter that may be granted the lock keeps across
+/// What a waiter that may be granted the lock keeps across
 /// its attempts: the slot the wait core fills, and when the attempt that
 /// its park follows was sent, with the grant's lease it asked for.
 #[derive(Debug, Default)]
