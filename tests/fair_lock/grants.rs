@@ -231,6 +231,11 @@ fn the_guessed_head_of_another_client_is_granted_the_lock_without_an_attempt() {
         token_in_redis(&server, name),
         "the ownership's token"
     );
+    let lock = Client::open(&server.url())
+        .unwrap()
+        .fair_lock(name)
+        .unwrap();
+    assert_eq!(lock.queued_waiters().unwrap(), 0, "the holder's place");
     granted.send(()).unwrap();
     for thread in threads {
         thread.joined();

@@ -391,3 +391,93 @@ fn a_waiter_parked_in_blpop_is_not_offered_a_grant() {
     );
     assert_eq!(used.get("publish"), None, "{used:?}");
 }
+
+/// A waiter of another client marked on `name`, held by a client of
+/// `server`, is granted it (60 s parks): returns when it was granted, the
+/// gate that lets it unlock, and its thread, which returns the unlock's
+/// outcome.
+fn granted_waiter(
+    server: &RedisServer,
+    name: &'static str,
+) -> (
+    Instant,
+    mpsc::Sender<()>,
+    thread::JoinHandle<Result<(), redbaton::Error>>,
+) {
+    let holder = support::client(server);
+    let waiting = Client::builder(server.url())
+        .max_park(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let held = holder.lock(name).unwrap().lock().unwrap();
+    let lock = waiting.lock(name).unwrap();
+    let (tell, told) = mpsc::channel();
+    let (go, may_go) = mpsc::channel::<()>();
+    let waiter = thread::spawn(move || {
+        let guard = lock
+            .try_lock_for(Duration::from_secs(30))
+            .unwrap()
+            .expect("granted");
+        tell.send(Instant::now()).unwrap();
+        may_go.recv().unwrap();
+        guard.unlock()
+    });
+    let mut raw = server.connection();
+    eventually(Duration::from_secs(10), "the waiter marked", || {
+        support::parked(server) == 1 && field(&mut raw, name, "grant").is_some()
+    });
+    let before = server.command_calls();
+    held.unlock().unwrap();
+    let granted = told.recv_timeout(Duration::from_secs(20)).unwrap();
+    let used = server.commands_since(&before);
+    assert_eq!(used.get("publish"), Some(&1), "granted: {used:?}");
+    (granted, go, waiter)
+}
+
+/// A granted ownership is not renewed at once: its first renewal is due a
+/// third of the grant's lease on (a short hold costs no renewal), so the
+/// lock still ends with the grant's lease a tenth of it on.
+#[test]
+fn a_grant_is_renewed_a_third_of_its_lease_on_not_at_once() {
+    let server = RedisServer::start();
+    let (granted, go, waiter) = granted_waiter(&server, "short");
+    // The hold this test is about (not a wait for another thread).
+    thread::sleep(Duration::from_millis(GRANT_MS / 10).saturating_sub(granted.elapsed()));
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(lock_key("short"))
+        .query(&mut server.connection())
+        .unwrap();
+    go.send(()).unwrap();
+    assert!(waiter.joined().is_ok());
+    assert!(pttl > 0 && pttl <= GRANT_MS as i64, "not renewed: {pttl}");
+}
+
+/// A granted ownership outlives the grant's short lease: its client's
+/// watchdog lengthens it to the waiter's own lease (30 s) within the
+/// grant's first half, and the waiter keeps it past the grant's end.
+#[test]
+fn a_granted_ownership_is_lengthened_to_the_waiters_own_lease() {
+    let server = RedisServer::start();
+    let (granted, go, waiter) = granted_waiter(&server, "lengthened");
+    let mut raw = server.connection();
+    let pttl = |raw: &mut redis::Connection| -> i64 {
+        redis::cmd("PTTL")
+            .arg(lock_key("lengthened"))
+            .query(raw)
+            .unwrap()
+    };
+    eventually(Duration::from_secs(5), "lengthened", || {
+        pttl(&mut raw) > GRANT_MS as i64
+    });
+    let lengthened = granted.elapsed();
+    assert!(
+        lengthened < Duration::from_millis(GRANT_MS / 2),
+        "lengthened {lengthened:?} after the grant"
+    );
+    // Past the grant's end (the stretch this test is about, not a wait
+    // for another thread): still its own.
+    thread::sleep(Duration::from_millis(GRANT_MS + 500).saturating_sub(granted.elapsed()));
+    assert!(pttl(&mut raw) > GRANT_MS as i64);
+    go.send(()).unwrap();
+    assert!(waiter.joined().is_ok(), "kept past the grant's lease");
+}

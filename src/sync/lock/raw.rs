@@ -827,9 +827,12 @@ impl RawLock for DeploymentLock {
         let Some(fair) = &keys.fair else {
             return Ok(0);
         };
-        // The server's clock, then every place's end, in one round trip:
-        // a place that ended is a dead waiter's that no script purged yet.
-        let (time, places): ((u64, u64), Vec<(String, f64)>) =
+        // The server's clock, every place's end and the holder, in one
+        // round trip: a place that ended is a dead waiter's that no script
+        // purged yet, and the holder's is a grantee's, which stays in the
+        // queue while it holds (see `fair/release.lua`).
+        type Places = Vec<(String, f64)>;
+        let (time, places, holder): ((u64, u64), Places, Option<String>) =
             self.backend.run(&keys.lock, &keys.name, |c| {
                 redis::pipe()
                     .cmd("TIME")
@@ -838,12 +841,15 @@ impl RawLock for DeploymentLock {
                     .arg(0)
                     .arg(-1)
                     .arg("WITHSCORES")
+                    .cmd("HGET")
+                    .arg(&keys.lock)
+                    .arg("flag")
                     .query(c)
             })?;
         let now_ms = time.0 * 1000 + time.1 / 1000;
         Ok(places
             .iter()
-            .filter(|(_, end)| *end > now_ms as f64)
+            .filter(|(waiter, end)| *end > now_ms as f64 && Some(waiter) != holder.as_ref())
             .count() as u64)
     }
 
