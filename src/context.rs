@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crossbeam_channel::Receiver;
 
@@ -96,22 +96,14 @@ impl Context {
         mode: LeaseMode,
         sent: Instant,
     ) -> (Arc<LeaseStatus>, LeaseMode) {
-        let entered = self.enter_as(
-            leased,
-            identity,
-            identity,
-            fence,
-            mode,
-            (sent, mode.lease()),
-        );
+        let entered = self.enter_as(leased, identity, identity, fence, mode, sent);
         (entered.status, entered.mode)
     }
 
     /// [`enter`](Context::enter) for a lock `thread` holds as `identity` in
     /// Redis (that of the thread of this client that took it there, which
-    /// may have passed it on in memory since), which the acquisition sent
-    /// at `sent` made live `lives` (`mode`'s lease, or a grant's); also
-    /// returns the thread's token.
+    /// may have passed it on in memory since); also returns the thread's
+    /// token.
     pub(crate) fn enter_as(
         &self,
         leased: &Leased,
@@ -119,12 +111,12 @@ impl Context {
         identity: &Arc<str>,
         fence: u64,
         mode: LeaseMode,
-        (sent, lives): (Instant, Duration),
+        sent: Instant,
     ) -> Entered {
-        let entered =
-            self.leases
-                .registry
-                .enter(leased, thread, identity, fence, mode, (sent, lives));
+        let entered = self
+            .leases
+            .registry
+            .enter(leased, thread, identity, fence, mode, sent);
         if let Some(due) = entered.new_renewal {
             Watchdog::wake(&self.leases, Some(due));
         }

@@ -66,16 +66,9 @@ pub(crate) struct Renewal {
 
 impl Renewal {
     fn new(lease: Duration, sent: Instant) -> Self {
-        Renewal::first(lease, sent, lease)
-    }
-
-    /// The schedule of an ownership of `lease` whose acquisition, sent at
-    /// `sent`, made it live `lives` (a grant's lease may be shorter): its
-    /// first renewal is due a third of that on.
-    fn first(lease: Duration, sent: Instant, lives: Duration) -> Self {
         Renewal {
             lease,
-            due: sent + lives / 3,
+            due: sent + lease / 3,
         }
     }
 
@@ -139,8 +132,7 @@ pub(crate) struct Ownerships {
 impl Ownerships {
     /// Records a guard of `thread`'s ownership `fence` of `leased`, held as
     /// `identity` in Redis, whose acquisition was sent at `sent` asking for
-    /// `mode`, and made the lock live `lives` from then (`mode`'s lease,
-    /// but a grant's, shorter, see `lib/grant.lua`). Returns the shared status, the ownership's lease mode (that
+    /// `mode`. Returns the shared status, the ownership's lease mode (that
     /// of its first acquisition), its token, and, when the watchdog has a
     /// new ownership to renew, when its first renewal is due.
     pub(crate) fn enter(
@@ -150,7 +142,7 @@ impl Ownerships {
         identity: &Arc<str>,
         fence: u64,
         mode: LeaseMode,
-        (sent, lives): (Instant, Duration),
+        sent: Instant,
     ) -> Entered {
         let fresh = || Entry {
             leased: leased.clone(),
@@ -161,7 +153,7 @@ impl Ownerships {
             mode,
             guards: 0,
             renewal: None,
-            status: Arc::new(LeaseStatus::new(sent + lives)),
+            status: Arc::new(LeaseStatus::new(sent + mode.lease())),
             run: FairRun::default(),
         };
         let mut entries = self.entries.lock();
@@ -183,11 +175,11 @@ impl Ownerships {
         let entry = &mut list[at];
         entry.guards += 1;
         let mut new_renewal = None;
-        // The script made the lock live at least `lives` more (re-entry
-        // sends the ownership's lease, not the handle's).
-        entry.status.lives_from(sent, lives);
+        // The script made the lock live at least the ownership's lease more
+        // (re-entry sends the ownership's lease, not the handle's).
+        entry.status.lives_from(sent, entry.mode.lease());
         if let (LeaseMode::Renewed(lease), None) = (entry.mode, entry.renewal) {
-            let renewal = Renewal::first(lease, sent, lives);
+            let renewal = Renewal::new(lease, sent);
             new_renewal = Some(renewal.due);
             entry.renewal = Some(renewal);
         }
@@ -451,7 +443,7 @@ mod tests {
         mode: LeaseMode,
         sent: Instant,
     ) -> Entered {
-        ownerships.enter(&keys(), id, id, fence, mode, (sent, mode.lease()))
+        ownerships.enter(&keys(), id, id, fence, mode, sent)
     }
 
     #[test]
@@ -551,7 +543,7 @@ mod tests {
         assert!(!ownerships.lent(&keys.key, &second));
         // Re-entry through Redis answers the ownership's fence: the same
         // entry, the same token.
-        let again = ownerships.enter(&keys, &second, &first, 40, mode, (now, mode.lease()));
+        let again = ownerships.enter(&keys, &second, &first, 40, mode, now);
         assert_eq!(again.token, 41);
         assert!(Arc::ptr_eq(&again.status, &entered.status));
         assert_eq!(ownerships.held(&keys.key, &second).unwrap().guards, 2);

@@ -434,27 +434,9 @@ fn granted_waiter(
     (granted, go, waiter)
 }
 
-/// A granted ownership is not renewed at once: its first renewal is due a
-/// third of the grant's lease on (a short hold costs no renewal), so the
-/// lock still ends with the grant's lease a tenth of it on.
-#[test]
-fn a_grant_is_renewed_a_third_of_its_lease_on_not_at_once() {
-    let server = RedisServer::start();
-    let (granted, go, waiter) = granted_waiter(&server, "short");
-    // The hold this test is about (not a wait for another thread).
-    thread::sleep(Duration::from_millis(GRANT_MS / 10).saturating_sub(granted.elapsed()));
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg(lock_key("short"))
-        .query(&mut server.connection())
-        .unwrap();
-    go.send(()).unwrap();
-    assert!(waiter.joined().is_ok());
-    assert!(pttl > 0 && pttl <= GRANT_MS as i64, "not renewed: {pttl}");
-}
-
 /// A granted ownership outlives the grant's short lease: its client's
-/// watchdog lengthens it to the waiter's own lease (30 s) within the
-/// grant's first half, and the waiter keeps it past the grant's end.
+/// watchdog lengthens it to the waiter's own lease (30 s) at once (within
+/// the grant's first half), and the waiter keeps it past the grant's end.
 #[test]
 fn a_granted_ownership_is_lengthened_to_the_waiters_own_lease() {
     let server = RedisServer::start();

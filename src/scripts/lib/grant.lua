@@ -13,7 +13,7 @@
 -- the fair lock's in a key of the waiter's own, see fair/acquire.lua): the
 -- request its park follows, the grant's lease and the tokens it sets aside.
 -- The grant's lease is short (its client's
--- watchdog lengthens it to the waiter's own a third of it on): a waiter that
+-- watchdog lengthens it to the waiter's own at once): a waiter that
 -- stopped waiting just before the grant came, in a process that ended
 -- before it could give the grant back, costs the others that much, not a
 -- whole lease. The message: `<waiter> <request> <token> <behind> <length

@@ -595,25 +595,9 @@ impl Lock {
         sent: Instant,
         next_in_line: Option<String>,
     ) -> LockGuard {
-        let lives = (sent, mode.lease());
-        self.guard_living(thread, identity, fence, mode, lives, next_in_line)
-    }
-
-    /// [`Lock::guard`] of an ownership the acquisition sent at `lives.0`
-    /// made live `lives.1` (a grant's lease, shorter than `mode`'s: its
-    /// first renewal, which lengthens it, is due a third of that on).
-    fn guard_living(
-        &self,
-        thread: &Arc<str>,
-        identity: &Arc<str>,
-        fence: u64,
-        mode: LeaseMode,
-        (sent, lives): (Instant, Duration),
-        next_in_line: Option<String>,
-    ) -> LockGuard {
-        let entered =
-            self.context
-                .enter_as(&self.leased, thread, identity, fence, mode, (sent, lives));
+        let entered = self
+            .context
+            .enter_as(&self.leased, thread, identity, fence, mode, sent);
         let ownership = Ownership {
             thread: Arc::clone(thread),
             identity: Arc::clone(identity),
@@ -668,8 +652,9 @@ impl Lock {
     /// leftover, under a new token, see `lock/acquire.lua`).
     ///
     /// The grant's lease may be shorter than the waiter's own (see
-    /// [`GRANT_LEASE`]): the guard counts it, and its first renewal, which
-    /// lengthens it, is due a third of it on.
+    /// [`GRANT_LEASE`]): the guard is recorded as if sent that much
+    /// earlier, so that it counts the grant's lease, and its first renewal
+    /// is due at once, which lengthens it.
     ///
     /// A fair lock's grant passes along the line of this client's threads
     /// behind the waiter, as a fresh acquisition's reply does, and leaves
@@ -691,8 +676,9 @@ impl Lock {
             None => (Line::default(), None),
         };
         let mode = self.mode();
-        let lives = (earlier(sent, self.raw.clock_margin(granted)), granted);
-        let guard = self.guard_living(identity, identity, receipt.token, mode, lives, next_in_line);
+        let sent = earlier(sent, self.raw.clock_margin(granted));
+        let sent = sent.checked_sub(mode.lease().saturating_sub(granted))?;
+        let guard = self.guard(identity, identity, receipt.token, mode, sent, next_in_line);
         if self.keys.fair.is_some() {
             let own_place = vec![(identity.to_string(), arrival)];
             self.start_run(&guard, line, own_place);
@@ -906,8 +892,8 @@ pub(crate) fn give_back_unclaimed_grants(context: &Context) {
 /// The longest lease a release grants a waiter (`lib/grant.lua`): what a
 /// waiter that stopped waiting just as the grant came, in a process that
 /// ended before it could give the grant back, costs the others. The
-/// watchdog lengthens a granted ownership to its own lease a third of this
-/// on, as it renews a lease of this length.
+/// watchdog lengthens a granted ownership to its own lease at once, within
+/// this even on a loaded machine.
 const GRANT_LEASE: Duration = Duration::from_secs(2);
 
 /// The share of a grant's lease past which a grant is not taken as it
