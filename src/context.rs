@@ -49,7 +49,11 @@ impl Context {
             identities,
             lock_room: WaitingRoom::new(Arc::clone(&backend), &config),
             room: WaitingRoom::new(Arc::clone(&backend), &config),
-            leases: Arc::new(LeaseRuntime::new(name, config.observer.clone())),
+            leases: Arc::new(LeaseRuntime::new(
+                name,
+                config.observer.clone(),
+                config.replica_acks.map(|acks| acks.timeout),
+            )),
             backend,
             config,
             requests: AtomicU64::new(0),

@@ -51,6 +51,7 @@ use crate::error::Error;
 
 pub(crate) use classify::{is_transient_reply, ScriptTracer};
 pub(crate) use grants::{ticket, Grants};
+pub(crate) use pool::answered_by;
 
 /// Where a client's commands go.
 pub(crate) struct Backend {

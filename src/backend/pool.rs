@@ -7,6 +7,7 @@
 //! from every other waiter). So every transport error marks the connection
 //! broken, and r2d2 drops it instead of pooling it.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,9 +26,46 @@ const CHECKOUT_SLICE: Duration = Duration::from_millis(20);
 /// Waiters for a full pool per [`CHECKOUT_SLICE`] of their slices.
 const SLICE_WAITERS: u32 = 16;
 
+thread_local! {
+    /// When the exchanges this thread runs must be answered by, if sooner
+    /// than their connections' read timeouts (see [`answered_by`]).
+    static ANSWER_DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Runs `work` with every exchange it makes on a pooled connection (and
+/// every wait for one) ending by `deadline`: a reply not in by then is a
+/// timeout, as one past the I/O timeout is. For the watchdog, whose
+/// renewal of a short-lived hold is no use once the hold has ended, and
+/// whose round passes through layers (each synchronizer's renewal, a
+/// cluster's redirections, the sentinels' master) that need not know.
+pub(crate) fn answered_by<T>(deadline: Instant, work: impl FnOnce() -> T) -> T {
+    struct Restore(Option<Instant>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ANSWER_DEADLINE.set(self.0);
+        }
+    }
+    let _restore = Restore(ANSWER_DEADLINE.replace(Some(deadline)));
+    work()
+}
+
+/// `timeout`, or less where this thread's exchanges must be answered
+/// sooner (see [`answered_by`]); at least 1 ms, as a zero timeout is
+/// refused by the socket.
+fn bounded(timeout: Duration) -> Duration {
+    match ANSWER_DEADLINE.get() {
+        Some(deadline) => timeout
+            .min(deadline.saturating_duration_since(Instant::now()))
+            .max(Duration::from_millis(1)),
+        None => timeout,
+    }
+}
+
 /// A pooled Redis connection with a "state unknown" mark.
 pub(crate) struct Conn {
     inner: redis::Connection,
+    /// How long its reads wait (the I/O timeout, or what the caller set).
+    read_timeout: Duration,
     /// The server's `CLIENT ID` of this connection, read when it was
     /// opened, for pools whose connections may need unblocking; `None` when
     /// not asked or refused.
@@ -62,7 +100,23 @@ impl Conn {
         &mut self,
         exchange: impl FnOnce(&mut redis::Connection) -> RedisResult<T>,
     ) -> RedisResult<T> {
+        let shortened = Some(bounded(self.read_timeout)).filter(|&t| t < self.read_timeout);
+        if let Some(timeout) = shortened {
+            self.inner
+                .set_read_timeout(Some(timeout))
+                .inspect_err(|_| {
+                    self.broken = true;
+                })?;
+        }
         let result = exchange(&mut self.inner);
+        if shortened.is_some()
+            && self
+                .inner
+                .set_read_timeout(Some(self.read_timeout))
+                .is_err()
+        {
+            self.broken = true;
+        }
         if let Err(err) = &result {
             if breaks_connection(err) {
                 self.broken = true;
@@ -85,8 +139,9 @@ impl Conn {
     /// I/O timeout).
     pub(crate) fn set_read_timeout(&mut self, timeout: Duration) -> RedisResult<()> {
         let result = self.inner.set_read_timeout(Some(timeout));
-        if result.is_err() {
-            self.broken = true;
+        match result {
+            Ok(()) => self.read_timeout = timeout,
+            Err(_) => self.broken = true,
         }
         result
     }
@@ -153,6 +208,7 @@ impl r2d2::ManageConnection for Manager {
         self.failures.refused.store(false, Ordering::Release);
         Ok(Conn {
             inner,
+            read_timeout: self.io_timeout,
             client_id,
             broken: false,
             generation: self.health.generation.load(Ordering::Acquire),
@@ -331,6 +387,7 @@ impl Pool {
     /// [`Error::Unreachable`] when the pool had room but could not connect,
     /// [`Error::PoolTimeout`] when every connection stayed busy.
     pub(crate) fn get(&self, wait: Duration) -> Result<PooledConn, Error> {
+        let wait = bounded(wait);
         let deadline = Instant::now() + wait;
         loop {
             let mut conn = self.checkout(deadline.saturating_duration_since(Instant::now()))?;

@@ -418,6 +418,10 @@ pub(crate) fn earlier(sent: Instant, margin: Duration) -> Instant {
     sent.checked_sub(margin).unwrap_or(sent)
 }
 
+/// The least time a renewal round is given to be answered (beyond a wait
+/// for replicas): a few round trips of a loaded machine.
+const LEAST_ROUND: Duration = Duration::from_millis(20);
+
 /// What the watchdog thread works on: the table of ownerships (each with
 /// the way to renew it) and its own state. The thread holds a `Weak` to
 /// this only, not to the client.
@@ -430,15 +434,26 @@ pub(crate) struct LeaseRuntime {
     pub(crate) name: Option<NameRecord>,
     /// Told of renewals that failed, losses and background releases.
     pub(crate) observer: Observer,
+    /// The least time a renewal round is given to be answered, however
+    /// soon a hold it renews ends: a round that waits for replicas (its
+    /// `WAIT`) is answered only after their timeout.
+    pub(crate) least_round: Duration,
 }
 
 impl LeaseRuntime {
-    pub(crate) fn new(name: Option<NameRecord>, observer: Observer) -> Self {
+    /// `replicas_wait`: how long a write waits for replicas
+    /// (`replica_acks`' timeout), if it does.
+    pub(crate) fn new(
+        name: Option<NameRecord>,
+        observer: Observer,
+        replicas_wait: Option<Duration>,
+    ) -> Self {
         LeaseRuntime {
             registry: Ownerships::default(),
             watchdog: Watchdog::new(),
             name,
             observer,
+            least_round: replicas_wait.unwrap_or_default() + LEAST_ROUND,
         }
     }
 }

@@ -8,7 +8,11 @@
 //! trip. A renewal that finds the lock is no longer the ownership's marks it
 //! lost; one that cannot reach Redis, or that Redis answers with "not now"
 //! (`BUSY`, `LOADING`, ...), is retried until the lease would have ended,
-//! then marks it lost.
+//! then marks it lost. A round waits for its replies three quarters of the
+//! time left to its shortest-lived hold at most (not the whole I/O
+//! timeout), and a retry comes a tenth of the lease on, or sooner where
+//! the hold ends sooner (a grant's, see `sync::lock`): so that one lost
+//! reply does not cost a short-lived hold its life.
 //!
 //! It also finishes what a caller could not: a release whose reply was lost
 //! or that the replicas did not confirm (`replica_acks`; sent again to
@@ -29,6 +33,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
 use super::{earlier, DueRenewal, LeaseRuntime, LeaseStatus, RenewOutcome, RenewRequest};
+use crate::backend::answered_by;
 use crate::error::Error;
 use crate::observe::{Event, HoldKind, LostReason};
 
@@ -335,7 +340,19 @@ fn renew_due(runtime: &LeaseRuntime) {
             })
             .collect();
         let sent = Instant::now();
-        let outcomes = group[0].leased.renewer.renew_round(&requests);
+        // A reply that comes after the shortest-lived hold of the round has
+        // ended is no use to it: the round ends sooner, leaving that hold
+        // time for another (a grant lives 2 s, less than a lost reply's
+        // timeout by default). Long-lived holds' rounds keep the I/O
+        // timeout.
+        let shortest = group
+            .iter()
+            .map(|d| d.status.valid_until().saturating_duration_since(sent))
+            .min()
+            .unwrap_or_default();
+        let deadline = sent + (shortest * 3 / 4).max(runtime.least_round);
+        let renewer = &group[0].leased.renewer;
+        let outcomes = answered_by(deadline, || renewer.renew_round(&requests));
         round.rounds += 1;
         for (index, renewal) in group.iter().enumerate() {
             // A missing outcome is a round that did not come back.
@@ -396,9 +413,15 @@ fn apply(
             }
             (_, Some(reason)) => lost = lose(runtime, due, reason),
             (_, None) => {
-                // Retry well before the lease ends.
-                renewal.due = now
-                    + (renewal.lease / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                // Retry well before the lease ends: a tenth of it, or a
+                // quarter of what is left of a hold that ends sooner (a
+                // grant's, shorter than its lease).
+                let failed = Instant::now();
+                let left = due.status.valid_until().saturating_duration_since(failed);
+                renewal.due = failed
+                    + (renewal.lease / 10)
+                        .clamp(Duration::from_millis(10), Duration::from_secs(1))
+                        .min(left / 4);
             }
         });
     // Told with the table unlocked.

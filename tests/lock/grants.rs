@@ -392,23 +392,22 @@ fn a_waiter_parked_in_blpop_is_not_offered_a_grant() {
     assert_eq!(used.get("publish"), None, "{used:?}");
 }
 
-/// A waiter of another client marked on `name`, held by a client of
-/// `server`, is granted it (60 s parks): returns when it was granted, the
-/// gate that lets it unlock, and its thread, which returns the unlock's
-/// outcome.
+/// A waiter of `waiting` (a client of another process, parking 60 s)
+/// marked on `name`, held by a client of `server`, is granted it; `then`
+/// runs just before the holder's release. Returns when it was granted,
+/// the gate that lets it unlock, and its thread, which returns the
+/// unlock's outcome.
 fn granted_waiter(
     server: &RedisServer,
     name: &'static str,
+    waiting: Client,
+    then: impl FnOnce(),
 ) -> (
     Instant,
     mpsc::Sender<()>,
     thread::JoinHandle<Result<(), redbaton::Error>>,
 ) {
     let holder = support::client(server);
-    let waiting = Client::builder(server.url())
-        .max_park(Duration::from_secs(60))
-        .build()
-        .unwrap();
     let held = holder.lock(name).unwrap().lock().unwrap();
     let lock = waiting.lock(name).unwrap();
     let (tell, told) = mpsc::channel();
@@ -427,11 +426,21 @@ fn granted_waiter(
         support::parked(server) == 1 && field(&mut raw, name, "grant").is_some()
     });
     let before = server.command_calls();
+    then();
     held.unlock().unwrap();
     let granted = told.recv_timeout(Duration::from_secs(20)).unwrap();
     let used = server.commands_since(&before);
     assert_eq!(used.get("publish"), Some(&1), "granted: {used:?}");
     (granted, go, waiter)
+}
+
+/// A client whose waiters park 60 s.
+fn waiting(url: &str) -> Client {
+    waiting_builder(url).build().unwrap()
+}
+
+fn waiting_builder(url: &str) -> redbaton::ClientBuilder {
+    Client::builder(url).max_park(Duration::from_secs(60))
 }
 
 /// A granted ownership outlives the grant's short lease: its client's
@@ -440,7 +449,8 @@ fn granted_waiter(
 #[test]
 fn a_granted_ownership_is_lengthened_to_the_waiters_own_lease() {
     let server = RedisServer::start();
-    let (granted, go, waiter) = granted_waiter(&server, "lengthened");
+    let (granted, go, waiter) =
+        granted_waiter(&server, "lengthened", waiting(&server.url()), || {});
     let mut raw = server.connection();
     let pttl = |raw: &mut redis::Connection| -> i64 {
         redis::cmd("PTTL")
@@ -460,6 +470,56 @@ fn a_granted_ownership_is_lengthened_to_the_waiters_own_lease() {
     // for another thread): still its own.
     thread::sleep(Duration::from_millis(GRANT_MS + 500).saturating_sub(granted.elapsed()));
     assert!(pttl(&mut raw) > GRANT_MS as i64);
+    go.send(()).unwrap();
+    assert!(waiter.joined().is_ok(), "kept past the grant's lease");
+}
+
+/// A granted ownership whose first renewal goes unanswered is renewed
+/// again before the grant's short lease ends: the watchdog gives up on
+/// the round in time (not after the 3 s I/O timeout) and tries again by
+/// what is left of the hold (not a second on, as for a 30 s lease).
+#[test]
+fn a_granted_ownership_whose_first_renewal_goes_unanswered_is_renewed_in_time() {
+    let server = RedisServer::start();
+    let proxy = testkit::FaultProxy::start(server.port());
+    let (failed, renewal_failed) = mpsc::channel();
+    let failed = std::sync::Mutex::new(failed);
+    let client = waiting_builder(&proxy.url())
+        .io_timeout(Duration::from_secs(3))
+        .on_event(move |event| {
+            if let redbaton::Event::RenewalFailed { .. } = event {
+                let _ = failed.lock().unwrap().send(Instant::now());
+            }
+        })
+        .build()
+        .unwrap();
+    // Silent from before the grant: its first renewal, sent at once, is
+    // never answered (the grant itself comes over the client's
+    // subscription, which the proxy still passes on).
+    let (granted, go, waiter) =
+        granted_waiter(&server, "unanswered", client, || proxy.set_silent(true));
+    let given_up = renewal_failed
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the unanswered renewal is reported");
+    proxy.set_silent(false);
+    let grant = Duration::from_millis(GRANT_MS);
+    assert!(
+        given_up < granted + grant,
+        "given up on {:?} after the grant",
+        given_up - granted
+    );
+    let mut raw = server.connection();
+    eventually(grant, "renewed", || {
+        redis::cmd("PTTL")
+            .arg(lock_key("unanswered"))
+            .query::<i64>(&mut raw)
+            .unwrap()
+            > GRANT_MS as i64
+    });
+    // Past the grant's end (the stretch this test is about): still its own.
+    thread::sleep(
+        (granted + grant + Duration::from_millis(300)).saturating_duration_since(Instant::now()),
+    );
     go.send(()).unwrap();
     assert!(waiter.joined().is_ok(), "kept past the grant's lease");
 }

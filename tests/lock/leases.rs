@@ -396,3 +396,50 @@ fn renewal_that_cannot_reach_redis_marks_the_guard_lost_when_the_lease_ends() {
     );
     assert!(guard.unlock().unwrap_err().is_lost());
 }
+
+#[test]
+fn a_renewal_left_unanswered_is_given_up_on_in_time_to_renew_before_a_short_lease_ends() {
+    let server = RedisServer::start();
+    let proxy = testkit::FaultProxy::start(server.port());
+    let lease = Duration::from_secs(2);
+    let (failed, renewal_failed) = std::sync::mpsc::channel();
+    let failed = std::sync::Mutex::new(failed);
+    let client = Client::builder(proxy.url())
+        .default_lease(lease)
+        // Longer than the lease: a renewal round waiting this long for a
+        // lost reply would outlive the hold it renews.
+        .io_timeout(Duration::from_secs(3))
+        .on_event(move |event| {
+            if let redbaton::Event::RenewalFailed { .. } = event {
+                let _ = failed.lock().unwrap().send(Instant::now());
+            }
+        })
+        .build()
+        .unwrap();
+    let lock = client.lock("short-lease").unwrap();
+    let guard = lock.lock().unwrap();
+    let taken = Instant::now();
+    // The first renewal (a third of the lease in) is never answered.
+    proxy.set_silent(true);
+    let given_up = renewal_failed
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the unanswered renewal is reported");
+    proxy.set_silent(false);
+    assert!(
+        given_up - taken < lease,
+        "given up on {:?} after the lock was taken, past its lease",
+        given_up - taken
+    );
+    // Renewed again before the first lease ended: the hold outlives it.
+    thread::sleep(
+        (taken + lease + Duration::from_millis(500)).saturating_duration_since(Instant::now()),
+    );
+    assert!(!guard.is_lost(), "the hold ended with its first lease");
+    let mut raw = server.connection();
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(support::lock_key("short-lease"))
+        .query(&mut raw)
+        .unwrap();
+    assert!(pttl > 0, "the lock's key lives on (PTTL {pttl})");
+    guard.unlock().unwrap();
+}
