@@ -38,6 +38,8 @@ pub(crate) type GiveBack = Box<
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Unclaimed<'a> {
     pub(crate) owner: &'a str,
+    /// The request of `owner`'s the grant followed.
+    pub(crate) request: &'a str,
     pub(crate) token: u64,
     pub(crate) key: &'a str,
 }
@@ -111,6 +113,7 @@ impl Grants {
             conn,
             Unclaimed {
                 owner: &granted.ticket[..granted.owner_len],
+                request: &granted.ticket[granted.owner_len + 1..],
                 token: granted.token,
                 key: &granted.key,
             },
@@ -182,6 +185,7 @@ mod tests {
         .expect("a grant");
         assert_eq!(granted.ticket, "ab-12:7 42");
         assert_eq!(&granted.ticket[..granted.owner_len], "ab-12:7");
+        assert_eq!(&granted.ticket[granted.owner_len + 1..], "42");
         assert_eq!(granted.token, 1_700_000_000_000_001);
         assert_eq!(&*granted.receipt().behind, "ab-12:8,5;cd:1");
         assert_eq!(granted.key, "rb:{a b}:l");

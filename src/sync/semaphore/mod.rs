@@ -22,8 +22,24 @@ use crate::scripts::semaphore::{
     AcquireArgs, AcquireReply, Adjust, Refusal, StateReply, TotalReply,
 };
 
+use super::grants::{self, GiveBackSettings, Grantable, Mark, Taken};
+use crate::backend::{self, Unclaimed};
+
 pub use permit::SemaphorePermit;
 pub(crate) use raw::{DeploymentSemaphore, RawSemaphore};
+
+/// Gives back on `conn` the permits a release granted to
+/// `unclaimed.owner`, a waiter of this client that was not parked for
+/// them (see `grants`).
+pub(super) fn give_back(
+    conn: &mut dyn redis::ConnectionLike,
+    settings: &GiveBackSettings,
+    keys: &SemaphoreKeys,
+    unclaimed: Unclaimed<'_>,
+) -> redis::RedisResult<()> {
+    let id = format!("{}:{}", unclaimed.owner, unclaimed.request);
+    raw::give_back(conn, keys, &id, settings.baton_ttl, &settings.channels)
+}
 
 use permit::Held;
 
@@ -317,7 +333,7 @@ impl Semaphore {
             .context
             .identity()
             .map_err(|err| self.failed(start, err))?;
-        let attempt = self.attempt(&identity, permits, None, false, false);
+        let attempt = self.attempt(&identity, permits, None, false, false, None);
         match attempt.map_err(|err| self.failed(start, err))? {
             Tried::Acquired(permit) => Ok(Some(permit.announced(start, Acquisition::FirstAttempt))),
             Tried::Short { .. } => Ok(None),
@@ -444,20 +460,37 @@ impl Semaphore {
         // The waiter takes the baton in its attempt after a park the
         // list's change ended (see `ParkHow::claims`).
         let takes_token = Cell::new(false);
+        // A waiter parked on its client's hub may be granted its permits
+        // by a release (see `release.lua`), from its first attempt on.
+        let grantable = grants::grant_lease(self.mode())
+            .filter(|_| context.backend.takes_grants())
+            .map(|lease| (Grantable::default(), lease));
         let attempt = || {
+            if let Some((grantable, _)) = &grantable {
+                if let Some(permit) = self.take_grant(&identity, permits, grantable) {
+                    return Ok(Attempt::Acquired(permit));
+                }
+            }
             placed.set(true);
             let waited = since.elapsed();
             let claim = waited >= self.hold_back_after;
             reserved.set(reserved.get() || claim);
-            let (lease_left, reserving, passed_on) =
-                match self.attempt(&identity, permits, Some(&place), claim, takes_token.take())? {
-                    Tried::Acquired(permit) => return Ok(Attempt::Acquired(permit)),
-                    Tried::Short {
-                        lease_left,
-                        reserving,
-                        passed_on,
-                    } => (lease_left, reserving, passed_on),
-                };
+            let tried = self.attempt(
+                &identity,
+                permits,
+                Some(&place),
+                claim,
+                takes_token.take(),
+                grantable.as_ref().map(|(g, lease)| (g, *lease)),
+            );
+            let (lease_left, reserving, passed_on) = match tried? {
+                Tried::Acquired(permit) => return Ok(Attempt::Acquired(permit)),
+                Tried::Short {
+                    lease_left,
+                    reserving,
+                    passed_on,
+                } => (lease_left, reserving, passed_on),
+            };
             let until_claim = self.hold_back_after.saturating_sub(waited);
             // Back when it may reserve, not at the end of a long park: a
             // waiter for many permits is woken only when they are all free,
@@ -507,7 +540,7 @@ impl Semaphore {
             (),
             deadline,
             Some(&takes_token),
-            None,
+            grantable.as_ref().map(|(g, _)| &g.slot),
             first,
             attempt,
         );
@@ -580,8 +613,80 @@ impl Semaphore {
         }
     }
 
+    /// The permit a release granted this waiter while it was parked, if
+    /// one did. A grant that came long after the attempt its park followed
+    /// is given back (its lease is counted from that attempt's sending,
+    /// and what would be left of it could be little), and the waiter asks
+    /// again.
+    ///
+    /// The grant's lease may be shorter than the waiter's own: the permit
+    /// is recorded as if sent that much earlier, so that it counts the
+    /// grant's lease, and its first renewal is due at once, which
+    /// lengthens it.
+    fn take_grant(
+        &self,
+        identity: &Arc<str>,
+        permits: u64,
+        grantable: &Grantable,
+    ) -> Option<SemaphorePermit> {
+        let taken = match grantable.take()? {
+            Ok(taken) => taken,
+            Err(stale) => {
+                self.give_back_stale(identity, &stale);
+                return None;
+            }
+        };
+        let id: Arc<str> = format!("{identity}:{}", taken.mark.request).into();
+        let mode = self.mode();
+        let Some(sent) = taken.counted_from(mode, self.raw.clock_margin(taken.mark.lease)) else {
+            self.give_back_stale(identity, &taken);
+            return None;
+        };
+        Some(self.permit(id, permits, mode, sent))
+    }
+
+    /// Returns the permits of a grant this waiter does not take.
+    fn give_back_stale(&self, identity: &str, taken: &Taken) {
+        let id = format!("{identity}:{}", taken.mark.request);
+        if let Err(failed) = self.raw.release(&self.keys, &id) {
+            // They return with the grant's lease.
+            log::debug!(
+                "redbaton: giving back a late grant of {:?} failed: {}",
+                self.name(),
+                failed.error
+            );
+        }
+    }
+
+    /// The guard of permits taken under `id` by an acquisition (or, for a
+    /// grant, the attempt it followed) sent at `sent`.
+    fn permit(
+        &self,
+        id: Arc<str>,
+        permits: u64,
+        mode: LeaseMode,
+        sent: Instant,
+    ) -> SemaphorePermit {
+        let context = &self.context;
+        let (status, mode) = context.enter(&self.leased, &id, 0, mode, sent);
+        let held = Held {
+            id,
+            permits,
+            mode,
+            status,
+        };
+        SemaphorePermit::new(
+            Arc::clone(context),
+            Arc::clone(&self.raw),
+            Arc::clone(&self.keys),
+            held,
+        )
+    }
+
     /// One run of the acquire script for `permits` under a new permit id;
-    /// `place` for a caller that waits.
+    /// `place` for a caller that waits; `grantable`: a waiter that may be
+    /// granted its permits while parked, with the grant's lease, whose
+    /// park after this attempt carries the attempt's ticket.
     fn attempt(
         &self,
         identity: &Arc<str>,
@@ -589,9 +694,11 @@ impl Semaphore {
         place: Option<&str>,
         claim: bool,
         takes_token: bool,
+        grantable: Option<(&Grantable, Duration)>,
     ) -> Result<Tried, Error> {
         let context = &self.context;
-        let id: Arc<str> = format!("{identity}:{}", context.next_request()).into();
+        let request = context.next_request();
+        let id: Arc<str> = format!("{identity}:{request}").into();
         let mode = self.mode();
         let args = AcquireArgs {
             id: &id,
@@ -606,34 +713,37 @@ impl Semaphore {
             // waiter holds up a fair lock's queue.
             reserve_for: claim.then(|| context.config.place_ttl()),
             takes_token,
+            grantable: grantable
+                .filter(|_| place.is_some())
+                .map(|(_, lease)| (request, lease)),
         };
         let sent = Instant::now();
         match self.raw.attempt(&self.keys, args) {
             Ok(AcquireReply::Acquired { .. }) => {
-                let (status, mode) = context.enter(&self.leased, &id, 0, mode, sent);
-                let held = Held {
-                    id,
-                    permits,
-                    mode,
-                    status,
-                };
-                Ok(Tried::Acquired(SemaphorePermit::new(
-                    Arc::clone(context),
-                    Arc::clone(&self.raw),
-                    Arc::clone(&self.keys),
-                    held,
-                )))
+                Ok(Tried::Acquired(self.permit(id, permits, mode, sent)))
             }
             Ok(AcquireReply::Short {
                 lease_left,
                 reserving,
                 passed_on,
                 ..
-            }) => Ok(Tried::Short {
-                lease_left,
-                reserving,
-                passed_on,
-            }),
+            }) => {
+                if let (Some((grantable, lease)), Some(_)) = (grantable, args.grantable) {
+                    // The spec this attempt left names this request: a
+                    // grant for it comes after it was sent.
+                    let mark = Mark {
+                        sent,
+                        lease,
+                        request,
+                    };
+                    grantable.mark(backend::ticket(identity, request), mark);
+                }
+                Ok(Tried::Short {
+                    lease_left,
+                    reserving,
+                    passed_on,
+                })
+            }
             Ok(AcquireReply::Refused(refusal)) => Err(raw::refused(&self.keys, refusal, permits)),
             Err(failed) => {
                 if failed.outcome_unknown {
