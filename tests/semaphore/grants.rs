@@ -253,21 +253,35 @@ fn a_grant_nobody_hears_pushes_a_token_instead() {
     assert!(place.is_some(), "its place kept");
 }
 
+/// Semaphore `name` of one permit, held through a client of `server`:
+/// the holder's handle, its permit, and a handle of another client whose
+/// waiters park 30 s (handles keep their clients' state alive).
+fn one_permit_held(
+    server: &RedisServer,
+    name: &str,
+) -> (
+    redbaton::Semaphore,
+    redbaton::SemaphorePermit,
+    redbaton::Semaphore,
+) {
+    let holder = support::client(server);
+    let waiting = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let sem = holder.semaphore(name).unwrap();
+    sem.try_set_permits(1).unwrap();
+    let held = sem.acquire().unwrap();
+    (sem, held, waiting.semaphore(name).unwrap())
+}
+
 /// A waiter of another client parked on its hub wakes holding the permit:
 /// the holder's release and the waiter's own, one `PUBLISH`, no token
 /// pushed or popped.
 #[test]
 fn a_waiter_of_another_client_is_granted_the_permit_without_an_attempt() {
     let server = RedisServer::start();
-    let holder = support::client(&server);
-    let waiting = Client::builder(server.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let sem = holder.semaphore("handed").unwrap();
-    sem.try_set_permits(1).unwrap();
-    let held = sem.acquire().unwrap();
-    let other = waiting.semaphore("handed").unwrap();
+    let (sem, held, other) = one_permit_held(&server, "handed");
     let wait = move || {
         let permit = other
             .try_acquire_for(Duration::from_secs(20))
@@ -289,15 +303,7 @@ fn a_waiter_of_another_client_is_granted_the_permit_without_an_attempt() {
 #[test]
 fn a_granted_permit_is_lengthened_to_the_waiters_own_lease() {
     let server = RedisServer::start();
-    let holder = support::client(&server);
-    let waiting = Client::builder(server.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let sem = holder.semaphore("lengthened").unwrap();
-    sem.try_set_permits(1).unwrap();
-    let held = sem.acquire().unwrap();
-    let other = waiting.semaphore("lengthened").unwrap();
+    let (_sem, held, other) = one_permit_held(&server, "lengthened");
     let (tell, told) = mpsc::channel();
     let (go, may_go) = mpsc::channel::<()>();
     let waiter = thread::spawn(move || {
