@@ -41,6 +41,8 @@ pub(crate) struct Unclaimed<'a> {
     /// The request of `owner`'s the grant followed.
     pub(crate) request: &'a str,
     pub(crate) token: u64,
+    /// What was passed along with it (see [`GrantReceipt::behind`]).
+    pub(crate) behind: &'a str,
     pub(crate) key: &'a str,
 }
 
@@ -115,6 +117,7 @@ impl Grants {
                 owner: &granted.ticket[..granted.owner_len],
                 request: &granted.ticket[granted.owner_len + 1..],
                 token: granted.token,
+                behind: &granted.behind,
                 key: &granted.key,
             },
         )

@@ -147,8 +147,8 @@ pub(crate) struct GrantReceipt {
     pub(crate) token: u64,
     /// What the grant passed along with it, as the synchronizer's script
     /// wrote it (a fair lock's line of the waiter's client's threads
-    /// behind it, see `lib/grant.lua`; the permits granted, see the
-    /// semaphore's `release.lua`).
+    /// behind it, see `lib/grant.lua`; the end of the permits' lease, see
+    /// the semaphore's `release.lua`).
     pub(crate) behind: Box<str>,
 }
 

@@ -114,9 +114,27 @@ pub(crate) fn release(
 ) -> Call {
     let call = on(&SEM_RELEASE, keys).arg(id).arg(millis(baton_ttl));
     match channels {
-        Some(channels) => call.key(&keys.grant_specs).arg(channels),
+        Some(channels) => call.key(&keys.grant_specs).arg(channels).arg(""),
         None => call,
     }
+}
+
+/// Gives back the permits a release granted to `id` (a waiter that was not
+/// parked for them) while their lease still ends at `ends`, the grant's
+/// (server ms, as its message told), granting them on `channels`.
+pub(crate) fn give_back(
+    keys: &SemaphoreKeys,
+    id: &str,
+    ends: &str,
+    baton_ttl: Duration,
+    channels: &str,
+) -> Call {
+    on(&SEM_RELEASE, keys)
+        .key(&keys.grant_specs)
+        .arg(id)
+        .arg(millis(baton_ttl))
+        .arg(channels)
+        .arg(ends)
 }
 
 /// Renews the lease of permit `id`, which lives in `holders_key`.

@@ -170,8 +170,81 @@ fn a_release_grants_the_permit_to_the_waiter_whose_client_hears_it() {
     let message: Vec<u8> = pubsub.get_message().unwrap().get_payload().unwrap();
     assert_eq!(
         String::from_utf8(message).unwrap(),
-        format!("b:1 7 0 1 {} {state}{baton}", state.len())
+        format!("b:1 7 0 {ends} {} {state}{baton}", state.len())
     );
+}
+
+/// An attempt of the waiter sent again after its reply was lost, which
+/// finds the permits of its own request granted meanwhile, takes them
+/// (their lease moves on from the grant's); the give-back of that grant
+/// by the waiter's client, which names the grant's end, then leaves them.
+#[test]
+fn a_grant_taken_by_the_waiters_resent_attempt_is_not_given_back() {
+    let server = RedisServer::start();
+    let mut raw = server.connection();
+    held_with_a_waiter(&server, &mut raw, "resent");
+    assert_eq!(release(&mut raw, "resent", "a:1:1"), [1, 1]);
+    let holders = sem_keys("resent")[1].clone();
+    let ends = |raw: &mut redis::Connection| -> Option<i64> {
+        redis::cmd("ZSCORE")
+            .arg(&holders)
+            .arg("b:1:7")
+            .query(raw)
+            .unwrap()
+    };
+    // Nobody heard the grant here (no subscriber): grant it by hand, as a
+    // heard one writes it.
+    let granted = server_ms(&mut raw) + GRANT_MS as i64;
+    let _: () = redis::cmd("ZADD")
+        .arg(&holders)
+        .arg(granted)
+        .arg("b:1:7")
+        .query(&mut raw)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&sem_keys("resent")[2])
+        .arg("b:1:7")
+        .arg(1)
+        .query(&mut raw)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&sem_keys("resent")[0])
+        .arg("used")
+        .arg(1)
+        .query(&mut raw)
+        .unwrap();
+    // The resent attempt: the same id.
+    assert_eq!(
+        acquire(&mut raw, "resent", "b:1:7", "1:b:1", Some("7 2000")),
+        [1, 1]
+    );
+    let taken = ends(&mut raw).unwrap();
+    assert!(taken > granted, "{taken} after the grant's {granted}");
+    // The give-back names the grant's end: nothing released.
+    let script = redis::Script::new(RELEASE);
+    let mut give_back = script.prepare_invoke();
+    for key in keys("resent") {
+        give_back.key(key);
+    }
+    give_back
+        .arg("b:1:7")
+        .arg(5_000)
+        .arg(GRANT_CHANNELS)
+        .arg(granted);
+    let given: Vec<i64> = give_back.invoke(&mut raw).unwrap();
+    assert_eq!(given, [0]);
+    assert_eq!(ends(&mut raw), Some(taken), "still the waiter's");
+    // Named with the end it has, it would have been released.
+    let mut release_now = script.prepare_invoke();
+    for key in keys("resent") {
+        release_now.key(key);
+    }
+    release_now
+        .arg("b:1:7")
+        .arg(5_000)
+        .arg(GRANT_CHANNELS)
+        .arg(taken);
+    assert_eq!(release_now.invoke::<Vec<i64>>(&mut raw).unwrap(), [1, 1]);
 }
 
 /// The waiter that holds newcomers back parks on the reserved baton: its
@@ -210,17 +283,17 @@ fn the_reserving_waiter_is_granted_on_its_own_list() {
         .unwrap();
     assert_eq!(release(&mut raw, "reserved", "a:1:1"), [1, 1]);
     let [state, holders, _, _, _, reserved_baton] = sem_keys("reserved");
-    let message: Vec<u8> = pubsub.get_message().unwrap().get_payload().unwrap();
-    assert_eq!(
-        String::from_utf8(message).unwrap(),
-        format!("c:1 5 0 1 {} {state}{reserved_baton}", state.len())
-    );
     let ends: Option<i64> = redis::cmd("ZSCORE")
         .arg(&holders)
         .arg("c:1:5")
         .query(&mut raw)
         .unwrap();
-    assert!(ends.is_some(), "c:1:5 holds the permit");
+    let ends = ends.expect("c:1:5 holds the permit");
+    let message: Vec<u8> = pubsub.get_message().unwrap().get_payload().unwrap();
+    assert_eq!(
+        String::from_utf8(message).unwrap(),
+        format!("c:1 5 0 {ends} {} {state}{reserved_baton}", state.len())
+    );
     let reserved: Option<String> = redis::cmd("HGET")
         .arg(&state)
         .arg("reserved")

@@ -78,6 +78,10 @@ local purged = purge(st, now, look.expired)
 -- holds nothing has no count, and the holders are looked at only for one
 -- that has.
 if look.held and redis.call('ZSCORE', KEYS[2], id) then
+  -- Also a waiter's request whose permits a release granted while the
+  -- reply to it was lost: the lease moves on from the grant's, so that
+  -- its client's give-back of the grant (which names the grant's end, see
+  -- release.lua) leaves them.
   redis.call('ZADD', KEYS[2], 'GT', int(now + tonumber(ARGV[3])), id)
   leave_place(look, place)
   save(st)

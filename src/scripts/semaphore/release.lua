@@ -8,6 +8,15 @@
 -- ARGV[3]     where the deployment allows grants (one server, Sentinel's
 --             master without replica acknowledgements): the prefix of the
 --             clients' grant channels; else absent
+-- ARGV[4]     with ARGV[3], from a client that gives back permits granted
+--             to a waiter it did not find parked: the end of their lease
+--             the grant wrote (server ms), or "" for any other release.
+--             The permits are released only while their lease still ends
+--             then: the waiter may have taken them itself since (an
+--             attempt sent again after its reply was lost finds its own
+--             request's permits held, and takes them, see acquire.lua,
+--             which moves their end on), and they are no longer the
+--             grant's to give back.
 --
 -- The grant: each waiter the freed permits may serve (see wake in
 -- lib/permits.lua) whose last attempt left a spec is granted its permits,
@@ -15,7 +24,8 @@
 -- it, or the channel is refused: a token, as before): the permit id
 -- `<identity>:<request>` holds them for the grant's lease, and the
 -- waiter's place and spec go. The message's token is 0 (permits have no
--- fencing token), and its `<behind>` is the permits granted. A grant its
+-- fencing token), and its `<behind>` is the end of the permits' lease
+-- (server ms), which a give-back names (ARGV[4]). A grant its
 -- client gives back (the waiter was not parked for it: it stopped
 -- waiting, or is on its way to its next attempt, which puts its place
 -- back) is a release like any other.
@@ -47,6 +57,11 @@ if not st then
   return reply
 end
 purge(st, now, look.expired)
+if (ARGV[4] or '') ~= '' and tonumber(redis.call('ZSCORE', KEYS[2], id)) ~= tonumber(ARGV[4]) then
+  -- A give-back of permits their waiter took since, or that ended.
+  save(st)
+  return {0}
+end
 -- Gone from the holders (its lease ended, here or before): it holds
 -- nothing. Else its count, read before purge, is still its own (purge
 -- removed only holders it also took off the holders set).
@@ -71,11 +86,12 @@ if ARGV[3] then
     if on == 'r' then
       list = KEYS[6]
     end
-    if not publish_grant(ARGV[3], identity, req, 0, int(wanted), KEYS[1], list) then
+    local ends = int(now + tonumber(lease))
+    if not publish_grant(ARGV[3], identity, req, 0, ends, KEYS[1], list) then
       return false
     end
     local granted = identity .. ':' .. req
-    redis.call('ZADD', KEYS[2], int(now + tonumber(lease)), granted)
+    redis.call('ZADD', KEYS[2], ends, granted)
     redis.call('HSET', KEYS[3], granted, int(wanted))
     st.used = st.used + wanted
     redis.call('ZREM', KEYS[4], member)

@@ -38,7 +38,15 @@ pub(super) fn give_back(
     unclaimed: Unclaimed<'_>,
 ) -> redis::RedisResult<()> {
     let id = format!("{}:{}", unclaimed.owner, unclaimed.request);
-    raw::give_back(conn, keys, &id, settings.baton_ttl, &settings.channels)
+    let ends = unclaimed.behind;
+    raw::give_back(
+        conn,
+        keys,
+        &id,
+        ends,
+        settings.baton_ttl,
+        &settings.channels,
+    )
 }
 
 use permit::Held;

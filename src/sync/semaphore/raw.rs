@@ -105,15 +105,18 @@ pub(crate) fn release_later(
 /// Gives back on `conn` the permits a release granted to `id`, a waiter
 /// of this client that was not parked for them (it stopped waiting, or is
 /// on its way to its next attempt, which puts its place back): a release
-/// like its holder's, which grants or wakes the waiters they serve.
+/// like its holder's, which grants or wakes the waiters they serve, while
+/// their lease still ends at `ends`, the grant's (else the waiter took
+/// them since, see `release.lua`).
 pub(crate) fn give_back(
     conn: &mut dyn redis::ConnectionLike,
     keys: &SemaphoreKeys,
     id: &str,
+    ends: &str,
     baton_ttl: Duration,
     channels: &str,
 ) -> redis::RedisResult<()> {
-    calls::release(keys, id, baton_ttl, Some(channels))
+    calls::give_back(keys, id, ends, baton_ttl, channels)
         .invoke::<Value>(conn)
         .map(drop)
 }
