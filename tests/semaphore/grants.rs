@@ -370,6 +370,36 @@ fn a_waiter_of_another_client_is_granted_the_permit_without_an_attempt() {
     assert_eq!(sem.available_permits().unwrap(), 1);
 }
 
+/// A grant that comes long after the attempt its waiter's park followed
+/// (here: 800 ms of a hold, past a quarter of the grant's lease) is
+/// confirmed by one renewal and taken: the holder's release, the renewal
+/// and the waiter's own release, where giving it back and asking again
+/// would cost two scripts more.
+#[test]
+fn a_late_grant_is_renewed_and_taken() {
+    let server = RedisServer::start();
+    let (sem, held, other) = one_permit_held(&server, "late");
+    // No attempt of its own during the hold: it does not hold newcomers
+    // back (which takes one).
+    let other = other.hold_back_after(Duration::from_secs(60));
+    let wait = move || {
+        let permit = other
+            .try_acquire_for(Duration::from_secs(20))
+            .unwrap()
+            .expect("granted");
+        permit.release().unwrap();
+    };
+    let used = support::hand_off_commands(&server, wait, || {
+        // The hold this test is about, not a wait for another thread.
+        thread::sleep(Duration::from_millis(800));
+        held.release().unwrap()
+    });
+    assert_eq!(used.get("publish"), Some(&1), "{used:?}");
+    assert_eq!(support::scripts_run(&used), 3, "{used:?}");
+    assert_eq!(used.get("rpush"), None, "{used:?}");
+    assert_eq!(sem.available_permits().unwrap(), 1);
+}
+
 /// A granted permit outlives the grant's short lease: its client's
 /// watchdog lengthens it to the waiter's own (30 s) at once, and the
 /// waiter keeps it past the grant's end.

@@ -15,14 +15,14 @@ use crate::config::validate_lease;
 use crate::context::Context;
 use crate::error::Error;
 use crate::keys::SemaphoreKeys;
-use crate::lease::{LeaseMode, Leased, RenewLeases};
+use crate::lease::{earlier, LeaseMode, Leased, RenewLeases};
 use crate::observe::{Acquisition, HoldKind};
 use crate::parking::{self, Attempt, ParkOn, Waited};
 use crate::scripts::semaphore::{
     AcquireArgs, AcquireReply, Adjust, Refusal, StateReply, TotalReply,
 };
 
-use super::grants::{self, GiveBackSettings, Grantable, Mark, Taken};
+use super::grants::{self, GiveBackSettings, Grantable, Mark};
 use crate::backend::{self, Unclaimed};
 
 pub use permit::SemaphorePermit;
@@ -622,47 +622,56 @@ impl Semaphore {
     }
 
     /// The permit a release granted this waiter while it was parked, if
-    /// one did. A grant that came long after the attempt its park followed
-    /// is given back (its lease is counted from that attempt's sending,
-    /// and what would be left of it could be little), and the waiter asks
-    /// again.
+    /// one did.
     ///
-    /// The grant's lease may be shorter than the waiter's own: the permit
-    /// is recorded as if sent that much earlier, so that it counts the
+    /// The grant's lease is counted from the sending of the attempt the
+    /// waiter's park followed (no later moment is known to precede the
+    /// grant), and may be shorter than the waiter's own: the permit is
+    /// recorded as if sent that much earlier, so that it counts the
     /// grant's lease, and its first renewal is due at once, which
-    /// lengthens it.
+    /// lengthens it. A grant that came long after that attempt (the
+    /// waiter parked through a long hold) could have little left by that
+    /// count: the waiter renews it first, one call, and counts the lease
+    /// from the renewal (`None` if the renewal found it gone, or failed:
+    /// the waiter asks again; the permits return with the grant's lease).
     fn take_grant(
         &self,
         identity: &Arc<str>,
         permits: u64,
         grantable: &Grantable,
     ) -> Option<SemaphorePermit> {
-        let taken = match grantable.take()? {
-            Ok(taken) => taken,
-            Err(stale) => {
-                self.give_back_stale(identity, &stale);
-                return None;
-            }
+        let (taken, fresh) = match grantable.take()? {
+            Ok(taken) => (taken, true),
+            Err(late) => (late, false),
         };
         let id: Arc<str> = format!("{identity}:{}", taken.mark.request).into();
         let mode = self.mode();
-        let Some(sent) = taken.counted_from(mode, self.raw.clock_margin(taken.mark.lease)) else {
-            self.give_back_stale(identity, &taken);
-            return None;
+        let counted = taken.counted_from(mode, self.raw.clock_margin(taken.mark.lease));
+        let sent = match counted.filter(|_| fresh) {
+            Some(sent) => sent,
+            None => self.confirm_late_grant(&id, mode)?,
         };
         Some(self.permit(id, permits, mode, sent))
     }
 
-    /// Returns the permits of a grant this waiter does not take.
-    fn give_back_stale(&self, identity: &str, taken: &Taken) {
-        let id = format!("{identity}:{}", taken.mark.request);
-        if let Err(failed) = self.raw.release(&self.keys, &id) {
-            // They return with the grant's lease.
-            log::debug!(
-                "redbaton: giving back a late grant of {:?} failed: {}",
-                self.name(),
-                failed.error
-            );
+    /// Renews the permits a late grant gave `id` for `mode`'s lease: when
+    /// the renewal was sent, if they were still its own. A renewal that
+    /// failed may have run: the permits are returned in the background, as
+    /// after an acquisition whose reply was lost.
+    fn confirm_late_grant(&self, id: &Arc<str>, mode: LeaseMode) -> Option<Instant> {
+        let sent = Instant::now();
+        match self.raw.renew(&self.keys, id, mode.lease()) {
+            Ok(true) => Some(earlier(sent, self.raw.clock_margin(mode.lease()))),
+            Ok(false) => None,
+            Err(err) => {
+                log::debug!(
+                    "redbaton: confirming a late grant of {:?} failed: {err}",
+                    self.name()
+                );
+                let cleanup = raw::release_later(&self.raw, &self.keys, id, mode.lease(), sent);
+                self.context.finish_later(cleanup);
+                None
+            }
         }
     }
 

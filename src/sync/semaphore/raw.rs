@@ -61,6 +61,10 @@ pub(crate) trait RawSemaphore: RenewLeases {
 
     /// Gives up the waiter's `place` (it stopped waiting).
     fn leave(&self, keys: &SemaphoreKeys, place: &str) -> Result<(), Error>;
+
+    /// Makes permit id `id` live at least `lease` more, if it still holds
+    /// its permits (whether it did).
+    fn renew(&self, keys: &SemaphoreKeys, id: &str, lease: Duration) -> Result<bool, Error>;
 }
 
 /// The error for a script's refusal on semaphore `keys`, for a caller that
@@ -320,6 +324,13 @@ impl RawSemaphore for DeploymentSemaphore {
         }
         self.backend
             .run(&keys.waiters, &keys.name, |c| pipe.query(c))
+    }
+
+    fn renew(&self, keys: &SemaphoreKeys, id: &str, lease: Duration) -> Result<bool, Error> {
+        let call = calls::renew(&keys.holders, id, lease);
+        self.backend
+            .run(&keys.holders, &keys.name, |c| call.invoke::<i64>(c))
+            .map(|renewed| renewed == 1)
     }
 }
 
