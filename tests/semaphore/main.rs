@@ -8,7 +8,6 @@ mod support;
 mod bookkeeping;
 mod counting;
 mod errors;
-mod grants;
 mod leases;
 mod processes;
 #[cfg(feature = "sentinel")]
