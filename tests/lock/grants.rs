@@ -482,17 +482,10 @@ fn a_granted_ownership_is_lengthened_to_the_waiters_own_lease() {
 fn a_granted_ownership_whose_first_renewal_goes_unanswered_is_renewed_in_time() {
     let server = RedisServer::start();
     let proxy = testkit::FaultProxy::start(server.port());
-    let (failed, renewal_failed) = mpsc::channel();
-    let failed = std::sync::Mutex::new(failed);
-    let client = waiting_builder(&proxy.url())
-        .io_timeout(Duration::from_secs(3))
-        .on_event(move |event| {
-            if let redbaton::Event::RenewalFailed { .. } = event {
-                let _ = failed.lock().unwrap().send(Instant::now());
-            }
-        })
-        .build()
-        .unwrap();
+    let (builder, renewal_failed) = support::telling_renewal_failures(
+        waiting_builder(&proxy.url()).io_timeout(Duration::from_secs(3)),
+    );
+    let client = builder.build().unwrap();
     // Silent from before the grant: its first renewal, sent at once, is
     // never answered (the grant itself comes over the client's
     // subscription, which the proxy still passes on).

@@ -402,20 +402,14 @@ fn a_renewal_left_unanswered_is_given_up_on_in_time_to_renew_before_a_short_leas
     let server = RedisServer::start();
     let proxy = testkit::FaultProxy::start(server.port());
     let lease = Duration::from_secs(2);
-    let (failed, renewal_failed) = std::sync::mpsc::channel();
-    let failed = std::sync::Mutex::new(failed);
-    let client = Client::builder(proxy.url())
-        .default_lease(lease)
-        // Longer than the lease: a renewal round waiting this long for a
-        // lost reply would outlive the hold it renews.
-        .io_timeout(Duration::from_secs(3))
-        .on_event(move |event| {
-            if let redbaton::Event::RenewalFailed { .. } = event {
-                let _ = failed.lock().unwrap().send(Instant::now());
-            }
-        })
-        .build()
-        .unwrap();
+    let (builder, renewal_failed) = support::telling_renewal_failures(
+        Client::builder(proxy.url())
+            .default_lease(lease)
+            // Longer than the lease: a renewal round waiting this long for
+            // a lost reply would outlive the hold it renews.
+            .io_timeout(Duration::from_secs(3)),
+    );
+    let client = builder.build().unwrap();
     let lock = client.lock("short-lease").unwrap();
     let guard = lock.lock().unwrap();
     let taken = Instant::now();

@@ -291,6 +291,22 @@ pub fn client(server: &RedisServer) -> Client {
         .expect("client settings are valid")
 }
 
+/// `builder` with an event hook that sends the moment of each
+/// `RenewalFailed` (a watchdog round that found Redis unreachable or busy)
+/// on the returned channel.
+pub fn telling_renewal_failures(
+    builder: redbaton::ClientBuilder,
+) -> (redbaton::ClientBuilder, std::sync::mpsc::Receiver<Instant>) {
+    let (failed, failures) = std::sync::mpsc::channel();
+    let failed = std::sync::Mutex::new(failed);
+    let builder = builder.on_event(move |event| {
+        if let redbaton::Event::RenewalFailed { .. } = event {
+            let _ = failed.lock().unwrap().send(Instant::now());
+        }
+    });
+    (builder, failures)
+}
+
 /// Polls `condition` every few ms until it holds; panics at `timeout`.
 /// `url` (of `server`, or of a proxy to it) as a user `server` refuses the
 /// grant channel to ([`testkit::ungranted_user`]): its client's waiters
