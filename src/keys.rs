@@ -226,6 +226,9 @@ pub(crate) struct SemaphoreKeys {
     /// Sorted set: the ids of recent adds and reductions → when each is
     /// forgotten (server ms), so that one sent twice is applied once.
     pub(crate) adjusted: String,
+    /// Hash: a waiter's place → its grant spec (see `lib/permits.lua`),
+    /// where the deployment allows grants.
+    pub(crate) grant_specs: String,
 }
 
 impl SemaphoreKeys {
@@ -242,6 +245,7 @@ impl SemaphoreKeys {
             baton: format!("{sem}:baton"),
             reserved_baton: format!("{sem}:rbaton"),
             adjusted: format!("{sem}:adjusted"),
+            grant_specs: format!("{sem}:grants"),
         })
     }
 }
@@ -445,6 +449,17 @@ pub(crate) fn lock_keys_of(prefix: &str, key: &str) -> Option<LockKeys> {
     LockKeys::fair(prefix, &name).ok()
 }
 
+/// The keys of the semaphore whose state key is `key` under `prefix`, or
+/// `None` when `key` is no such key. The inverse of [`SemaphoreKeys::new`]'s
+/// `state`.
+pub(crate) fn semaphore_keys_of(prefix: &str, key: &str) -> Option<SemaphoreKeys> {
+    let tag = key
+        .strip_prefix(prefix)?
+        .strip_prefix(":{")?
+        .strip_suffix("}:sem:state")?;
+    SemaphoreKeys::new(prefix, &untag(tag)?).ok()
+}
+
 /// Undoes [`hash_tag`]: `None` for a tag it cannot have made (a brace, or
 /// a `%` not followed by one of its three codes).
 fn untag(tag: &str) -> Option<String> {
@@ -646,6 +661,20 @@ mod tests {
         assert_eq!(lock_keys_of("p", &fair.baton), None);
         assert_eq!(lock_keys_of("q", &fair.lock), None);
         assert_eq!(lock_keys_of("p", "p:{a}b}:fair:lock"), None);
+    }
+
+    #[test]
+    fn the_keys_of_a_semaphore_are_read_back_from_its_state_key() {
+        for name in ["plain", "a{b}c%d", "x:sem", "%"] {
+            let keys = SemaphoreKeys::new("p", name).unwrap();
+            assert_eq!(semaphore_keys_of("p", &keys.state), Some(keys));
+        }
+        let keys = SemaphoreKeys::new("p", "n").unwrap();
+        assert_eq!(semaphore_keys_of("p", &keys.holders), None);
+        assert_eq!(semaphore_keys_of("q", &keys.state), None);
+        assert_eq!(semaphore_keys_of("p", "p:{a}b}:sem:state"), None);
+        let lock = LockKeys::new("p", "n").unwrap();
+        assert_eq!(semaphore_keys_of("p", &lock.lock), None);
     }
 
     #[test]

@@ -38,7 +38,11 @@ pub(crate) type GiveBack = Box<
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Unclaimed<'a> {
     pub(crate) owner: &'a str,
+    /// The request of `owner`'s the grant followed.
+    pub(crate) request: &'a str,
     pub(crate) token: u64,
+    /// What was passed along with it (see [`GrantReceipt::behind`]).
+    pub(crate) behind: &'a str,
     pub(crate) key: &'a str,
 }
 
@@ -111,7 +115,9 @@ impl Grants {
             conn,
             Unclaimed {
                 owner: &granted.ticket[..granted.owner_len],
+                request: &granted.ticket[granted.owner_len + 1..],
                 token: granted.token,
+                behind: &granted.behind,
                 key: &granted.key,
             },
         )
@@ -182,6 +188,7 @@ mod tests {
         .expect("a grant");
         assert_eq!(granted.ticket, "ab-12:7 42");
         assert_eq!(&granted.ticket[..granted.owner_len], "ab-12:7");
+        assert_eq!(&granted.ticket[granted.owner_len + 1..], "42");
         assert_eq!(granted.token, 1_700_000_000_000_001);
         assert_eq!(&*granted.receipt().behind, "ab-12:8,5;cd:1");
         assert_eq!(granted.key, "rb:{a b}:l");

@@ -50,7 +50,7 @@ use crate::config::Config;
 use crate::error::Error;
 
 pub(crate) use classify::{is_transient_reply, ScriptTracer};
-pub(crate) use grants::{ticket, Grants};
+pub(crate) use grants::{ticket, Grants, Unclaimed};
 pub(crate) use pool::answered_by;
 
 /// Where a client's commands go.
@@ -147,7 +147,8 @@ pub(crate) struct GrantReceipt {
     pub(crate) token: u64,
     /// What the grant passed along with it, as the synchronizer's script
     /// wrote it (a fair lock's line of the waiter's client's threads
-    /// behind it, see `lib/grant.lua`).
+    /// behind it, see `lib/grant.lua`; the end of the permits' lease, see
+    /// the semaphore's `release.lua`).
     pub(crate) behind: Box<str>,
 }
 

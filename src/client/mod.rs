@@ -11,7 +11,8 @@ use crate::context::Context;
 use crate::error::Error;
 use crate::keys::{self, LatchKeys, LimiterKeys, LockKeys, RwKeys, SemaphoreKeys};
 use crate::lease::WatchdogStats;
-use crate::sync::lock::{self, RawLock};
+use crate::sync::grants;
+use crate::sync::lock::RawLock;
 use crate::sync::rwlock::RwProtocol;
 use crate::sync::semaphore::{DeploymentSemaphore, RawSemaphore};
 use crate::sync::{CountDownLatch, Lock, MultiLock, RateLimiter, RwLock, Semaphore};
@@ -57,7 +58,7 @@ pub struct Client {
 
 impl Client {
     fn new(context: Arc<Context>, lock_raw: Arc<dyn RawLock>) -> Client {
-        lock::give_back_unclaimed_grants(&context);
+        grants::give_back_unclaimed_grants(&context);
         let rw = Arc::new(RwProtocol::new(&context));
         let semaphore_raw = Arc::new(DeploymentSemaphore::new(
             Arc::clone(&context.backend),

@@ -51,7 +51,7 @@ scripts! {
     HANDOFF => "lock/handoff.lua" with ["lib/next_fence.lua"];
     /// Undo one level; the last level deletes the lock and pushes the baton.
     RELEASE => "lock/release.lua"
-        with ["lib/lease.lua", "lib/baton.lua", "lib/hand_over.lua", "lib/next_fence.lua", "lib/grant.lua"];
+        with ["lib/lease.lua", "lib/baton.lua", "lib/hand_over.lua", "lib/next_fence.lua", "lib/grant_message.lua", "lib/grant.lua"];
     /// A Redlock quorum's releases of a multi-lock's names on one master,
     /// each as `RELEASE` does it.
     RELEASE_MANY => "lock/release_many.lua"
@@ -75,7 +75,7 @@ scripts! {
     /// The fair lock's release: wakes (or grants the lock to) the head of
     /// its queue, or names the head to wake.
     FAIR_RELEASE => "fair/release.lua"
-        with ["lib/lease.lua", "lib/fair_queue.lua", "lib/baton.lua", "lib/next_fence.lua", "lib/grant.lua"];
+        with ["lib/lease.lua", "lib/fair_queue.lua", "lib/baton.lua", "lib/next_fence.lua", "lib/grant_message.lua", "lib/grant.lua"];
     /// The last release of a fair lock's holder, handing it to a waiter of
     /// the same process that is the head of the queue.
     FAIR_HANDOFF => "fair/handoff.lua" with ["lib/next_fence.lua", "lib/fair_queue.lua"];
@@ -134,7 +134,7 @@ scripts! {
     /// Take permits under a leased permit id, or say when to look again.
     SEM_ACQUIRE => "semaphore/acquire.lua" with ["lib/permits.lua"];
     /// Return a permit id's permits and wake the waiters they may serve.
-    SEM_RELEASE => "semaphore/release.lua" with ["lib/permits.lua"];
+    SEM_RELEASE => "semaphore/release.lua" with ["lib/grant_message.lua", "lib/permits.lua"];
     /// The watchdog's renewal of one permit id's lease.
     SEM_RENEW => "semaphore/renew.lua" with ["lib/permits.lua"];
     /// A semaphore's total and available permits.

@@ -79,10 +79,14 @@ pub(crate) struct AcquireArgs<'a> {
     /// Pop the baton first: the caller's park ended when the list changed,
     /// without a look that would have popped its token for it.
     pub(crate) takes_token: bool,
+    /// A waiter that parks where a grant reaches it: this attempt's request
+    /// number (the id's last part) and the lease of a grant, which a
+    /// release may give it while it is parked (see `release.lua`).
+    pub(crate) grantable: Option<(u64, Duration)>,
 }
 
 pub(crate) fn acquire(keys: &SemaphoreKeys, args: AcquireArgs<'_>, baton_ttl: Duration) -> Call {
-    on(&SEM_ACQUIRE, keys)
+    let call = on(&SEM_ACQUIRE, keys)
         .arg(args.id)
         .arg(args.permits)
         .arg(millis(args.lease))
@@ -90,12 +94,47 @@ pub(crate) fn acquire(keys: &SemaphoreKeys, args: AcquireArgs<'_>, baton_ttl: Du
         .arg(millis(args.place_ttl))
         .arg(millis(baton_ttl))
         .arg(args.reserve_for.map_or(0, millis))
-        .arg(if args.takes_token { "1" } else { "0" })
+        .arg(if args.takes_token { "1" } else { "0" });
+    match args.grantable {
+        Some((request, lease)) => call
+            .key(&keys.grant_specs)
+            .arg(format!("{request} {}", millis(lease))),
+        None => call,
+    }
 }
 
-/// Returns the permits of `id`.
-pub(crate) fn release(keys: &SemaphoreKeys, id: &str, baton_ttl: Duration) -> Call {
-    on(&SEM_RELEASE, keys).arg(id).arg(millis(baton_ttl))
+/// Returns the permits of `id`; `channels`: where the deployment allows
+/// grants, the prefix of the clients' grant channels (the release grants
+/// the permits it frees, see `release.lua`).
+pub(crate) fn release(
+    keys: &SemaphoreKeys,
+    id: &str,
+    baton_ttl: Duration,
+    channels: Option<&str>,
+) -> Call {
+    let call = on(&SEM_RELEASE, keys).arg(id).arg(millis(baton_ttl));
+    match channels {
+        Some(channels) => call.key(&keys.grant_specs).arg(channels).arg(""),
+        None => call,
+    }
+}
+
+/// Gives back the permits a release granted to `id` (a waiter that was not
+/// parked for them) while their lease still ends at `ends`, the grant's
+/// (server ms, as its message told), granting them on `channels`.
+pub(crate) fn give_back(
+    keys: &SemaphoreKeys,
+    id: &str,
+    ends: &str,
+    baton_ttl: Duration,
+    channels: &str,
+) -> Call {
+    on(&SEM_RELEASE, keys)
+        .key(&keys.grant_specs)
+        .arg(id)
+        .arg(millis(baton_ttl))
+        .arg(channels)
+        .arg(ends)
 }
 
 /// Renews the lease of permit `id`, which lives in `holders_key`.

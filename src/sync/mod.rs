@@ -10,11 +10,15 @@
 //!   [`WriteGuard`], [`UpgradableReadGuard`]), writer-preferring.
 //! - `semaphore/`: the counting semaphore with leased permits
 //!   ([`Semaphore`], [`SemaphorePermit`]).
+//! - `grants`: what the lock and the semaphore share about grants (a
+//!   release that hands what it frees to a parked waiter of another
+//!   process): the grant's lease, the waiter's mark, the give-back.
 //!
 //! A new synchronizer is a new folder here: its raw protocol (scripts in
 //! `scripts/<name>/`), its handle and guards, waiting through
 //! `parking::WaitingRoom` and keeping leases through `lease`.
 
+pub(crate) mod grants;
 pub(crate) mod latch;
 pub(crate) mod lock;
 pub(crate) mod rate_limit;

@@ -874,6 +874,7 @@ fn release_script() -> redis::Script {
         include_str!("../../src/scripts/lib/fair_queue.lua"),
         include_str!("../../src/scripts/lib/baton.lua"),
         include_str!("../../src/scripts/lib/next_fence.lua"),
+        include_str!("../../src/scripts/lib/grant_message.lua"),
         include_str!("../../src/scripts/lib/grant.lua"),
         include_str!("../../src/scripts/fair/release.lua")
     ))

@@ -26,6 +26,7 @@ pub fn script(name: &str) -> redis::Script {
             include_str!("../../src/scripts/lib/baton.lua"),
             include_str!("../../src/scripts/lib/hand_over.lua"),
             include_str!("../../src/scripts/lib/next_fence.lua"),
+            include_str!("../../src/scripts/lib/grant_message.lua"),
             include_str!("../../src/scripts/lib/grant.lua"),
             include_str!("../../src/scripts/lock/release.lua")
         ),

@@ -8,6 +8,7 @@ mod support;
 mod bookkeeping;
 mod counting;
 mod errors;
+mod grants;
 mod leases;
 mod processes;
 #[cfg(feature = "sentinel")]

@@ -24,8 +24,13 @@ macro_rules! sem_script {
 }
 
 const ADJUST: &str = sem_script!("adjust.lua");
-const ACQUIRE: &str = sem_script!("acquire.lua");
-const RELEASE: &str = sem_script!("release.lua");
+pub(crate) const ACQUIRE: &str = sem_script!("acquire.lua");
+/// The release grants, so the grant's message comes first (as the crate
+/// sends it).
+pub(crate) const RELEASE: &str = concat!(
+    include_str!("../../src/scripts/lib/grant_message.lua"),
+    sem_script!("release.lua")
+);
 
 /// The hash the crate sends `source` by: what the proxy watches for.
 fn sha(source: &str) -> String {

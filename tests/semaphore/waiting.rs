@@ -420,12 +420,13 @@ fn a_waiter_that_gives_up_its_reservation_lets_the_waiters_it_held_back_in() {
 /// A waiter of another client, parked for the one permit, is woken by its
 /// parking hub at the baton list's announcement and pops the baton in its
 /// own attempt: no look (`LLEN` + `LPOP`) comes between the release and
-/// the attempt.
+/// the attempt. (Its client is refused the grant channel: a release would
+/// grant it the permit, see `grants.rs`.)
 #[test]
 fn another_clients_waiter_takes_the_baton_in_its_attempt_without_a_look() {
     let server = RedisServer::start();
     let holder = Client::open(&server.url()).unwrap();
-    let waiting = Client::builder(server.url())
+    let waiting = Client::builder(support::without_grants(&server, &server.url()))
         .max_park(Duration::from_secs(30))
         .build()
         .unwrap();

@@ -27,6 +27,9 @@
 -- before the message came takes the ownership as a leftover of its own
 -- identity at its next attempt (lock/acquire.lua), under a new token.
 --
+-- The semaphore's grants (lib/permits.lua) send the same message
+-- (publish_grant, lib/grant_message.lua).
+--
 -- Nobody heard it (`PUBLISH` answers 0: the waiter's client is gone, or
 -- its hub is not subscribed now), the channel is refused (an ACL without
 -- `PUBLISH` or the channel: `pcall`), or the fence counter is damaged:
@@ -48,10 +51,7 @@ local function grant(key, list, fence_key, fence_ttl, channels, waiter, req, lea
   if err then
     return false
   end
-  local client = string.match(waiter, '^[^:]*')
-  local message = waiter .. ' ' .. req .. ' ' .. token .. ' ' .. behind .. ' ' .. #key .. ' ' .. key .. list
-  local heard = redis.pcall('PUBLISH', channels .. client, message)
-  if type(heard) ~= 'number' or heard == 0 then
+  if not publish_grant(channels, waiter, req, token, behind, key, list) then
     return false
   end
   redis.call('HSET', key, 'flag', waiter, 'count', '1', 'fence', token, 'req', 'grant', 'waited', '1')

@@ -20,6 +20,16 @@
 --                    newcomers back, pushed when the permits it needs are
 --                    free; only that waiter parks on it; TTL: the baton TTL)
 --
+-- acquire.lua and release.lua take a seventh where the deployment allows
+-- grants (see wake):
+--
+-- KEYS[7]  grant specs (hash: a waiter's place -> "<request> <grant lease
+--                    ms> <b|r>", written by its last attempt: the request
+--                    its park follows, how long a grant of its permits
+--                    lasts before its client's watchdog lengthens it, and
+--                    the list it parks on, the baton or the reserved one;
+--                    TTL: as the waiters')
+--
 -- Time is the server's TIME, never the client's: no ARGV holds a timestamp.
 -- holders and counts have no TTL: a holder whose lease ended is removed, and
 -- its permits taken off `used` (once), by the next script that runs, so the
@@ -240,7 +250,8 @@ local function sem_look(id, now)
 end
 
 -- leave_place(look, place): takes `place` off the waiters, when it is one
--- (sem_look read them: no call when it is not), and off look.waiters.
+-- (sem_look read them: no call when it is not), and off look.waiters; and
+-- its grant spec, where there are specs (KEYS[7]).
 local function leave_place(look, place)
   if place == '' then
     return
@@ -248,6 +259,9 @@ local function leave_place(look, place)
   for i = 1, #look.waiters, 2 do
     if look.waiters[i] == place then
       redis.call('ZREM', KEYS[4], place)
+      if KEYS[7] then
+        redis.call('HDEL', KEYS[7], place)
+      end
       table.remove(look.waiters, i)
       table.remove(look.waiters, i)
       return
@@ -283,8 +297,15 @@ end
 -- of the reserved baton, when the caller has them (sem_look) and changed
 -- none since; read here when nil.
 --
+-- `grant`: nil, or (a release's, where the deployment allows grants) a
+-- function(member, k) that grants the waiter at place `member` its k
+-- permits and tells its client, when it can (see release.lua); whether it
+-- did. Each waiter a token would be pushed for (the reserving one on its
+-- own list) is offered a grant first; a granted one needs no token, and
+-- its permits are used.
+--
 -- Returns how many tokens were pushed on the shared baton.
-local function wake(st, now, ttl, failed, waiters, tokens, reserved_tokens)
+local function wake(st, now, ttl, failed, waiters, tokens, reserved_tokens, grant)
   waiters = waiters or redis.call('ZRANGE', KEYS[4], '0', '-1', 'WITHSCORES')
   local members, ended = {}, false
   for i = 1, #waiters, 2 do
@@ -304,8 +325,13 @@ local function wake(st, now, ttl, failed, waiters, tokens, reserved_tokens)
   local sharing = #members
   if first then
     if first_k <= left and (reserved_tokens or redis.call('LLEN', KEYS[6])) == 0 then
-      redis.call('RPUSH', KEYS[6], 'ok')
-      redis.call('PEXPIRE', KEYS[6], ttl)
+      if grant and grant(first, first_k) then
+        -- Served: it holds newcomers back no more.
+        st.reserved = false
+      else
+        redis.call('RPUSH', KEYS[6], 'ok')
+        redis.call('PEXPIRE', KEYS[6], ttl)
+      end
     end
     left = math.max(0, left - first_k)
   end
@@ -321,7 +347,9 @@ local function wake(st, now, ttl, failed, waiters, tokens, reserved_tokens)
     elseif k and k > st.total then
       wanted = wanted + 1
     elseif k and k <= left then
-      wanted = wanted + 1
+      if not (grant and grant(member, k)) then
+        wanted = wanted + 1
+      end
       left = left - k
     end
   end

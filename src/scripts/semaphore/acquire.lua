@@ -3,6 +3,7 @@
 --
 -- KEYS[1..6]  state, holders, counts, waiters, baton, reserved baton (see
 --             lib/permits.lua)
+-- KEYS[7]     with ARGV[9]: the grant specs (see lib/permits.lua)
 -- ARGV[1]     the permit id: "<thread identity>:<request number>", unique
 --             per attempt
 -- ARGV[2]     k, the permits wanted (1 to 10^12)
@@ -22,6 +23,11 @@
 --             popped first, whatever comes of the attempt, as the look
 --             would have popped it for this waiter (a list of another type
 --             fails the pop before anything changed); else "0"
+-- ARGV[9]     (with KEYS[7]) from a waiter that parks where a grant
+--             reaches it: "<request> <grant lease ms>", this attempt's
+--             request number (the id's last part) and how long a grant's
+--             lease lasts; kept as its place's spec when it is short, so
+--             that a release may grant it the permits (see release.lua)
 --
 -- Returns {1, k}                 acquired; also when this permit id holds
 --                                its permits already (the same request,
@@ -72,6 +78,10 @@ local purged = purge(st, now, look.expired)
 -- holds nothing has no count, and the holders are looked at only for one
 -- that has.
 if look.held and redis.call('ZSCORE', KEYS[2], id) then
+  -- Also a waiter's request whose permits a release granted while the
+  -- reply to it was lost: the lease moves on from the grant's, so that
+  -- its client's give-back of the grant (which names the grant's end, see
+  -- release.lua) leaves them.
   redis.call('ZADD', KEYS[2], 'GT', int(now + tonumber(ARGV[3])), id)
   leave_place(look, place)
   save(st)
@@ -146,5 +156,17 @@ end
 local reserving = 0
 if place ~= '' and st.reserved == place then
   reserving = 1
+end
+if place ~= '' and KEYS[7] then
+  -- Its spec names the list it parks on, where its grant is told.
+  local on = 'b'
+  if reserving == 1 then
+    on = 'r'
+  end
+  redis.call('HSET', KEYS[7], place, ARGV[9] .. ' ' .. on)
+  local ttl = tonumber(ARGV[5])
+  if redis.call('PTTL', KEYS[7]) < ttl then
+    redis.call('PEXPIRE', KEYS[7], ttl)
+  end
 end
 return {0, available, left, reserving, passed}

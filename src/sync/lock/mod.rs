@@ -20,12 +20,15 @@ use crate::client_name;
 use crate::config::validate_lease;
 use crate::context::Context;
 use crate::error::Error;
-use crate::keys::{self, LockKeys};
+use crate::keys::LockKeys;
 use crate::lease::{earlier, Claim, FairRun, Grant, LeaseMode, Leased, RenewLeases};
 use crate::observe::{Acquisition, Event, HoldKind, LostSignal};
-use crate::parking::{self, Attempt, GrantSlot, ParkOn, Waited};
+use crate::parking::{self, Attempt, ParkOn, Waited};
 use crate::scripts::lock::{self as calls, AcquireArgs, Asking};
 use crate::scripts::reply::{AcquireReply, FairReply, Line, ReleaseReply};
+
+use super::grants::{self, GiveBackSettings, Grantable, Mark};
+use crate::backend::Unclaimed;
 
 pub use guard::LockGuard;
 pub use multi::{MultiLock, MultiLockGuard};
@@ -512,7 +515,7 @@ impl Lock {
         };
         let served = matches!(waited, Ok(Waited::Acquired(_) | Waited::Granted(_)));
         // A waiter whose attempt left a grant for it (see `Grantable`).
-        let marked = grantable.as_ref().is_some_and(|g| g.sent.get().is_some());
+        let marked = grantable.as_ref().is_some_and(Grantable::is_marked);
         if (self.keys.fair.is_some() || marked) && !served {
             // A fair lock's waiter that leaves without the lock gives its
             // place up at once, rather than blocking the queue until the
@@ -652,7 +655,7 @@ impl Lock {
     /// leftover, under a new token, see `lock/acquire.lua`).
     ///
     /// The grant's lease may be shorter than the waiter's own (see
-    /// [`GRANT_LEASE`]): the guard is recorded as if sent that much
+    /// `grants::GRANT_LEASE`): the guard is recorded as if sent that much
     /// earlier, so that it counts the grant's lease, and its first renewal
     /// is due at once, which lengthens it.
     ///
@@ -666,19 +669,15 @@ impl Lock {
         grantable: &Grantable,
         arrival: u64,
     ) -> Option<LockGuard> {
-        let receipt = grantable.slot.take_granted()?;
-        let (sent, granted) = grantable.sent.get()?;
-        if sent.elapsed() > granted / GRANT_LEASE_SHARE {
-            return None;
-        }
+        let taken = grantable.take()?.ok()?;
         let (line, next_in_line) = match self.keys.fair {
-            Some(_) => Line::of_grant(&receipt.behind)?,
+            Some(_) => Line::of_grant(&taken.receipt.behind)?,
             None => (Line::default(), None),
         };
         let mode = self.mode();
-        let sent = earlier(sent, self.raw.clock_margin(granted));
-        let sent = sent.checked_sub(mode.lease().saturating_sub(granted))?;
-        let guard = self.guard(identity, identity, receipt.token, mode, sent, next_in_line);
+        let sent = taken.counted_from(mode, self.raw.clock_margin(taken.mark.lease))?;
+        let token = taken.receipt.token;
+        let guard = self.guard(identity, identity, token, mode, sent, next_in_line);
         if self.keys.fair.is_some() {
             let own_place = vec![(identity.to_string(), arrival)];
             self.start_run(&guard, line, own_place);
@@ -697,16 +696,6 @@ impl Lock {
                 served,
             };
             guard.start_run(&self.context.leases.registry, run);
-        }
-    }
-
-    /// The lease of an ownership a release may grant a waiter of this
-    /// handle (see [`GRANT_LEASE`]): none where its lease is fixed and
-    /// longer, as no renewal would lengthen it.
-    fn grant_lease(&self) -> Option<Duration> {
-        match self.mode() {
-            LeaseMode::Renewed(lease) => Some(lease.min(GRANT_LEASE)),
-            LeaseMode::Fixed(lease) => (lease <= GRANT_LEASE).then_some(lease),
         }
     }
 
@@ -754,7 +743,7 @@ impl Lock {
             after_park,
             baton_ttl: self.context.config.baton_ttl,
             on_heads_list: place.on_heads_list,
-            grantable: grantable.and_then(|_| self.grant_lease()),
+            grantable: grantable.and_then(|_| grants::grant_lease(self.mode())),
         };
         let sent = Instant::now();
         match self.raw.attempt(&self.keys, args) {
@@ -784,10 +773,12 @@ impl Lock {
                 if let (Some(grantable), Some(lease)) = (grantable, args.grantable) {
                     // The mark this attempt left names this request: a
                     // grant for it comes after it was sent.
-                    grantable
-                        .slot
-                        .set_ticket(Some(backend::ticket(&owner, request)));
-                    grantable.sent.set(Some((sent, lease)));
+                    let mark = Mark {
+                        sent,
+                        lease,
+                        request,
+                    };
+                    grantable.mark(backend::ticket(&owner, request), mark);
                 }
                 place.on_heads_list = heads_list;
                 // The head of a fair lock's queue parks on the head's list,
@@ -823,91 +814,54 @@ impl Lock {
     }
 }
 
-/// Has the grants of `context`'s client that found no parked waiter (it
-/// stopped waiting, or parks after a later attempt) released, where its
-/// deployment allows grants: a grant nobody took would otherwise keep the
-/// lock for the grant's lease. The release runs on the parking hub's
-/// connection, and needs nothing of the client but its settings.
-pub(crate) fn give_back_unclaimed_grants(context: &Context) {
-    let Some(grants) = context.backend.grants() else {
-        return;
-    };
-    let config = &context.config;
-    let (prefix, baton_ttl, lease) = (
-        config.prefix.clone(),
-        config.baton_ttl,
-        config.default_lease,
-    );
-    let (fence_ttl, channels) = (config.fence_ttl, grants.prefix().to_owned());
-    grants.give_back_with(Box::new(move |conn, unclaimed| {
-        let Some(keys) = keys::lock_keys_of(&prefix, unclaimed.key) else {
-            log::warn!(
-                "redbaton: a grant of {:?}, which is no lock of this client's prefix, was left",
-                unclaimed.key
-            );
-            return Ok(());
-        };
-        let grants = Some((fence_ttl, channels.as_str()));
-        // The last release of the granted ownership, as its holder's
-        // would be: it wakes (or grants) the next waiter.
-        let Some(fair) = &keys.fair else {
-            let release = calls::release(
-                &keys,
-                unclaimed.owner,
-                unclaimed.token,
-                0,
-                lease,
-                baton_ttl,
-                grants,
-            );
-            return release.invoke::<redis::Value>(conn).map(drop);
-        };
-        let release = calls::fair_release(
-            &keys,
-            fair,
+/// Gives back on `conn` the ownership a release granted to
+/// `unclaimed.owner`, a waiter of this client that was not parked for it:
+/// its last release, as its holder's would be, which wakes (or grants)
+/// the next waiter.
+pub(super) fn give_back(
+    conn: &mut dyn redis::ConnectionLike,
+    settings: &GiveBackSettings,
+    keys: &LockKeys,
+    unclaimed: Unclaimed<'_>,
+) -> redis::RedisResult<()> {
+    let grants = Some((settings.fence_ttl, settings.channels.as_str()));
+    let (lease, baton_ttl) = (settings.lease, settings.baton_ttl);
+    let Some(fair) = &keys.fair else {
+        let release = calls::release(
+            keys,
             unclaimed.owner,
             unclaimed.token,
             0,
             lease,
             baton_ttl,
-            None,
-            &[],
             grants,
         );
-        let released: FairReply<ReleaseReply> = release.invoke(conn)?;
-        // The head it names is this client's (the grantee, whose place
-        // stayed, or a thread of the line the grant passed along): woken
-        // on both its lists, as from another process (where it parks is
-        // not known: the grant took the lock's record of it).
-        let Some(head) = released.wake else {
-            return Ok(());
-        };
-        for list in [&keys.wake_list(&head), &fair.next] {
-            calls::push_baton(list, baton_ttl).invoke::<redis::Value>(conn)?;
-        }
-        Ok(())
-    }));
-}
-
-/// The longest lease a release grants a waiter (`lib/grant.lua`): what a
-/// waiter that stopped waiting just as the grant came, in a process that
-/// ended before it could give the grant back, costs the others. The
-/// watchdog lengthens a granted ownership to its own lease at once, within
-/// this even on a loaded machine.
-const GRANT_LEASE: Duration = Duration::from_secs(2);
-
-/// The share of a grant's lease past which a grant is not taken as it
-/// came (see [`Lock::take_grant`]): a quarter, so that a granted guard
-/// starts with at least three quarters of it.
-const GRANT_LEASE_SHARE: u32 = 4;
-
-/// What a waiter that may be granted the lock keeps across
-/// its attempts: the slot the wait core fills, and when the attempt that
-/// its park follows was sent, with the grant's lease it asked for.
-#[derive(Debug, Default)]
-struct Grantable {
-    slot: GrantSlot,
-    sent: Cell<Option<(Instant, Duration)>>,
+        return release.invoke::<redis::Value>(conn).map(drop);
+    };
+    let release = calls::fair_release(
+        keys,
+        fair,
+        unclaimed.owner,
+        unclaimed.token,
+        0,
+        lease,
+        baton_ttl,
+        None,
+        &[],
+        grants,
+    );
+    let released: FairReply<ReleaseReply> = release.invoke(conn)?;
+    // The head it names is this client's (the grantee, whose place
+    // stayed, or a thread of the line the grant passed along): woken on
+    // both its lists, as from another process (where it parks is not
+    // known: the grant took the lock's record of it).
+    let Some(head) = released.wake else {
+        return Ok(());
+    };
+    for list in [&keys.wake_list(&head), &fair.next] {
+        calls::push_baton(list, baton_ttl).invoke::<redis::Value>(conn)?;
+    }
+    Ok(())
 }
 
 /// What a fair lock's waiter keeps across its attempts (the plain lock's

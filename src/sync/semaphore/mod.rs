@@ -15,15 +15,39 @@ use crate::config::validate_lease;
 use crate::context::Context;
 use crate::error::Error;
 use crate::keys::SemaphoreKeys;
-use crate::lease::{LeaseMode, Leased, RenewLeases};
+use crate::lease::{earlier, LeaseMode, Leased, RenewLeases};
 use crate::observe::{Acquisition, HoldKind};
 use crate::parking::{self, Attempt, ParkOn, Waited};
 use crate::scripts::semaphore::{
     AcquireArgs, AcquireReply, Adjust, Refusal, StateReply, TotalReply,
 };
 
+use super::grants::{self, GiveBackSettings, Grantable, Mark};
+use crate::backend::{self, Unclaimed};
+
 pub use permit::SemaphorePermit;
 pub(crate) use raw::{DeploymentSemaphore, RawSemaphore};
+
+/// Gives back on `conn` the permits a release granted to
+/// `unclaimed.owner`, a waiter of this client that was not parked for
+/// them (see `grants`).
+pub(super) fn give_back(
+    conn: &mut dyn redis::ConnectionLike,
+    settings: &GiveBackSettings,
+    keys: &SemaphoreKeys,
+    unclaimed: Unclaimed<'_>,
+) -> redis::RedisResult<()> {
+    let id = format!("{}:{}", unclaimed.owner, unclaimed.request);
+    let ends = unclaimed.behind;
+    raw::give_back(
+        conn,
+        keys,
+        &id,
+        ends,
+        settings.baton_ttl,
+        &settings.channels,
+    )
+}
 
 use permit::Held;
 
@@ -317,7 +341,7 @@ impl Semaphore {
             .context
             .identity()
             .map_err(|err| self.failed(start, err))?;
-        let attempt = self.attempt(&identity, permits, None, false, false);
+        let attempt = self.attempt(&identity, permits, None, false, false, None);
         match attempt.map_err(|err| self.failed(start, err))? {
             Tried::Acquired(permit) => Ok(Some(permit.announced(start, Acquisition::FirstAttempt))),
             Tried::Short { .. } => Ok(None),
@@ -444,20 +468,37 @@ impl Semaphore {
         // The waiter takes the baton in its attempt after a park the
         // list's change ended (see `ParkHow::claims`).
         let takes_token = Cell::new(false);
+        // A waiter parked on its client's hub may be granted its permits
+        // by a release (see `release.lua`), from its first attempt on.
+        let grantable = grants::grant_lease(self.mode())
+            .filter(|_| context.backend.takes_grants())
+            .map(|lease| (Grantable::default(), lease));
         let attempt = || {
+            if let Some((grantable, _)) = &grantable {
+                if let Some(permit) = self.take_grant(&identity, permits, grantable) {
+                    return Ok(Attempt::Acquired(permit));
+                }
+            }
             placed.set(true);
             let waited = since.elapsed();
             let claim = waited >= self.hold_back_after;
             reserved.set(reserved.get() || claim);
-            let (lease_left, reserving, passed_on) =
-                match self.attempt(&identity, permits, Some(&place), claim, takes_token.take())? {
-                    Tried::Acquired(permit) => return Ok(Attempt::Acquired(permit)),
-                    Tried::Short {
-                        lease_left,
-                        reserving,
-                        passed_on,
-                    } => (lease_left, reserving, passed_on),
-                };
+            let tried = self.attempt(
+                &identity,
+                permits,
+                Some(&place),
+                claim,
+                takes_token.take(),
+                grantable.as_ref().map(|(g, lease)| (g, *lease)),
+            );
+            let (lease_left, reserving, passed_on) = match tried? {
+                Tried::Acquired(permit) => return Ok(Attempt::Acquired(permit)),
+                Tried::Short {
+                    lease_left,
+                    reserving,
+                    passed_on,
+                } => (lease_left, reserving, passed_on),
+            };
             let until_claim = self.hold_back_after.saturating_sub(waited);
             // Back when it may reserve, not at the end of a long park: a
             // waiter for many permits is woken only when they are all free,
@@ -507,7 +548,7 @@ impl Semaphore {
             (),
             deadline,
             Some(&takes_token),
-            None,
+            grantable.as_ref().map(|(g, _)| &g.slot),
             first,
             attempt,
         );
@@ -580,8 +621,89 @@ impl Semaphore {
         }
     }
 
+    /// The permit a release granted this waiter while it was parked, if
+    /// one did.
+    ///
+    /// The grant's lease is counted from the sending of the attempt the
+    /// waiter's park followed (no later moment is known to precede the
+    /// grant), and may be shorter than the waiter's own: the permit is
+    /// recorded as if sent that much earlier, so that it counts the
+    /// grant's lease, and its first renewal is due at once, which
+    /// lengthens it. A grant that came long after that attempt (the
+    /// waiter parked through a long hold) could have little left by that
+    /// count: the waiter renews it first, one call, and counts the lease
+    /// from the renewal (`None` if the renewal found it gone, or failed:
+    /// the waiter asks again; the permits return with the grant's lease).
+    fn take_grant(
+        &self,
+        identity: &Arc<str>,
+        permits: u64,
+        grantable: &Grantable,
+    ) -> Option<SemaphorePermit> {
+        let (taken, fresh) = match grantable.take()? {
+            Ok(taken) => (taken, true),
+            Err(late) => (late, false),
+        };
+        let id: Arc<str> = format!("{identity}:{}", taken.mark.request).into();
+        let mode = self.mode();
+        let counted = taken.counted_from(mode, self.raw.clock_margin(taken.mark.lease));
+        let sent = match counted.filter(|_| fresh) {
+            Some(sent) => sent,
+            None => self.confirm_late_grant(&id, mode)?,
+        };
+        Some(self.permit(id, permits, mode, sent))
+    }
+
+    /// Renews the permits a late grant gave `id` for `mode`'s lease: when
+    /// the renewal was sent, if they were still its own. A renewal that
+    /// failed may have run: the permits are returned in the background, as
+    /// after an acquisition whose reply was lost.
+    fn confirm_late_grant(&self, id: &Arc<str>, mode: LeaseMode) -> Option<Instant> {
+        let sent = Instant::now();
+        match self.raw.renew(&self.keys, id, mode.lease()) {
+            Ok(true) => Some(earlier(sent, self.raw.clock_margin(mode.lease()))),
+            Ok(false) => None,
+            Err(err) => {
+                log::debug!(
+                    "redbaton: confirming a late grant of {:?} failed: {err}",
+                    self.name()
+                );
+                let cleanup = raw::release_later(&self.raw, &self.keys, id, mode.lease(), sent);
+                self.context.finish_later(cleanup);
+                None
+            }
+        }
+    }
+
+    /// The guard of permits taken under `id` by an acquisition (or, for a
+    /// grant, the attempt it followed) sent at `sent`.
+    fn permit(
+        &self,
+        id: Arc<str>,
+        permits: u64,
+        mode: LeaseMode,
+        sent: Instant,
+    ) -> SemaphorePermit {
+        let context = &self.context;
+        let (status, mode) = context.enter(&self.leased, &id, 0, mode, sent);
+        let held = Held {
+            id,
+            permits,
+            mode,
+            status,
+        };
+        SemaphorePermit::new(
+            Arc::clone(context),
+            Arc::clone(&self.raw),
+            Arc::clone(&self.keys),
+            held,
+        )
+    }
+
     /// One run of the acquire script for `permits` under a new permit id;
-    /// `place` for a caller that waits.
+    /// `place` for a caller that waits; `grantable`: a waiter that may be
+    /// granted its permits while parked, with the grant's lease, whose
+    /// park after this attempt carries the attempt's ticket.
     fn attempt(
         &self,
         identity: &Arc<str>,
@@ -589,9 +711,11 @@ impl Semaphore {
         place: Option<&str>,
         claim: bool,
         takes_token: bool,
+        grantable: Option<(&Grantable, Duration)>,
     ) -> Result<Tried, Error> {
         let context = &self.context;
-        let id: Arc<str> = format!("{identity}:{}", context.next_request()).into();
+        let request = context.next_request();
+        let id: Arc<str> = format!("{identity}:{request}").into();
         let mode = self.mode();
         let args = AcquireArgs {
             id: &id,
@@ -606,34 +730,37 @@ impl Semaphore {
             // waiter holds up a fair lock's queue.
             reserve_for: claim.then(|| context.config.place_ttl()),
             takes_token,
+            grantable: grantable
+                .filter(|_| place.is_some())
+                .map(|(_, lease)| (request, lease)),
         };
         let sent = Instant::now();
         match self.raw.attempt(&self.keys, args) {
             Ok(AcquireReply::Acquired { .. }) => {
-                let (status, mode) = context.enter(&self.leased, &id, 0, mode, sent);
-                let held = Held {
-                    id,
-                    permits,
-                    mode,
-                    status,
-                };
-                Ok(Tried::Acquired(SemaphorePermit::new(
-                    Arc::clone(context),
-                    Arc::clone(&self.raw),
-                    Arc::clone(&self.keys),
-                    held,
-                )))
+                Ok(Tried::Acquired(self.permit(id, permits, mode, sent)))
             }
             Ok(AcquireReply::Short {
                 lease_left,
                 reserving,
                 passed_on,
                 ..
-            }) => Ok(Tried::Short {
-                lease_left,
-                reserving,
-                passed_on,
-            }),
+            }) => {
+                if let (Some((grantable, lease)), Some(_)) = (grantable, args.grantable) {
+                    // The spec this attempt left names this request: a
+                    // grant for it comes after it was sent.
+                    let mark = Mark {
+                        sent,
+                        lease,
+                        request,
+                    };
+                    grantable.mark(backend::ticket(identity, request), mark);
+                }
+                Ok(Tried::Short {
+                    lease_left,
+                    reserving,
+                    passed_on,
+                })
+            }
             Ok(AcquireReply::Refused(refusal)) => Err(raw::refused(&self.keys, refusal, permits)),
             Err(failed) => {
                 if failed.outcome_unknown {

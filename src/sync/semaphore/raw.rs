@@ -61,6 +61,10 @@ pub(crate) trait RawSemaphore: RenewLeases {
 
     /// Gives up the waiter's `place` (it stopped waiting).
     fn leave(&self, keys: &SemaphoreKeys, place: &str) -> Result<(), Error>;
+
+    /// Makes permit id `id` live at least `lease` more, if it still holds
+    /// its permits (whether it did).
+    fn renew(&self, keys: &SemaphoreKeys, id: &str, lease: Duration) -> Result<bool, Error>;
 }
 
 /// The error for a script's refusal on semaphore `keys`, for a caller that
@@ -102,6 +106,25 @@ pub(crate) fn release_later(
     })
 }
 
+/// Gives back on `conn` the permits a release granted to `id`, a waiter
+/// of this client that was not parked for them (it stopped waiting, or is
+/// on its way to its next attempt, which puts its place back): a release
+/// like its holder's, which grants or wakes the waiters they serve, while
+/// their lease still ends at `ends`, the grant's (else the waiter took
+/// them since, see `release.lua`).
+pub(crate) fn give_back(
+    conn: &mut dyn redis::ConnectionLike,
+    keys: &SemaphoreKeys,
+    id: &str,
+    ends: &str,
+    baton_ttl: Duration,
+    channels: &str,
+) -> redis::RedisResult<()> {
+    calls::give_back(keys, id, ends, baton_ttl, channels)
+        .invoke::<Value>(conn)
+        .map(drop)
+}
+
 /// The semaphore protocol on one Redis deployment.
 #[derive(Debug)]
 pub(crate) struct DeploymentSemaphore {
@@ -111,16 +134,26 @@ pub(crate) struct DeploymentSemaphore {
     acks: Option<ReplicaAcks>,
     /// Whether the renewal script is known to be loaded.
     renew_loaded: AtomicBool,
+    /// Where the deployment allows grants: the prefix of the clients'
+    /// grant channels (see `release.lua`).
+    grants: Option<String>,
 }
 
 impl DeploymentSemaphore {
     pub(crate) fn new(backend: Arc<Backend>, config: &Config) -> Self {
         DeploymentSemaphore {
-            backend,
             baton_ttl: config.baton_ttl,
             acks: config.replica_acks,
             renew_loaded: AtomicBool::new(false),
+            grants: backend.grants().map(|grants| grants.prefix().to_owned()),
+            backend,
         }
+    }
+
+    /// The release of `id`, which grants the permits it frees where the
+    /// deployment allows.
+    fn release_call(&self, keys: &SemaphoreKeys, id: &str) -> Call {
+        calls::release(keys, id, self.baton_ttl, self.grants.as_deref())
     }
 
     fn run<T: redis::FromRedisValue>(&self, keys: &SemaphoreKeys, call: &Call) -> Result<T, Error> {
@@ -213,7 +246,7 @@ impl RawSemaphore for DeploymentSemaphore {
 
     fn attempt(&self, keys: &SemaphoreKeys, args: AcquireArgs<'_>) -> Result<AcquireReply, Failed> {
         let call = calls::acquire(keys, args, self.baton_ttl);
-        let undo = calls::release(keys, args.id, self.baton_ttl);
+        let undo = self.release_call(keys, args.id);
         let acks = self.acks;
         let sent = self.backend.exchange(&keys.state, &keys.name, |c| {
             let reply: AcquireReply = call.invoke(c)?;
@@ -250,7 +283,7 @@ impl RawSemaphore for DeploymentSemaphore {
     }
 
     fn release(&self, keys: &SemaphoreKeys, id: &str) -> Result<Sent<ReleaseReply>, Failed> {
-        let call = calls::release(keys, id, self.baton_ttl);
+        let call = self.release_call(keys, id);
         // Under `replica_acks` a release is confirmed: one that only this
         // master has is lost if a replica is promoted, which then keeps
         // the permits taken for their lease.
@@ -266,7 +299,7 @@ impl RawSemaphore for DeploymentSemaphore {
     }
 
     fn release_again(&self, keys: &SemaphoreKeys, id: &str) -> Result<(), Error> {
-        let call = calls::release(keys, id, self.baton_ttl);
+        let call = self.release_call(keys, id);
         // "Not held" is confirmed too: the earlier release may be on this
         // master only.
         let answered = |reply: &ReleaseReply| !matches!(reply, ReleaseReply::Refused(_));
@@ -283,9 +316,21 @@ impl RawSemaphore for DeploymentSemaphore {
     }
 
     fn leave(&self, keys: &SemaphoreKeys, place: &str) -> Result<(), Error> {
-        self.backend.run(&keys.waiters, &keys.name, |c| {
-            redis::cmd("ZREM").arg(&keys.waiters).arg(place).query(c)
-        })
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZREM").arg(&keys.waiters).arg(place).ignore();
+        if self.grants.is_some() {
+            // Its spec too: a release would grant it permits it gives back.
+            pipe.cmd("HDEL").arg(&keys.grant_specs).arg(place).ignore();
+        }
+        self.backend
+            .run(&keys.waiters, &keys.name, |c| pipe.query(c))
+    }
+
+    fn renew(&self, keys: &SemaphoreKeys, id: &str, lease: Duration) -> Result<bool, Error> {
+        let call = calls::renew(&keys.holders, id, lease);
+        self.backend
+            .run(&keys.holders, &keys.name, |c| call.invoke::<i64>(c))
+            .map(|renewed| renewed == 1)
     }
 }
 
