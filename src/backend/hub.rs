@@ -145,6 +145,11 @@ const IDLE_CHECK_FLOOR: Duration = Duration::from_secs(1);
 /// otherwise send a waiter's attempts as fast as the round trips go.
 const IMPRECISE_FLOOR: Duration = Duration::from_millis(100);
 
+/// How many given-back grants' tickets a hub keeps (see
+/// `State::given_back`): a waiter parks within a moment of its attempt's
+/// reply, while grants come at most one per release.
+const GIVEN_BACK_KEPT: usize = 64;
+
 /// The names of the hub's threads, as seen in debuggers and `/proc`.
 const LISTENER_NAME: &str = "redbaton-listen";
 const TRACKER_NAME: &str = "redbaton-track";
@@ -220,6 +225,13 @@ struct State {
     refused: bool,
     /// The grant channel was refused: no grant comes here.
     grants_refused: bool,
+    /// The tickets of the latest grants that found no waiter parked
+    /// (given back), newest last, at most [`GIVEN_BACK_KEPT`]: a waiter
+    /// whose grant came between its attempt's reply and its park parks
+    /// with that ticket, and must look again at once rather than wait a
+    /// whole park for a grant that is gone (its place among the waiters
+    /// went with it).
+    given_back: VecDeque<Box<str>>,
     /// The listener's and the tracker's threads run.
     linking: bool,
     /// The sweeper thread runs.
@@ -387,6 +399,11 @@ impl Hub {
                 park = park.min(inner.sweep_every.max(IMPRECISE_FLOOR));
             }
         }
+        if let Some(ticket) = ticket.filter(|_| inner.grants.is_some()) {
+            if state.forget_given_back(ticket) {
+                return Ok(Some(NodeParked::Parked(Parked::Done)));
+            }
+        }
         let until = Instant::now() + park;
         if !state.linking {
             let started = inner
@@ -540,6 +557,24 @@ impl State {
         }
         self.unlink(None);
         self.end_all(|_| Outcome::Woken);
+    }
+
+    /// Notes that the grant for `ticket` found no waiter parked.
+    fn remember_given_back(&mut self, ticket: &str) {
+        if self.given_back.len() == GIVEN_BACK_KEPT {
+            self.given_back.pop_front();
+        }
+        self.given_back.push_back(ticket.into());
+    }
+
+    /// Whether a grant for `ticket` found no waiter parked (once: the
+    /// ticket is forgotten).
+    fn forget_given_back(&mut self, ticket: &str) -> bool {
+        let Some(at) = self.given_back.iter().position(|t| &**t == ticket) else {
+            return false;
+        };
+        self.given_back.remove(at);
+        true
     }
 
     /// Ends the park of the waiter `granted` names with its token;
@@ -950,7 +985,11 @@ impl Inner {
         };
         let (taken, listens) = {
             let mut state = self.state.lock();
-            (state.grant(&granted), !state.closed && !state.refused)
+            let taken = state.grant(&granted);
+            if !taken {
+                state.remember_given_back(&granted.ticket);
+            }
+            (taken, !state.closed && !state.refused)
         };
         if taken {
             return listens;
@@ -1522,6 +1561,21 @@ mod tests {
             });
         state.dirty.insert(KEY.to_owned());
         state
+    }
+
+    #[test]
+    fn a_given_back_grant_is_remembered_once_and_only_the_latest_are_kept() {
+        let mut state = State::default();
+        state.remember_given_back("c:1 5");
+        assert!(!state.forget_given_back("c:1 4"));
+        assert!(state.forget_given_back("c:1 5"));
+        assert!(!state.forget_given_back("c:1 5"), "forgotten once told");
+        for request in 0..=GIVEN_BACK_KEPT {
+            state.remember_given_back(&format!("c:1 {request}"));
+        }
+        assert_eq!(state.given_back.len(), GIVEN_BACK_KEPT);
+        assert!(!state.forget_given_back("c:1 0"), "the oldest went");
+        assert!(state.forget_given_back(&format!("c:1 {GIVEN_BACK_KEPT}")));
     }
 
     #[test]

@@ -34,6 +34,9 @@ struct Shared {
     drop_reply_to: Mutex<Option<Vec<u8>>>,
     /// Replies dropped so far.
     dropped: AtomicU64,
+    /// The next request containing these bytes has its reply held this
+    /// long.
+    hold_reply_to: Mutex<Option<(Vec<u8>, Duration)>>,
     /// Held before each request chunk is passed on, in microseconds.
     delay_micros: AtomicU64,
     /// Requests are read and never passed on (a peer that went silent).
@@ -88,6 +91,14 @@ impl FaultProxy {
     /// connection reset: the client cannot tell whether it ran.
     pub fn drop_reply_to(&self, pattern: &[u8]) {
         *self.shared.drop_reply_to.lock().unwrap() = Some(pattern.to_vec());
+    }
+
+    /// Arms the proxy: the next request whose bytes contain `pattern` is
+    /// passed on and runs at once, and its reply reaches the client
+    /// `delay` later (a slow network on the way back): what happens on the
+    /// server meanwhile comes before the client hears its command ran.
+    pub fn hold_reply_to(&self, pattern: &[u8], delay: Duration) {
+        *self.shared.hold_reply_to.lock().unwrap() = Some((pattern.to_vec(), delay));
     }
 
     /// Whether an armed [`drop_reply_to`](FaultProxy::drop_reply_to) is
@@ -152,6 +163,10 @@ fn connect_pair(shared: &Arc<Shared>, inbound: TcpStream, outbound: TcpStream) {
     // must be thrown away.
     let lose_next_reply = Arc::new(AtomicBool::new(false));
     let losing = Arc::clone(&lose_next_reply);
+    // Set by the request side when the reply to what it just passed on
+    // must be held (microseconds).
+    let hold_next_reply = Arc::new(AtomicU64::new(0));
+    let holding = Arc::clone(&hold_next_reply);
     let replies_shared = Arc::clone(shared);
     thread::spawn(move || {
         let (mut from_server, mut to_client) = (outbound, client_side);
@@ -160,6 +175,10 @@ fn connect_pair(shared: &Arc<Shared>, inbound: TcpStream, outbound: TcpStream) {
             if losing.swap(false, Ordering::SeqCst) {
                 replies_shared.dropped.fetch_add(1, Ordering::SeqCst);
                 break;
+            }
+            let hold = holding.swap(0, Ordering::SeqCst);
+            if hold > 0 {
+                thread::sleep(Duration::from_micros(hold)); // the fault under test
             }
             if to_client.write_all(&buf[..n]).is_err() {
                 break;
@@ -189,6 +208,17 @@ fn connect_pair(shared: &Arc<Shared>, inbound: TcpStream, outbound: TcpStream) {
                 if hit {
                     *armed = None;
                     lose_next_reply.store(true, Ordering::SeqCst);
+                }
+            }
+            {
+                let mut armed = shared.hold_reply_to.lock().unwrap();
+                let hit = armed
+                    .as_ref()
+                    .is_some_and(|(pattern, _)| contains(&buf[..n], pattern));
+                if hit {
+                    let (_, delay) = armed.take().unwrap_or_default();
+                    let micros = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+                    hold_next_reply.store(micros.max(1), Ordering::SeqCst);
                 }
             }
             if to_server.write_all(&buf[..n]).is_err() {

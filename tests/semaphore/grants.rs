@@ -529,3 +529,83 @@ fn a_grant_no_parked_waiter_takes_is_given_back_at_once() {
     busy_held.release().unwrap();
     parked_waiter.joined();
 }
+
+/// A grant that comes between a waiter's attempt and its park (the
+/// attempt's reply is slow: a release granted it the permit meanwhile,
+/// and the grant, finding it not parked yet, was given back): the waiter
+/// parks on a grant that is gone, its place among the waiters with it.
+/// Its hub remembers the grant given back and ends that park at once: the
+/// waiter asks again and takes the free permit, rather than sleeping
+/// through its park while others are granted the permits.
+#[test]
+fn a_waiter_whose_grant_came_before_it_parked_asks_again_at_once() {
+    let server = RedisServer::start();
+    let holder = support::client(&server);
+    let proxy = testkit::FaultProxy::start(server.port());
+    let waiting = Client::builder(proxy.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    // A thread of the waiting client parked on another semaphore: its hub
+    // listens on the client's grant channel meanwhile.
+    let busy = holder.semaphore("busy").unwrap();
+    busy.try_set_permits(1).unwrap();
+    let busy_held = busy.acquire().unwrap();
+    let other = waiting.semaphore("busy").unwrap();
+    let parked_waiter = thread::spawn(move || {
+        other
+            .try_acquire_for(Duration::from_secs(30))
+            .unwrap()
+            .expect("served")
+            .release()
+            .unwrap();
+    });
+    eventually(Duration::from_secs(10), "the busy waiter parked", || {
+        support::parked(&server) == 1
+    });
+    let sem = holder.semaphore("raced").unwrap();
+    sem.try_set_permits(1).unwrap();
+    let held = sem.acquire().unwrap();
+    // The waiter's first attempt runs at once; its reply comes 1.5 s later.
+    let reply_held = Duration::from_millis(1_500);
+    proxy.hold_reply_to(b"{raced}", reply_held);
+    // It reserves the permit from its first attempt on, and parks till the
+    // holder's lease ends (as a waiter that has waited a while does),
+    // rather than looking again at once to reserve.
+    let raced = waiting
+        .semaphore("raced")
+        .unwrap()
+        .hold_back_after(Duration::ZERO);
+    let (acquired, got) = mpsc::channel();
+    let waiter = thread::spawn(move || {
+        let permit = raced.try_acquire_for(Duration::from_secs(20)).unwrap();
+        acquired.send(Instant::now()).unwrap();
+        permit.expect("served").release().unwrap();
+    });
+    let mut raw = server.connection();
+    let specs = keys("raced")[6].clone();
+    eventually(Duration::from_secs(10), "the waiter's attempt ran", || {
+        let specs: i64 = redis::cmd("HLEN").arg(&specs).query(&mut raw).unwrap();
+        specs == 1
+    });
+    let released = Instant::now();
+    held.release().unwrap();
+    eventually(Duration::from_secs(10), "the grant given back", || {
+        sem.available_permits().unwrap() == 1
+    });
+    assert!(
+        released.elapsed() < reply_held,
+        "given back before the waiter heard its attempt's reply"
+    );
+    let acquired_at = got
+        .recv_timeout(Duration::from_secs(25))
+        .expect("the waiter ended");
+    let waited = acquired_at - released;
+    assert!(
+        waited < reply_held + Duration::from_secs(3),
+        "served {waited:?} after the release (its reply came {reply_held:?} after it)"
+    );
+    waiter.joined();
+    busy_held.release().unwrap();
+    parked_waiter.joined();
+}
