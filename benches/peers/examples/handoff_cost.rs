@@ -15,6 +15,9 @@
 //! (`REDIS_URL`: a server of your own, given without a user, where the
 //! bench may run `ACL SETUSER no-tracking`.)
 //!
+//! Each run ends with the floor of a hand-off by grant: a `PUBLISH`, read
+//! by a subscriber thread that hands it to a waiting thread, with no lock.
+//!
 //! Each round: the holder takes the lock, tells the waiter's thread to
 //! ask, gives it 5 ms to park, sends one `PING` (timed), then releases;
 //! the hand-off is the time from just before the release to just after
@@ -122,6 +125,7 @@ fn handoffs(kind: Kind, label: &str, url: &str) -> (Duration, Duration) {
         for () in asked {
             let held = handle.take(false);
             let at = Instant::now();
+
             held.give();
             took.send(at).expect("the holder waits");
         }
@@ -142,6 +146,56 @@ fn handoffs(kind: Kind, label: &str, url: &str) -> (Duration, Duration) {
         times.push(taken.recv().expect("the waiter took it") - released);
     }
     drop(ask);
+    waiter.join().expect("the waiter's thread");
+    (median(times), median(pings))
+}
+
+/// The floor of a hand-off by grant, with no lock at all: the median time
+/// from just before a `PUBLISH` (its reply awaited, as a release's is) to
+/// just after a thread waiting for it got it from the subscriber thread
+/// that read it (as a hub's listener hands a grant to its parked waiter),
+/// and the median `PING` of the same rounds.
+fn publish_floor(url: &str) -> (Duration, Duration) {
+    let channel = "bench:handoff-cost:floor";
+    let mut subscriber = redis::Client::open(url)
+        .and_then(|client| client.get_connection())
+        .expect("connect");
+    let (heard, hear) = mpsc::channel::<()>();
+    let (took, taken) = mpsc::channel::<Instant>();
+    let (subscribed, ready) = mpsc::channel::<()>();
+    let listener = thread::spawn(move || {
+        let mut pubsub = subscriber.as_pubsub();
+        pubsub.subscribe(channel).expect("subscribe");
+        subscribed.send(()).expect("the holder waits");
+        for _ in 0..ROUNDS {
+            pubsub.get_message().expect("a message");
+            heard.send(()).expect("the waiter listens");
+        }
+    });
+    let waiter = thread::spawn(move || {
+        for () in hear {
+            took.send(Instant::now()).expect("the holder waits");
+        }
+    });
+    ready.recv().expect("subscribed");
+    let mut raw = redis::Client::open(url)
+        .and_then(|client| client.get_connection())
+        .expect("connect");
+    let (mut times, mut pings) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        thread::sleep(Duration::from_millis(5));
+        let ping = Instant::now();
+        redis::cmd("PING").query::<String>(&mut raw).expect("PING");
+        pings.push(ping.elapsed());
+        let published = Instant::now();
+        redis::cmd("PUBLISH")
+            .arg(channel)
+            .arg("granted")
+            .query::<i64>(&mut raw)
+            .expect("PUBLISH");
+        times.push(taken.recv().expect("the waiter took it") - published);
+    }
+    listener.join().expect("the listener's thread");
     waiter.join().expect("the waiter's thread");
     (median(times), median(pings))
 }
@@ -176,5 +230,12 @@ fn main() {
                 handoff.as_secs_f64() / ping.as_secs_f64()
             );
         }
+        let (floor, ping) = publish_floor(&url);
+        println!(
+            "floor  PUBLISH → listener → waiter p50 {:>6.1} µs, PING {:>5.1} µs: {:.2} × PING",
+            floor.as_secs_f64() * 1e6,
+            ping.as_secs_f64() * 1e6,
+            floor.as_secs_f64() / ping.as_secs_f64()
+        );
     }
 }
