@@ -265,8 +265,11 @@ fn a_multi_lock_taking_a_window_carries_the_waiter_it_marked_next() {
 /// TRACKING`) through a window kept for another client's waiter pops the
 /// window's token at once; its next attempt names its baton (it parked,
 /// window or not: `AcquireArgs::after_park`) and puts the token back for
-/// that waiter. The test keeps the window in its first part (`reopen`)
-/// until the token is back, so that the attempt is kept out, not let in.
+/// that waiter. The test keeps the window in its first part until the
+/// token is back, so that the attempt is kept out, not let in: the window
+/// is made to open in 30 s (its first part lasts until then, however slow
+/// this thread's polls; reopening it at each poll let the newcomer in
+/// when a poll came over the first part's 10 ms late), then ended.
 #[test]
 fn a_waiter_parked_in_blpop_through_a_window_puts_back_the_token_it_popped() {
     let server = RedisServer::start();
@@ -278,6 +281,20 @@ fn a_waiter_parked_in_blpop_through_a_window_puts_back_the_token_it_popped() {
     let fence = take(&mut raw, "popped", "a:1");
     assert_eq!(attempt(&mut raw, "popped", "b:1", LONG)[0], 0);
     release(&mut raw, "popped", "a:1", fence, false);
+    // Its first part lasts until the window "opens", 30 s from now, and
+    // the window as long.
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut raw).unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(lock_key("popped"))
+        .arg("handover")
+        .arg(secs * 1_000_000 + micros + 30_000_000)
+        .query(&mut raw)
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(lock_key("popped"))
+        .arg(30_000)
+        .query(&mut raw)
+        .unwrap();
     let pushed = || -> u64 {
         let stats = server.command_calls();
         stats.get("rpush").copied().unwrap_or(0)
@@ -297,14 +314,6 @@ fn a_waiter_parked_in_blpop_through_a_window_puts_back_the_token_it_popped() {
         })
     };
     eventually(Duration::from_secs(10), "the token pushed back", || {
-        // Young, and open for as long as this waits, however slow the
-        // newcomer's first attempt.
-        reopen(&mut raw, "popped");
-        let _: () = redis::cmd("PEXPIRE")
-            .arg(lock_key("popped"))
-            .arg(WINDOW_MS)
-            .query(&mut raw)
-            .unwrap();
         // (The newcomer's own release pushes one too, once served.)
         let back = pushed() > released;
         assert!(
@@ -314,5 +323,10 @@ fn a_waiter_parked_in_blpop_through_a_window_puts_back_the_token_it_popped() {
         back
     });
     // b never comes: the window ends, and the newcomer takes the lock.
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(lock_key("popped"))
+        .arg(1)
+        .query(&mut raw)
+        .unwrap();
     newcomer.joined();
 }
