@@ -172,6 +172,9 @@ pub(crate) struct RwKeys {
     pub(crate) upgradable_baton: String,
     /// List: the baton of the upgradable holder waiting to upgrade.
     pub(crate) upgrade_baton: String,
+    /// Hash: waiting reader identity → `<request> <grant lease ms>`, the
+    /// spec a writer's release grants it the read by (where grants come).
+    pub(crate) read_grants: String,
 }
 
 impl RwKeys {
@@ -191,6 +194,7 @@ impl RwKeys {
             upgradable: format!("{rw}:upgradable"),
             upgradable_baton: format!("{rw}:ubaton"),
             upgrade_baton: format!("{rw}:upbaton"),
+            read_grants: format!("{rw}:rgrants"),
         })
     }
 
@@ -460,6 +464,16 @@ pub(crate) fn semaphore_keys_of(prefix: &str, key: &str) -> Option<SemaphoreKeys
     SemaphoreKeys::new(prefix, &untag(tag)?).ok()
 }
 
+/// The keys of the read-write lock whose write key is `key`, under
+/// `prefix`, if it is one.
+pub(crate) fn rwlock_keys_of(prefix: &str, key: &str) -> Option<RwKeys> {
+    let tag = key
+        .strip_prefix(prefix)?
+        .strip_prefix(":{")?
+        .strip_suffix("}:rw:write")?;
+    RwKeys::new(prefix, &untag(tag)?).ok()
+}
+
 /// Undoes [`hash_tag`]: `None` for a tag it cannot have made (a brace, or
 /// a `%` not followed by one of its three codes).
 fn untag(tag: &str) -> Option<String> {
@@ -585,6 +599,7 @@ mod tests {
             rw.upgradable,
             rw.upgradable_baton,
             rw.upgrade_baton,
+            rw.read_grants,
             sem.state,
             sem.holders,
             sem.counts,
@@ -675,6 +690,20 @@ mod tests {
         assert_eq!(semaphore_keys_of("p", "p:{a}b}:sem:state"), None);
         let lock = LockKeys::new("p", "n").unwrap();
         assert_eq!(semaphore_keys_of("p", &lock.lock), None);
+    }
+
+    #[test]
+    fn the_keys_of_a_read_write_lock_are_read_back_from_its_write_key() {
+        for name in ["plain", "a{b}c%d", "x:rw", "%"] {
+            let keys = RwKeys::new("p", name).unwrap();
+            assert_eq!(rwlock_keys_of("p", &keys.write), Some(keys));
+        }
+        let keys = RwKeys::new("p", "n").unwrap();
+        assert_eq!(rwlock_keys_of("p", &keys.readers), None);
+        assert_eq!(rwlock_keys_of("q", &keys.write), None);
+        assert_eq!(rwlock_keys_of("p", "p:{a}b}:rw:write"), None);
+        let sem = SemaphoreKeys::new("p", "n").unwrap();
+        assert_eq!(rwlock_keys_of("p", &sem.state), None);
     }
 
     #[test]

@@ -106,8 +106,9 @@ scripts! {
     RW_WRITE => "rwlock/write.lua" with ["lib/rw.lua", "lib/next_fence.lua", "lib/lease.lua"];
     /// Read-write lock: release one read guard; the last reader wakes a writer.
     RW_RELEASE_READ => "rwlock/release_read.lua" with ["lib/rw.lua", "lib/baton.lua"];
-    /// Read-write lock: release one write guard; the last wakes readers and a writer.
-    RW_RELEASE_WRITE => "rwlock/release_write.lua" with ["lib/rw.lua", "lib/lease.lua", "lib/baton.lua"];
+    /// Read-write lock: release one write guard; the last grants or wakes
+    /// readers, and wakes a writer.
+    RW_RELEASE_WRITE => "rwlock/release_write.lua" with ["lib/rw.lua", "lib/lease.lua", "lib/baton.lua", "lib/grant_message.lua"];
     /// Read-write lock: a waiting writer that gives up leaves its place.
     RW_WITHDRAW => "rwlock/withdraw.lua" with ["lib/rw.lua", "lib/baton.lua"];
     /// Read-write lock: the watchdog's owner-checked, never-shortening

@@ -32,10 +32,14 @@ pub(crate) struct ReadArgs<'a> {
     /// Pop the read baton first: the caller's park ended when the list
     /// changed, without a look that would have popped its token for it.
     pub(crate) takes_token: bool,
+    /// From a waiter that parks where a writer's release may grant it the
+    /// read: the grant's lease, and how long the spec it leaves when a
+    /// writer refuses it lives.
+    pub(crate) grantable: Option<(Duration, Duration)>,
 }
 
 pub(crate) fn read(keys: &RwKeys, args: ReadArgs<'_>) -> Call {
-    Call::new(&RW_READ)
+    let call = Call::new(&RW_READ)
         .key(&keys.write)
         .key(&keys.readers)
         .key(&keys.read_depths)
@@ -49,7 +53,14 @@ pub(crate) fn read(keys: &RwKeys, args: ReadArgs<'_>) -> Call {
         .arg(args.request)
         .arg(if args.waited { "1" } else { "0" })
         .arg(millis(args.baton_ttl))
-        .arg(if args.takes_token { "1" } else { "0" })
+        .arg(if args.takes_token { "1" } else { "0" });
+    match args.grantable {
+        Some((lease, spec_ttl)) => call
+            .key(&keys.read_grants)
+            .arg(millis(lease))
+            .arg(millis(spec_ttl)),
+        None => call,
+    }
 }
 
 /// What [`write`] asks for.
@@ -109,6 +120,31 @@ pub(crate) fn release_read(
     lease: Duration,
     baton_ttl: Duration,
 ) -> Call {
+    release_read_call(keys, identity, token, guards_left, lease, baton_ttl)
+}
+
+/// Gives back the read a writer's release granted `identity` under
+/// `token` (its request), which no parked waiter took: the hold ends only
+/// while its lease ends at `ends` (server ms), the end the grant wrote.
+pub(crate) fn give_back_read(
+    keys: &RwKeys,
+    identity: &str,
+    token: u64,
+    ends: &str,
+    lease: Duration,
+    baton_ttl: Duration,
+) -> Call {
+    release_read_call(keys, identity, token, 0, lease, baton_ttl).arg(ends)
+}
+
+fn release_read_call(
+    keys: &RwKeys,
+    identity: &str,
+    token: u64,
+    guards_left: usize,
+    lease: Duration,
+    baton_ttl: Duration,
+) -> Call {
     Call::new(&RW_RELEASE_READ)
         .key(&keys.write)
         .key(&keys.readers)
@@ -124,7 +160,9 @@ pub(crate) fn release_read(
         .arg(millis(baton_ttl))
 }
 
-/// Releases one level of the write hold `fence` of `identity`.
+/// Releases one level of the write hold `fence` of `identity`; the last
+/// grants the read to the waiting readers that left a spec, where `grants`
+/// (the prefix of the clients' grant channels) is given.
 pub(crate) fn release_write(
     keys: &RwKeys,
     identity: &str,
@@ -132,8 +170,9 @@ pub(crate) fn release_write(
     guards_left: usize,
     lease: Duration,
     baton_ttl: Duration,
+    grants: Option<&str>,
 ) -> Call {
-    Call::new(&RW_RELEASE_WRITE)
+    let call = Call::new(&RW_RELEASE_WRITE)
         .key(&keys.write)
         .key(&keys.readers)
         .key(&keys.read_depths)
@@ -146,7 +185,11 @@ pub(crate) fn release_write(
         .arg(fence)
         .arg(guards_left)
         .arg(millis(lease))
-        .arg(millis(baton_ttl))
+        .arg(millis(baton_ttl));
+    match grants {
+        Some(channels) => call.key(&keys.read_grants).arg(channels),
+        None => call,
+    }
 }
 
 /// Removes the waiting writer `identity`'s place.
@@ -309,8 +352,12 @@ pub(crate) enum RwAcquireReply {
     /// fencing token, a read hold's token).
     Acquired { token: u64, depth: u64 },
     /// Refused; worth looking again after `lease_left` (`None`: only a
-    /// release will change anything).
-    Held { lease_left: Option<Duration> },
+    /// release will change anything). `spec_left`: a read refused by a
+    /// holding writer left a grant spec (see `read.lua`).
+    Held {
+        lease_left: Option<Duration>,
+        spec_left: bool,
+    },
     /// The caller reads and asked to write.
     UpgradeRefused,
     /// The caller asked to upgrade an upgradable hold that is not there
@@ -328,6 +375,11 @@ impl FromRedisValue for RwAcquireReply {
             }),
             [0, wait] => Ok(RwAcquireReply::Held {
                 lease_left: u64::try_from(wait).ok().map(Duration::from_millis),
+                spec_left: false,
+            }),
+            [0, wait, 1] => Ok(RwAcquireReply::Held {
+                lease_left: u64::try_from(wait).ok().map(Duration::from_millis),
+                spec_left: true,
             }),
             [-2] => Ok(RwAcquireReply::UpgradeRefused),
             [-3] => Ok(RwAcquireReply::NotHeld),
@@ -358,12 +410,16 @@ mod tests {
         assert_eq!(
             RwAcquireReply::from_redis_value(ints(&[0, 250])).unwrap(),
             RwAcquireReply::Held {
-                lease_left: Some(Duration::from_millis(250))
+                lease_left: Some(Duration::from_millis(250)),
+                spec_left: false,
             }
         );
         assert_eq!(
             RwAcquireReply::from_redis_value(ints(&[0, -1])).unwrap(),
-            RwAcquireReply::Held { lease_left: None }
+            RwAcquireReply::Held {
+                lease_left: None,
+                spec_left: false,
+            }
         );
         assert_eq!(
             RwAcquireReply::from_redis_value(ints(&[-2])).unwrap(),

@@ -1,5 +1,5 @@
-//! What the synchronizers that grant (the lock, plain or fair, and the
-//! semaphore) share about a grant: the short lease it starts with, what a
+//! What the synchronizers that grant (the lock, plain or fair, the
+//! semaphore, and the read-write lock's reads) share about a grant: the short lease it starts with, what a
 //! waiter that may be granted keeps across its attempts, and the give-back
 //! of grants no parked waiter took, dispatched by the key granted.
 //!
@@ -17,7 +17,7 @@ use crate::keys;
 use crate::lease::{earlier, LeaseMode};
 use crate::parking::GrantSlot;
 
-use super::{lock, semaphore};
+use super::{lock, rwlock, semaphore};
 
 /// The longest lease a release grants a waiter: what a waiter that
 /// stopped waiting just as the grant came, in a process that ended before
@@ -149,7 +149,7 @@ pub(crate) struct GiveBackSettings {
 }
 
 /// Gives back `unclaimed` on `conn`, by what its key is: a lock's
-/// ownership, or a semaphore's permits.
+/// ownership, a semaphore's permits, or a read-write lock's read.
 fn give_back(
     conn: &mut dyn redis::ConnectionLike,
     settings: &GiveBackSettings,
@@ -160,6 +160,9 @@ fn give_back(
     }
     if let Some(keys) = keys::semaphore_keys_of(&settings.prefix, unclaimed.key) {
         return semaphore::give_back(conn, settings, &keys, unclaimed);
+    }
+    if let Some(keys) = keys::rwlock_keys_of(&settings.prefix, unclaimed.key) {
+        return rwlock::give_back(conn, settings, &keys, unclaimed);
     }
     log::warn!(
         "redbaton: a grant of {:?}, which nothing of this client's prefix holds, was left",

@@ -8,6 +8,7 @@ mod support;
 mod bookkeeping;
 mod cleanup;
 mod errors;
+mod grants;
 mod leases;
 mod preference;
 mod processes;
@@ -106,6 +107,7 @@ pub fn rw_script(name: &str) -> redis::Script {
             include_str!("../../src/scripts/lib/rw.lua"),
             include_str!("../../src/scripts/lib/lease.lua"),
             include_str!("../../src/scripts/lib/baton.lua"),
+            include_str!("../../src/scripts/lib/grant_message.lua"),
             include_str!("../../src/scripts/rwlock/release_write.lua")
         ),
         _ => panic!("no read-write lock script {name}"),

@@ -127,12 +127,13 @@ across_topologies! {
 /// A reader and then a writer of another client, each parked behind a
 /// write, are woken by their parking hub at their baton list's
 /// announcement and pop the baton in their own attempt: no look (`LLEN` +
-/// `LPOP`) comes between the release and the attempt.
+/// `LPOP`) comes between the release and the attempt. (The waiting client
+/// is refused the grant channel: a reader would be granted the read.)
 #[test]
 fn another_clients_waiters_take_their_baton_in_their_attempt_without_a_look() {
     let server = RedisServer::start();
     let holder = Client::open(&server.url()).unwrap();
-    let waiting = Client::builder(server.url())
+    let waiting = Client::builder(crate::support::without_grants(&server, &server.url()))
         .max_park(Duration::from_secs(30))
         .build()
         .unwrap();

@@ -24,6 +24,11 @@
 --          rings such a waiter at the list's announcement): the token is
 --          popped first, whatever comes of the attempt, as the look would
 --          have popped it for this waiter; else "0"
+-- KEYS[7]  with ARGV[9]: the read grant specs (hash: identity ->
+--          "<request> <grant lease ms>")
+-- ARGV[9]  from a waiter that parks where a release may grant it the read
+--          (see release_write.lua): the grant's lease in ms; else absent
+-- ARGV[10] with ARGV[9]: how long its spec lives, in ms
 --
 -- Returns {1, token, depth}  acquired: fresh (depth 1) or re-entered, or
 --                            this request's own hold when it is sent again
@@ -33,12 +38,20 @@
 --                            waiting writer's place ends), or the
 --                            upgradable reader waits to upgrade (wait_ms =
 --                            until its mark ends)
+--         {0, wait_ms, 1}    refused by a holding writer, a grant spec
+--                            left (with ARGV[9])
 --
 -- Writer preference: while a writer or an upgrade waits, a fresh reader is
 -- refused; a reader re-entering its own hold, the writer itself (which may
 -- take read: downgrade) and the upgradable reader are not. A refusal by a
 -- holding writer sets `rwait` on the write key, one by an upgrade's mark
 -- `rwait` on the upgradable key, so that their end pushes a read baton.
+-- A refusal by a holding writer that leaves a grant spec (ARGV[9]) sets
+-- `rwait` only: a writer's last release grants the read to the spec's
+-- waiter (release_write.lua) and pushes a read baton only for refusals
+-- that left none (`rplain`, the waiters a grant cannot reach) or a grant
+-- nobody heard. Every hold this script takes or finds its request's takes
+-- the caller's spec off: a grant never lands on a live hold.
 -- now_ms, purge, expire_with, read_hold, ms_score (lib/rw.lua), baton_error
 -- and push_baton (lib/baton.lua) are prepended.
 if ARGV[8] == '1' then
@@ -63,11 +76,28 @@ end
 -- writer that queued since would refuse a fresh reader, and the hold
 -- would be nobody's until its lease ends). Answer as the first run did.
 if token and token == ARGV[5] then
+  -- Perhaps a release's grant of this very request: its end moves on,
+  -- so that a give-back of the grant (which names the end it wrote, see
+  -- release_read.lua) leaves the hold its waiter now holds.
+  local ends = tonumber(redis.call('ZSCORE', KEYS[2], id)) or 0
+  redis.call('ZADD', KEYS[2], math.max(tonumber(ms_score(now, ARGV[2])), ends + 1), id)
+  expire_with(KEYS[2], KEYS[3], now)
+  if KEYS[7] then
+    redis.call('HDEL', KEYS[7], id)
+  end
   return {1, tonumber(token), 1}
 end
 
 if writer and writer ~= id then
-  redis.call('HSET', KEYS[1], 'rwait', 1)
+  if ARGV[9] and KEYS[7] then
+    redis.call('HSET', KEYS[7], id, ARGV[5] .. ' ' .. ARGV[9])
+    if redis.call('PTTL', KEYS[7]) < tonumber(ARGV[10]) then
+      redis.call('PEXPIRE', KEYS[7], ARGV[10])
+    end
+    redis.call('HSET', KEYS[1], 'rwait', 1)
+    return {0, redis.call('PTTL', KEYS[1]), 1}
+  end
+  redis.call('HSET', KEYS[1], 'rwait', 1, 'rplain', 1)
   return {0, redis.call('PTTL', KEYS[1])}
 end
 if not writer and up[1] ~= id then
@@ -92,6 +122,9 @@ end
 redis.call('ZADD', KEYS[2], ms_score(now, ARGV[2]), id)
 redis.call('HSET', KEYS[3], id, '1:' .. ARGV[5])
 expire_with(KEYS[2], KEYS[3], now)
+if KEYS[7] then
+  redis.call('HDEL', KEYS[7], id)
+end
 if ARGV[6] == '1' then
   push_baton(KEYS[5], ARGV[7])
 end

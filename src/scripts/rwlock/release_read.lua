@@ -15,6 +15,12 @@
 -- ARGV[4]  the hold's lease in milliseconds: an inner release makes it live
 --          at least this long
 -- ARGV[5]  baton TTL in milliseconds
+-- ARGV[6]  from a client that gives back a read a writer's release granted
+--          to a waiter it did not find parked: the end of the hold's lease
+--          the grant wrote (server ms); the hold ends only while its lease
+--          still ends then (an attempt of the waiter sent again after its
+--          reply was lost takes its own request's hold and moves its end
+--          on, see read.lua). Absent for any other release.
 --
 -- Returns -1     the caller holds no read hold under that token (its lease
 --                ran out); nothing was changed
@@ -32,6 +38,9 @@ purge(KEYS[2], KEYS[3], KEYS[4], now)
 local id = ARGV[1]
 local _, token = read_hold(KEYS[3], id)
 if token == nil or token ~= ARGV[2] then
+  return -1
+end
+if (ARGV[6] or '') ~= '' and tonumber(redis.call('ZSCORE', KEYS[2], id)) ~= tonumber(ARGV[6]) then
   return -1
 end
 

@@ -15,6 +15,10 @@
 -- ARGV[4]  the hold's lease in milliseconds: an inner release makes it live
 --          at least this long
 -- ARGV[5]  baton TTL in milliseconds
+-- KEYS[9]  with ARGV[6]: the read grant specs (see read.lua)
+-- ARGV[6]  where the deployment allows grants (one server, Sentinel's
+--          master without replica acknowledgements): the prefix of the
+--          clients' grant channels; else absent
 --
 -- Returns -1     the caller does not hold the write lock (its lease ran out);
 --                nothing was changed
@@ -27,10 +31,21 @@
 --                upgraded still holds the upgradable read; their last
 --                release wakes the writer then)
 --
+-- The grant (ARGV[6]): where a fresh reader would be let in now (no writer
+-- waits, no upgrade's mark), each waiter whose refusal by this hold left a
+-- grant spec is granted the read its request asked for, when its client
+-- hears the message (lib/grant_message.lua: token the request, the hold's
+-- lease end passed along, which a give-back names): the hold is written
+-- as read.lua writes a fresh one, for the grant's lease. The specs go. A
+-- read baton is pushed only for refusals that left no spec (`rplain`) or a
+-- grant nobody heard; where no grant is made, for any refusal (`rwait`),
+-- as before. A waiter granted the read wakes holding it; one that is gone
+-- holds writers back for the grant's lease (2 s at most).
+--
 -- The depth is set from ARGV, so the same release sent twice takes off one
--- level. now_ms, purge, any_live (lib/rw.lua), extend_lease, baton_error and
--- push_baton (lib/) are prepended.
-local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'rwait', 'uwait')
+-- level. now_ms, purge, any_live, expire_with (lib/rw.lua), extend_lease,
+-- baton_error, push_baton and publish_grant (lib/) are prepended.
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'rwait', 'uwait', 'rplain')
 if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
   return -1
 end
@@ -43,18 +58,31 @@ if depth > 0 then
 end
 
 local now = now_ms()
--- The batons this release pushes, decided before its first write: only
+local writers_wait = any_live(KEYS[4], now)
+-- The waiters to grant the read to: only where a fresh reader would be let
+-- in (read.lua), as the specs' waiters would be if they asked now.
+local specs = {}
+if ARGV[6] and KEYS[9] and not writers_wait then
+  local upgrading = redis.call('HGET', KEYS[7], 'upgrading')
+  if not (upgrading and tonumber(upgrading) > now) then
+    specs = redis.call('HGETALL', KEYS[9])
+  end
+end
+-- Whether a read baton goes: for the refused readers no grant reaches.
+local wakes_readers = held[5] or (held[3] and #specs == 0)
+-- The batons this release may push, decided before its first write: only
 -- those are checked (a TYPE each), so that a damaged one fails the call with
 -- nothing changed, and a release that wakes nobody checks none.
 local batons = {}
-if held[3] then
+if wakes_readers or #specs > 0 then
   batons[#batons + 1] = KEYS[5]
 end
 if held[4] then
   batons[#batons + 1] = KEYS[8]
 end
-if any_live(KEYS[4], now) and not any_live(KEYS[2], now)
-    and redis.call('EXISTS', KEYS[7]) == 0 then
+local wakes_writer = writers_wait and not any_live(KEYS[2], now)
+    and redis.call('EXISTS', KEYS[7]) == 0
+if wakes_writer then
   batons[#batons + 1] = KEYS[6]
 end
 for _, baton in ipairs(batons) do
@@ -65,7 +93,32 @@ for _, baton in ipairs(batons) do
 end
 purge(KEYS[2], KEYS[3], KEYS[4], now)
 redis.call('DEL', KEYS[1])
-for _, baton in ipairs(batons) do
-  push_baton(baton, ARGV[5])
+if #specs > 0 then
+  for i = 1, #specs, 2 do
+    local waiter = specs[i]
+    local req, lease = string.match(specs[i + 1], '^(%d+) ([1-9]%d*)$')
+    -- A waiter that holds a read already (it got in another way) is not
+    -- granted another over it.
+    if req and redis.call('HEXISTS', KEYS[3], waiter) == 0 then
+      local ends = ms_score(now, lease)
+      if publish_grant(ARGV[6], waiter, req, req, ends, KEYS[1], KEYS[5]) then
+        redis.call('ZADD', KEYS[2], ends, waiter)
+        redis.call('HSET', KEYS[3], waiter, '1:' .. req)
+      else
+        wakes_readers = true
+      end
+    end
+  end
+  redis.call('DEL', KEYS[9])
+  expire_with(KEYS[2], KEYS[3], now)
+end
+if wakes_readers then
+  push_baton(KEYS[5], ARGV[5])
+end
+if wakes_writer then
+  push_baton(KEYS[6], ARGV[5])
+end
+if held[4] then
+  push_baton(KEYS[8], ARGV[5])
 end
 return 0

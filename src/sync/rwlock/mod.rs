@@ -26,6 +26,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backend::{self, Unclaimed};
 use crate::config::validate_lease;
 use crate::context::Context;
 use crate::error::Error;
@@ -34,6 +35,8 @@ use crate::lease::{LeaseMode, Leased, RenewLeases};
 use crate::observe::{Acquisition, HoldKind};
 use crate::parking::{self, Attempt, Waited};
 use crate::scripts::rwlock::{ReadArgs, RwAcquireReply, WriteArgs};
+
+use super::grants::{self, GiveBackSettings, Grantable, Mark};
 
 pub use guard::{ReadGuard, WriteGuard};
 pub use upgradable::UpgradableReadGuard;
@@ -353,8 +356,16 @@ impl RwLock {
         let holds = [Kind::Read, Kind::Write, Kind::Upgradable]
             .into_iter()
             .any(|kind| self.holds(kind, &identity));
+        // A waiter parked on its client's hub may be granted the read by a
+        // writer's last release (see `release_write.lua`): its attempts
+        // leave a spec when a writer refuses them (the first too, so that
+        // no refusal of this waiter asks for a read baton as well).
+        let grantable = grants::grant_lease(self.mode())
+            .filter(|_| !holds && self.raw.takes_read_grants())
+            .map(|lease| (Grantable::default(), lease));
         if holds || !context.room.has_waiters(&self.keys.read_baton) {
-            match self.attempt_read(&identity, false, false) {
+            let first = grantable.as_ref().map(|(g, lease)| (g, *lease));
+            match self.attempt_read_granted(&identity, false, false, first) {
                 Ok(Attempt::Acquired(guard)) => {
                     return Ok(Some((guard, Acquisition::FirstAttempt)))
                 }
@@ -371,6 +382,15 @@ impl RwLock {
         // The waiter takes the read baton in its attempt after a park the
         // list's change ended (see `ParkHow::claims`).
         let takes_token = Cell::new(false);
+        let attempt = || {
+            if let Some((grantable, _)) = &grantable {
+                if let Some(guard) = self.take_read_grant(&identity, grantable) {
+                    return Ok(Attempt::Acquired(guard));
+                }
+            }
+            let grantable = grantable.as_ref().map(|(g, lease)| (g, *lease));
+            self.attempt_read_granted(&identity, true, takes_token.take(), grantable)
+        };
         loop {
             let waited = context.room.wait_until(
                 &self.keys.name,
@@ -379,15 +399,22 @@ impl RwLock {
                 (),
                 deadline,
                 Some(&takes_token),
+                grantable.as_ref().map(|(g, _)| &g.slot),
                 None,
-                None,
-                || self.attempt_read(&identity, true, takes_token.take()),
-            )?;
+                attempt,
+            );
             match waited {
-                Waited::Acquired(guard) => return Ok(Some((guard, Acquisition::AfterWaiting))),
-                Waited::TimedOut => return Ok(None),
+                Ok(Waited::Acquired(guard)) => return Ok(Some((guard, Acquisition::AfterWaiting))),
+                Ok(Waited::TimedOut) => {
+                    self.withdraw_read_spec(&identity, grantable.as_ref().map(|(g, _)| g));
+                    return Ok(None);
+                }
                 // Nothing is handed over locally in this room.
-                Waited::Granted(()) => {}
+                Ok(Waited::Granted(())) => {}
+                Err(err) => {
+                    self.withdraw_read_spec(&identity, grantable.as_ref().map(|(g, _)| g));
+                    return Err(err);
+                }
             }
         }
     }
@@ -534,6 +561,20 @@ impl RwLock {
         waited: bool,
         takes_token: bool,
     ) -> Result<Attempt<ReadGuard>, Error> {
+        self.attempt_read_granted(identity, waited, takes_token, None)
+    }
+
+    /// [`attempt_read`](RwLock::attempt_read) by a waiter that may be
+    /// granted the read while parked (`grantable`, with the grant's
+    /// lease): a refusal by a holding writer leaves its spec, and its park
+    /// after this attempt carries the attempt's ticket.
+    fn attempt_read_granted(
+        &self,
+        identity: &Arc<str>,
+        waited: bool,
+        takes_token: bool,
+        grantable: Option<(&Grantable, Duration)>,
+    ) -> Result<Attempt<ReadGuard>, Error> {
         let held = self.held(Kind::Read, identity);
         let (held_token, guards, mode) = held.unwrap_or((0, 0, self.mode()));
         let request = self.context.next_request();
@@ -546,9 +587,28 @@ impl RwLock {
             waited,
             baton_ttl: self.raw.baton_ttl(),
             takes_token,
+            // A spec outlives the longest park and the next attempt's
+            // round trip, as a waiting writer's place does.
+            grantable: grantable.map(|(_, lease)| (lease, self.raw.place())),
         };
         let sent = Instant::now();
         let reply = self.raw.read(&self.keys, args);
+        if let (
+            Some((grantable, lease)),
+            Ok(RwAcquireReply::Held {
+                spec_left: true, ..
+            }),
+        ) = (grantable, &reply)
+        {
+            // The spec this attempt left names this request: a grant for
+            // it comes after it was sent.
+            let mark = Mark {
+                sent,
+                lease,
+                request,
+            };
+            grantable.mark(backend::ticket(identity, request), mark);
+        }
         self.settle(Kind::Read, identity, mode, request, sent, reply)
             .map(|attempt| attempt.map(ReadGuard::new))
     }
@@ -604,27 +664,10 @@ impl RwLock {
         reply: Result<RwAcquireReply, crate::backend::Failed>,
     ) -> Result<Attempt<Hold>, Error> {
         match reply {
-            Ok(RwAcquireReply::Acquired { token, .. }) => {
-                let leased = match kind {
-                    Kind::Read => &self.read_leased,
-                    Kind::Upgradable => &self.upgradable_leased,
-                    Kind::Write => &self.write_leased,
-                };
-                let (status, mode) = self.context.enter(leased, identity, token, mode, sent);
-                Ok(Attempt::Acquired(Hold {
-                    context: Arc::clone(&self.context),
-                    raw: Arc::clone(&self.raw),
-                    keys: Arc::clone(&self.keys),
-                    kind,
-                    identity: Arc::clone(identity),
-                    token,
-                    mode,
-                    status,
-                    released: false,
-                    acquired: self.context.observer().is_set().then(Instant::now),
-                }))
-            }
-            Ok(RwAcquireReply::Held { lease_left }) => Ok(Attempt::Held {
+            Ok(RwAcquireReply::Acquired { token, .. }) => Ok(Attempt::Acquired(
+                self.hold(kind, identity, token, mode, sent),
+            )),
+            Ok(RwAcquireReply::Held { lease_left, .. }) => Ok(Attempt::Held {
                 lease_left,
                 handing_over: false,
                 park_on: None,
@@ -650,6 +693,119 @@ impl RwLock {
             }
         }
     }
+}
+
+impl RwLock {
+    /// The hold of `kind` taken under `token` by an acquisition (or, for a
+    /// granted read, the attempt it followed) sent at `sent`.
+    fn hold(
+        &self,
+        kind: Kind,
+        identity: &Arc<str>,
+        token: u64,
+        mode: LeaseMode,
+        sent: Instant,
+    ) -> Hold {
+        let leased = match kind {
+            Kind::Read => &self.read_leased,
+            Kind::Upgradable => &self.upgradable_leased,
+            Kind::Write => &self.write_leased,
+        };
+        let (status, mode) = self.context.enter(leased, identity, token, mode, sent);
+        Hold {
+            context: Arc::clone(&self.context),
+            raw: Arc::clone(&self.raw),
+            keys: Arc::clone(&self.keys),
+            kind,
+            identity: Arc::clone(identity),
+            token,
+            mode,
+            status,
+            released: false,
+            acquired: self.context.observer().is_set().then(Instant::now),
+        }
+    }
+
+    /// The read a writer's release granted this waiter while it was
+    /// parked, if one did (see `release_write.lua`).
+    ///
+    /// The grant's lease is counted from the sending of the attempt the
+    /// waiter's park followed, as a granted lock's or permit's is (see
+    /// `sync::grants`): its first renewal is due at once. A grant that came
+    /// long after that attempt is confirmed by one renewal first (`None`
+    /// if it found the hold gone or failed: the waiter asks again; the
+    /// hold ends with the grant's lease).
+    fn take_read_grant(&self, identity: &Arc<str>, grantable: &Grantable) -> Option<ReadGuard> {
+        let (taken, fresh) = match grantable.take()? {
+            Ok(taken) => (taken, true),
+            Err(late) => (late, false),
+        };
+        let token = taken.receipt.token;
+        let mode = self.mode();
+        // One deployment, whose single clock is the lease's: no margin.
+        let counted = taken.counted_from(mode, Duration::ZERO);
+        let sent = match counted.filter(|_| fresh) {
+            Some(sent) => sent,
+            None => {
+                let sent = Instant::now();
+                match self
+                    .raw
+                    .renew_read(&self.keys, identity, token, mode.lease())
+                {
+                    Ok(true) => sent,
+                    Ok(false) => return None,
+                    Err(err) => {
+                        log::debug!(
+                            "redbaton: confirming a late read grant of {:?} failed: {err}",
+                            self.name()
+                        );
+                        return None;
+                    }
+                }
+            }
+        };
+        Some(ReadGuard::new(self.hold(
+            Kind::Read,
+            identity,
+            token,
+            mode,
+            sent,
+        )))
+    }
+
+    /// Takes this waiting reader's grant spec off, if an attempt may have
+    /// left one: it stops waiting unserved. Best effort: a spec left
+    /// behind ends with its TTL, and a grant by it is given back.
+    fn withdraw_read_spec(&self, identity: &str, grantable: Option<&Grantable>) {
+        if !grantable.is_some_and(Grantable::is_marked) {
+            return;
+        }
+        if let Err(err) = self.raw.withdraw_read_spec(&self.keys, identity) {
+            log::debug!(
+                "redbaton: taking a read grant spec of {:?} off failed: {err}",
+                self.name()
+            );
+        }
+    }
+}
+
+/// Gives back `unclaimed`, a read of the read-write lock `keys` a writer's
+/// release granted a waiter of this client that no parked waiter took.
+pub(super) fn give_back(
+    conn: &mut dyn redis::ConnectionLike,
+    settings: &GiveBackSettings,
+    keys: &RwKeys,
+    unclaimed: Unclaimed<'_>,
+) -> redis::RedisResult<()> {
+    raw::give_back_read(
+        conn,
+        keys,
+        unclaimed.owner,
+        unclaimed.token,
+        unclaimed.behind,
+        settings.lease,
+        settings.baton_ttl,
+    )
 }
 
 impl fmt::Debug for RwLock {

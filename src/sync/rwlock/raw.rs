@@ -39,6 +39,25 @@ pub(crate) enum Kind {
     Write,
 }
 
+/// Gives back the read a writer's release granted `identity` under `token`
+/// (its request) that no parked waiter of this client took: a last
+/// release of the hold, which wakes a waiting writer as a reader's would,
+/// while the hold's lease still ends at `ends`, the grant's (else the
+/// waiter took it since, see `read.lua`).
+pub(crate) fn give_back_read(
+    conn: &mut dyn redis::ConnectionLike,
+    keys: &RwKeys,
+    identity: &str,
+    token: u64,
+    ends: &str,
+    lease: Duration,
+    baton_ttl: Duration,
+) -> redis::RedisResult<()> {
+    calls::give_back_read(keys, identity, token, ends, lease, baton_ttl)
+        .invoke::<Value>(conn)
+        .map(drop)
+}
+
 /// The read-write lock protocol on one Redis deployment (one server, a
 /// cluster, a master behind sentinels): the backend routes by the lock's
 /// keys, which share a slot.
@@ -55,18 +74,30 @@ pub(crate) struct RawRwLock {
     /// Whether the read renewal script is known to be loaded: a round
     /// loads it up front instead of failing once per hold.
     renew_loaded: AtomicBool,
+    /// Where the deployment allows grants: the prefix of the clients'
+    /// grant channels, on which a writer's last release grants the read to
+    /// the waiting readers that left a spec.
+    grants: Option<String>,
 }
 
 impl RawRwLock {
     pub(crate) fn new(backend: Arc<Backend>, config: &Config) -> Self {
         RawRwLock {
-            backend,
             baton_ttl: config.baton_ttl,
             fence_ttl: config.fence_ttl,
             place: config.max_park.saturating_add(PLACE_MARGIN),
             acks: config.replica_acks,
             renew_loaded: AtomicBool::new(false),
+            grants: backend.grants().map(|grants| grants.prefix().to_owned()),
+            backend,
         }
+    }
+
+    /// Whether a writer's release may grant a waiting reader of this
+    /// client the read (the deployment allows grants, and a grant reaches
+    /// a waiter parked now, see [`Backend::takes_grants`]).
+    pub(crate) fn takes_read_grants(&self) -> bool {
+        self.grants.is_some() && self.backend.takes_grants()
     }
 
     pub(crate) fn baton_ttl(&self) -> Duration {
@@ -195,20 +226,67 @@ impl RawRwLock {
         guards_left: usize,
         lease: Duration,
     ) -> Result<Sent<ReleaseReply>, Failed> {
-        let call = release_call(
-            keys,
-            kind,
-            identity,
-            token,
-            guards_left,
-            lease,
-            self.baton_ttl,
-        );
+        let call = self.release_call(keys, kind, identity, token, guards_left, lease);
         // Under `replica_acks` the last release is confirmed: one that
         // only this master has is lost if a replica is promoted, which then
         // keeps the hold for its lease.
         let last = |reply: &ReleaseReply| matches!(reply, ReleaseReply::Released);
         self.call_confirmed(keys, &call, last)
+    }
+
+    /// The release of one level of a hold of `kind`.
+    fn release_call(
+        &self,
+        keys: &RwKeys,
+        kind: Kind,
+        identity: &str,
+        token: u64,
+        guards_left: usize,
+        lease: Duration,
+    ) -> Call {
+        let baton_ttl = self.baton_ttl;
+        match kind {
+            Kind::Read => calls::release_read(keys, identity, token, guards_left, lease, baton_ttl),
+            Kind::Upgradable => {
+                calls::release_upgradable(keys, identity, token, guards_left, lease, baton_ttl)
+            }
+            Kind::Write => calls::release_write(
+                keys,
+                identity,
+                token,
+                guards_left,
+                lease,
+                baton_ttl,
+                self.grants.as_deref(),
+            ),
+        }
+    }
+
+    /// Makes the read hold `token` of `identity` live `lease` more, if it
+    /// is still there (whether it was).
+    pub(crate) fn renew_read(
+        &self,
+        keys: &RwKeys,
+        identity: &str,
+        token: u64,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        let call = calls::renew_read(&keys.readers, &keys.read_depths, identity, token, lease);
+        self.backend
+            .run(&keys.write, &keys.name, |c| call.invoke::<i64>(c))
+            .map(|renewed| renewed == 1)
+    }
+
+    /// Takes the read grant spec of `identity` off (a waiting reader that
+    /// stops waiting unserved): a writer's release would grant it a read
+    /// it would give back.
+    pub(crate) fn withdraw_read_spec(&self, keys: &RwKeys, identity: &str) -> Result<(), Error> {
+        self.backend.run(&keys.write, &keys.name, |c| {
+            redis::cmd("HDEL")
+                .arg(&keys.read_grants)
+                .arg(identity)
+                .query::<()>(c)
+        })
     }
 
     /// Sends the last release of a hold again (for a clean-up): done once
@@ -222,7 +300,7 @@ impl RawRwLock {
         token: u64,
         lease: Duration,
     ) -> Result<(), Error> {
-        let call = release_call(keys, kind, identity, token, 0, lease, self.baton_ttl);
+        let call = self.release_call(keys, kind, identity, token, 0, lease);
         // "Not the owner" is confirmed too: the earlier release may be on
         // this master only.
         self.call_confirmed(keys, &call, |_: &ReleaseReply| true)
@@ -328,24 +406,6 @@ impl RawRwLock {
         }
         outcomes
     }
-}
-
-/// The release of one level of a hold of `kind`.
-fn release_call(
-    keys: &RwKeys,
-    kind: Kind,
-    identity: &str,
-    token: u64,
-    guards_left: usize,
-    lease: Duration,
-    baton_ttl: Duration,
-) -> Call {
-    let release = match kind {
-        Kind::Read => calls::release_read,
-        Kind::Upgradable => calls::release_upgradable,
-        Kind::Write => calls::release_write,
-    };
-    release(keys, identity, token, guards_left, lease, baton_ttl)
 }
 
 /// The renewal of one hold; `None` when its key is not one of ours.

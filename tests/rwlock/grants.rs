@@ -1,0 +1,327 @@
+//! Read grants (`release_write.lua`): a writer's last release grants the
+//! read to the waiting readers of other processes whose refusal by its
+//! hold left a grant spec, where no writer waits, and tells their clients,
+//! instead of pushing a read baton for them to try again. First through
+//! clients, then one script run at a time.
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use redbaton::Client;
+use testkit::RedisServer;
+
+use crate::support::{self, eventually, hand_off_commands, JoinWithin};
+use crate::{rw_key, rw_script};
+
+/// The clients' grant channels under the default prefix.
+const GRANT_CHANNELS: &str = "redbaton:grant:";
+
+/// A reader of another client parked behind a write wakes holding the
+/// read: the writer's release is the one script between them, and no read
+/// baton is pushed or popped.
+#[test]
+fn a_reader_of_another_client_parked_behind_a_write_is_granted_the_read() {
+    let server = RedisServer::start();
+    let holder = Client::open(&server.url()).unwrap();
+    let waiting = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let held = holder.rw_lock("granted").unwrap().write().unwrap();
+    let lock = waiting.rw_lock("granted").unwrap();
+    let wait = move || {
+        let guard = lock.try_read_for(Duration::from_secs(20)).unwrap();
+        guard.expect("granted").unlock().unwrap();
+    };
+    let used = hand_off_commands(&server, wait, || held.unlock().unwrap());
+    assert_eq!(used.get("publish"), Some(&1), "{used:?}");
+    assert_eq!(used.get("lpop"), None, "{used:?}");
+    assert_eq!(used.get("rpush"), None, "{used:?}");
+    // The release, then the reader's own release: no read attempt.
+    assert_eq!(support::scripts_run(&used), 2, "{used:?}");
+    let mut raw = server.connection();
+    let specs: i64 = redis::cmd("EXISTS")
+        .arg(rw_key("granted", "rgrants"))
+        .query(&mut raw)
+        .unwrap();
+    assert_eq!(specs, 0, "the spec went with the grant");
+}
+
+/// Writers come first: a writer's release while another writer waits
+/// grants no read; the waiting writer gets in, and the reader only after
+/// it.
+#[test]
+fn no_read_is_granted_while_a_writer_waits() {
+    let server = RedisServer::start();
+    let holder = Client::open(&server.url()).unwrap();
+    let readers = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let writers = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let held = holder.rw_lock("preferred").unwrap().write().unwrap();
+    let (events, seen) = mpsc::channel();
+    let read_events = events.clone();
+    let reader = thread::spawn(move || {
+        let lock = readers.rw_lock("preferred").unwrap();
+        let guard = lock.try_read_for(Duration::from_secs(20)).unwrap();
+        read_events.send("read").unwrap();
+        guard.expect("read").unlock().unwrap();
+    });
+    let mut raw = server.connection();
+    eventually(Duration::from_secs(10), "the reader left a spec", || {
+        let specs: i64 = redis::cmd("HLEN")
+            .arg(rw_key("preferred", "rgrants"))
+            .query(&mut raw)
+            .unwrap();
+        specs == 1 && support::parked(&server) == 1
+    });
+    let writer = thread::spawn(move || {
+        let lock = writers.rw_lock("preferred").unwrap();
+        let guard = lock.try_write_for(Duration::from_secs(20)).unwrap();
+        events.send("write").unwrap();
+        thread::sleep(Duration::from_millis(200)); // the hold the reader must not overlap
+        events.send("write ends").unwrap();
+        guard.expect("write").unlock().unwrap();
+    });
+    eventually(Duration::from_secs(10), "the writer waits", || {
+        support::parked(&server) == 2
+    });
+    held.unlock().unwrap();
+    let order: Vec<&str> = (0..3)
+        .map(|_| seen.recv_timeout(Duration::from_secs(20)).expect("served"))
+        .collect();
+    assert_eq!(order, ["write", "write ends", "read"]);
+    writer.joined();
+    reader.joined();
+}
+
+/// A grant no parked waiter takes (a request no thread parks after, of a
+/// client whose hub listens because another of its threads waits) is
+/// given back by that client at once, not kept for the grant's lease.
+#[test]
+fn a_read_grant_no_parked_waiter_takes_is_given_back_at_once() {
+    let server = RedisServer::start();
+    let holder = Client::open(&server.url()).unwrap();
+    let listening = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let held = holder.rw_lock("unclaimed").unwrap().write().unwrap();
+    let lock = listening.rw_lock("unclaimed").unwrap();
+    let parked_reader = thread::spawn(move || {
+        let guard = lock.try_read_for(Duration::from_secs(20)).unwrap();
+        guard.expect("granted").unlock().unwrap();
+    });
+    let mut raw = server.connection();
+    let specs_key = rw_key("unclaimed", "rgrants");
+    let mut reader = String::new();
+    eventually(Duration::from_secs(10), "the reader left a spec", || {
+        let specs: Vec<String> = redis::cmd("HKEYS").arg(&specs_key).query(&mut raw).unwrap();
+        reader = specs.first().cloned().unwrap_or_default();
+        !reader.is_empty() && support::parked(&server) == 1
+    });
+    // Another thread of the same client, request 999999, as far as the
+    // script knows: no thread parks after that request.
+    let client_id = reader.split(':').next().unwrap();
+    let stray = format!("{client_id}:999");
+    let _: () = redis::cmd("HSET")
+        .arg(&specs_key)
+        .arg(&stray)
+        .arg("999999 60000")
+        .query(&mut raw)
+        .unwrap();
+    held.unlock().unwrap();
+    parked_reader.joined();
+    let readers = rw_key("unclaimed", "readers");
+    eventually(Duration::from_secs(5), "the stray grant given back", || {
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(&readers)
+            .arg(&stray)
+            .query(&mut raw)
+            .unwrap();
+        score.is_none()
+    });
+}
+
+/// An attempt sent again after its reply was lost finds its own request's
+/// granted read and takes it; its end moves on, so that the client's
+/// give-back of the grant (which names the end the grant wrote) leaves it.
+/// Without the attempt, the same give-back ends the hold.
+#[test]
+fn a_read_grant_taken_by_the_waiters_resent_attempt_is_not_given_back() {
+    let server = RedisServer::start();
+    let mut raw = server.connection();
+    // Client "r" hears its grants.
+    let mut listener = server.connection();
+    let mut pubsub = listener.as_pubsub();
+    pubsub.subscribe(format!("{GRANT_CHANNELS}r")).unwrap();
+    for resent in [false, true] {
+        let name = format!("resent-{resent}");
+        let keys: Vec<String> = [
+            "write",
+            "readers",
+            "depths",
+            "writers",
+            "rbaton",
+            "upgradable",
+            "rgrants",
+        ]
+        .iter()
+        .map(|part| rw_key(&name, part))
+        .collect();
+        let write: i64 = redis::cmd("HSET")
+            .arg(&keys[0])
+            .arg("flag")
+            .arg("w:1")
+            .arg("count")
+            .arg(1)
+            .arg("fence")
+            .arg(7)
+            .query(&mut raw)
+            .unwrap();
+        assert_eq!(write, 3);
+        let read = |raw: &mut redis::Connection| -> Vec<i64> {
+            let script = rw_script("read");
+            let mut call = script.prepare_invoke();
+            for key in &keys {
+                call.key(key);
+            }
+            call.arg("r:1")
+                .arg(30_000)
+                .arg(0)
+                .arg(1)
+                .arg(42)
+                .arg(1)
+                .arg(5_000)
+                .arg(0)
+                .arg(2_000)
+                .arg(60_000);
+            call.invoke(raw).unwrap()
+        };
+        assert_eq!(read(&mut raw)[..3], [0, -1, 1], "refused, a spec left");
+        let release_script = rw_script("release_write");
+        let mut release = release_script.prepare_invoke();
+        for part in [
+            "write",
+            "readers",
+            "depths",
+            "writers",
+            "rbaton",
+            "wbaton",
+            "upgradable",
+            "ubaton",
+            "rgrants",
+        ] {
+            release.key(rw_key(&name, part));
+        }
+        release
+            .arg("w:1")
+            .arg(7)
+            .arg(0)
+            .arg(30_000)
+            .arg(5_000)
+            .arg(GRANT_CHANNELS);
+        assert_eq!(release.invoke::<i64>(&mut raw).unwrap(), 0);
+        let message: String = pubsub.get_message().unwrap().get_payload().unwrap();
+        // `<waiter> <req> <token> <behind> <key length> <key><list>`
+        let fields: Vec<&str> = message.splitn(6, ' ').collect();
+        assert_eq!(fields[..3], ["r:1", "42", "42"], "{message}");
+        let ends = fields[3].to_owned();
+        let score: f64 = redis::cmd("ZSCORE")
+            .arg(&keys[1])
+            .arg("r:1")
+            .query(&mut raw)
+            .unwrap();
+        assert_eq!(score.to_string(), ends, "the grant wrote the hold");
+        if resent {
+            assert_eq!(read(&mut raw), [1, 42, 1], "the resent attempt takes it");
+        }
+        let give_back_script = rw_script("release_read");
+        let mut give_back = give_back_script.prepare_invoke();
+        for part in [
+            "write",
+            "readers",
+            "depths",
+            "writers",
+            "wbaton",
+            "upgradable",
+            "upbaton",
+        ] {
+            give_back.key(rw_key(&name, part));
+        }
+        give_back
+            .arg("r:1")
+            .arg(42)
+            .arg(0)
+            .arg(30_000)
+            .arg(5_000)
+            .arg(&ends);
+        let given: i64 = give_back.invoke(&mut raw).unwrap();
+        let left: Option<f64> = redis::cmd("ZSCORE")
+            .arg(&keys[1])
+            .arg("r:1")
+            .query(&mut raw)
+            .unwrap();
+        if resent {
+            assert_eq!(given, -1);
+            assert!(left.is_some(), "the hold its waiter took stays");
+        } else {
+            assert_eq!(given, 0);
+            assert!(left.is_none(), "the grant given back");
+        }
+    }
+}
+
+/// A granted read starts with the grant's lease (2 s) and is lengthened
+/// to the reader's own by the watchdog at once: held well past the
+/// grant's lease, it still keeps writers out and ends with its own
+/// release.
+#[test]
+fn a_granted_read_is_lengthened_to_the_readers_own_lease() {
+    let server = RedisServer::start();
+    let holder = Client::open(&server.url()).unwrap();
+    let waiting = Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let held = holder.rw_lock("lengthened").unwrap().write().unwrap();
+    let lock = waiting.rw_lock("lengthened").unwrap();
+    let (granted, reading) = mpsc::channel();
+    let (done, finish) = mpsc::channel::<()>();
+    let reader = thread::spawn(move || {
+        let guard = lock
+            .try_read_for(Duration::from_secs(20))
+            .unwrap()
+            .expect("granted");
+        granted.send(()).unwrap();
+        finish.recv().unwrap();
+        guard.unlock()
+    });
+    let mut raw = server.connection();
+    eventually(Duration::from_secs(10), "the reader left a spec", || {
+        let specs: i64 = redis::cmd("HLEN")
+            .arg(rw_key("lengthened", "rgrants"))
+            .query(&mut raw)
+            .unwrap();
+        specs == 1 && support::parked(&server) == 1
+    });
+    let before = server.command_calls();
+    held.unlock().unwrap();
+    reading.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        server.commands_since(&before).get("publish"),
+        Some(&1),
+        "granted, not woken"
+    );
+    // Past the grant's lease: the hold is the reader's own lease's now.
+    thread::sleep(Duration::from_millis(2_500)); // the stretch under test
+    let writer = holder.rw_lock("lengthened").unwrap();
+    assert!(writer.try_write().unwrap().is_none(), "a writer got in");
+    done.send(()).unwrap();
+    reader.joined().expect("released as its own");
+}
