@@ -17,6 +17,34 @@ use crate::{rw_key, rw_script};
 /// The clients' grant channels under the default prefix.
 const GRANT_CHANNELS: &str = "redbaton:grant:";
 
+/// A client of `server` whose waiters park long (30 s): a wait that ends
+/// sooner ended by a grant or a wake, not by its park's end.
+fn parking_long(server: &RedisServer) -> Client {
+    Client::builder(server.url())
+        .max_park(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// Waits until `waiters` readers of read-write lock `name` left a grant
+/// spec and `parked` waiters are parked on `server`; the specs' readers.
+fn specs_left(server: &RedisServer, name: &str, waiters: usize, parked: u64) -> Vec<String> {
+    let mut raw = server.connection();
+    let mut readers = Vec::new();
+    eventually(
+        Duration::from_secs(10),
+        "the readers left their specs",
+        || {
+            readers = redis::cmd("HKEYS")
+                .arg(rw_key(name, "rgrants"))
+                .query(&mut raw)
+                .unwrap();
+            readers.len() == waiters && support::parked(server) == parked
+        },
+    );
+    readers
+}
+
 /// A reader of another client parked behind a write wakes holding the
 /// read: the writer's release is the one script between them, and no read
 /// baton is pushed or popped.
@@ -24,10 +52,7 @@ const GRANT_CHANNELS: &str = "redbaton:grant:";
 fn a_reader_of_another_client_parked_behind_a_write_is_granted_the_read() {
     let server = RedisServer::start();
     let holder = Client::open(&server.url()).unwrap();
-    let waiting = Client::builder(server.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let waiting = parking_long(&server);
     let held = holder.rw_lock("granted").unwrap().write().unwrap();
     let lock = waiting.rw_lock("granted").unwrap();
     let wait = move || {
@@ -55,14 +80,8 @@ fn a_reader_of_another_client_parked_behind_a_write_is_granted_the_read() {
 fn no_read_is_granted_while_a_writer_waits() {
     let server = RedisServer::start();
     let holder = Client::open(&server.url()).unwrap();
-    let readers = Client::builder(server.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let writers = Client::builder(server.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let readers = parking_long(&server);
+    let writers = parking_long(&server);
     let held = holder.rw_lock("preferred").unwrap().write().unwrap();
     let (events, seen) = mpsc::channel();
     let read_events = events.clone();
@@ -72,14 +91,7 @@ fn no_read_is_granted_while_a_writer_waits() {
         read_events.send("read").unwrap();
         guard.expect("read").unlock().unwrap();
     });
-    let mut raw = server.connection();
-    eventually(Duration::from_secs(10), "the reader left a spec", || {
-        let specs: i64 = redis::cmd("HLEN")
-            .arg(rw_key("preferred", "rgrants"))
-            .query(&mut raw)
-            .unwrap();
-        specs == 1 && support::parked(&server) == 1
-    });
+    specs_left(&server, "preferred", 1, 1);
     let writer = thread::spawn(move || {
         let lock = writers.rw_lock("preferred").unwrap();
         let guard = lock.try_write_for(Duration::from_secs(20)).unwrap();
@@ -107,24 +119,16 @@ fn no_read_is_granted_while_a_writer_waits() {
 fn a_read_grant_no_parked_waiter_takes_is_given_back_at_once() {
     let server = RedisServer::start();
     let holder = Client::open(&server.url()).unwrap();
-    let listening = Client::builder(server.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let listening = parking_long(&server);
     let held = holder.rw_lock("unclaimed").unwrap().write().unwrap();
     let lock = listening.rw_lock("unclaimed").unwrap();
     let parked_reader = thread::spawn(move || {
         let guard = lock.try_read_for(Duration::from_secs(20)).unwrap();
         guard.expect("granted").unlock().unwrap();
     });
+    let reader = specs_left(&server, "unclaimed", 1, 1).remove(0);
     let mut raw = server.connection();
     let specs_key = rw_key("unclaimed", "rgrants");
-    let mut reader = String::new();
-    eventually(Duration::from_secs(10), "the reader left a spec", || {
-        let specs: Vec<String> = redis::cmd("HKEYS").arg(&specs_key).query(&mut raw).unwrap();
-        reader = specs.first().cloned().unwrap_or_default();
-        !reader.is_empty() && support::parked(&server) == 1
-    });
     // Another thread of the same client, request 999999, as far as the
     // script knows: no thread parks after that request.
     let client_id = reader.split(':').next().unwrap();
@@ -285,10 +289,7 @@ fn a_read_grant_taken_by_the_waiters_resent_attempt_is_not_given_back() {
 fn a_granted_read_is_lengthened_to_the_readers_own_lease() {
     let server = RedisServer::start();
     let holder = Client::open(&server.url()).unwrap();
-    let waiting = Client::builder(server.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let waiting = parking_long(&server);
     let held = holder.rw_lock("lengthened").unwrap().write().unwrap();
     let lock = waiting.rw_lock("lengthened").unwrap();
     let (granted, reading) = mpsc::channel();
@@ -302,14 +303,7 @@ fn a_granted_read_is_lengthened_to_the_readers_own_lease() {
         finish.recv().unwrap();
         guard.unlock()
     });
-    let mut raw = server.connection();
-    eventually(Duration::from_secs(10), "the reader left a spec", || {
-        let specs: i64 = redis::cmd("HLEN")
-            .arg(rw_key("lengthened", "rgrants"))
-            .query(&mut raw)
-            .unwrap();
-        specs == 1 && support::parked(&server) == 1
-    });
+    specs_left(&server, "lengthened", 1, 1);
     let before = server.command_calls();
     held.unlock().unwrap();
     reading.recv_timeout(Duration::from_secs(10)).unwrap();
