@@ -200,7 +200,10 @@ impl RwLock {
     /// While a writer holds it, or waits for it, the thread waits without
     /// spinning: in a `BLPOP` on the lock's read baton until the writer
     /// releases (or gives up), or its lease (or its place) ends; one
-    /// thread per process parks in Redis, the others wait locally.
+    /// thread per process parks in Redis, the others wait locally. On one
+    /// server (or Sentinel's master without `replica_acks`), the writer's
+    /// last release grants the read to the parked thread itself, where no
+    /// writer waits: it wakes holding it.
     /// Uncontended, this is one script call (plus one `INCR` on a thread's
     /// first call).
     ///
