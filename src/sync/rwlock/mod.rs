@@ -736,8 +736,8 @@ impl RwLock {
     /// waiter's park followed, as a granted lock's or permit's is (see
     /// `sync::grants`): its first renewal is due at once. A grant that came
     /// long after that attempt is confirmed by one renewal first (`None`
-    /// if it found the hold gone or failed: the waiter asks again; the
-    /// hold ends with the grant's lease).
+    /// if it found the hold gone, or failed, then undone in the
+    /// background: the waiter asks again).
     fn take_read_grant(&self, identity: &Arc<str>, grantable: &Grantable) -> Option<ReadGuard> {
         let (taken, fresh) = match grantable.take()? {
             Ok(taken) => (taken, true),
@@ -762,6 +762,18 @@ impl RwLock {
                             "redbaton: confirming a late read grant of {:?} failed: {err}",
                             self.name()
                         );
+                        // The renewal may have run, lengthening a hold
+                        // nobody will release: it is undone (by its
+                        // request, the grant's token) once Redis answers.
+                        let undo = raw::undo_later(
+                            &self.raw,
+                            &self.keys,
+                            identity,
+                            token,
+                            mode.lease(),
+                            sent,
+                        );
+                        self.context.finish_later(undo);
                         return None;
                     }
                 }
