@@ -120,31 +120,6 @@ pub(crate) fn release_read(
     lease: Duration,
     baton_ttl: Duration,
 ) -> Call {
-    release_read_call(keys, identity, token, guards_left, lease, baton_ttl)
-}
-
-/// Gives back the read a writer's release granted `identity` under
-/// `token` (its request), which no parked waiter took: the hold ends only
-/// while its lease ends at `ends` (server ms), the end the grant wrote.
-pub(crate) fn give_back_read(
-    keys: &RwKeys,
-    identity: &str,
-    token: u64,
-    ends: &str,
-    lease: Duration,
-    baton_ttl: Duration,
-) -> Call {
-    release_read_call(keys, identity, token, 0, lease, baton_ttl).arg(ends)
-}
-
-fn release_read_call(
-    keys: &RwKeys,
-    identity: &str,
-    token: u64,
-    guards_left: usize,
-    lease: Duration,
-    baton_ttl: Duration,
-) -> Call {
     Call::new(&RW_RELEASE_READ)
         .key(&keys.write)
         .key(&keys.readers)
@@ -158,6 +133,21 @@ fn release_read_call(
         .arg(guards_left)
         .arg(millis(lease))
         .arg(millis(baton_ttl))
+}
+
+/// Gives back the read a writer's release granted `identity` under
+/// `token` (its request), which no parked waiter took: the last release of
+/// the hold, made only while its lease ends at `ends` (server ms), the end
+/// the grant wrote.
+pub(crate) fn give_back_read(
+    keys: &RwKeys,
+    identity: &str,
+    token: u64,
+    ends: &str,
+    lease: Duration,
+    baton_ttl: Duration,
+) -> Call {
+    release_read(keys, identity, token, 0, lease, baton_ttl).arg(ends)
 }
 
 /// Releases one level of the write hold `fence` of `identity`; the last

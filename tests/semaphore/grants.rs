@@ -455,6 +455,29 @@ fn a_granted_permit_is_lengthened_to_the_waiters_own_lease() {
     assert!(waiter.joined().is_ok(), "kept past the grant's lease");
 }
 
+/// A thread of `waiting` waiting for semaphore "busy", whose one permit
+/// `holder` takes: while it waits (parked, once `support::parked` counts
+/// it), its client's hub listens on the client's grant channel. Release
+/// the permit, then join the thread (served).
+fn parked_elsewhere(
+    holder: &Client,
+    waiting: &Client,
+) -> (redbaton::SemaphorePermit, thread::JoinHandle<()>) {
+    let busy = holder.semaphore("busy").unwrap();
+    busy.try_set_permits(1).unwrap();
+    let held = busy.acquire().unwrap();
+    let other = waiting.semaphore("busy").unwrap();
+    let parked = thread::spawn(move || {
+        other
+            .try_acquire_for(Duration::from_secs(30))
+            .unwrap()
+            .expect("served")
+            .release()
+            .unwrap();
+    });
+    (held, parked)
+}
+
 /// A grant whose message finds no waiter parked for it (here: a request
 /// no thread parks after, of a client whose hub listens because another
 /// of its threads waits) is given back by the client at once, not kept
@@ -467,20 +490,7 @@ fn a_grant_no_parked_waiter_takes_is_given_back_at_once() {
         .max_park(Duration::from_secs(30))
         .build()
         .unwrap();
-    // A waiter of `listening` parked on another semaphore: its hub
-    // listens on the client's grant channel meanwhile.
-    let busy = holder.semaphore("busy").unwrap();
-    busy.try_set_permits(1).unwrap();
-    let busy_held = busy.acquire().unwrap();
-    let other = listening.semaphore("busy").unwrap();
-    let parked_waiter = thread::spawn(move || {
-        other
-            .try_acquire_for(Duration::from_secs(20))
-            .unwrap()
-            .expect("served")
-            .release()
-            .unwrap();
-    });
+    let (busy_held, parked_waiter) = parked_elsewhere(&holder, &listening);
     let mut raw = server.connection();
     let busy_waiters = sem_keys("busy")[3].clone();
     let mut place = String::new();
@@ -546,20 +556,7 @@ fn a_waiter_whose_grant_came_before_it_parked_asks_again_at_once() {
         .max_park(Duration::from_secs(30))
         .build()
         .unwrap();
-    // A thread of the waiting client parked on another semaphore: its hub
-    // listens on the client's grant channel meanwhile.
-    let busy = holder.semaphore("busy").unwrap();
-    busy.try_set_permits(1).unwrap();
-    let busy_held = busy.acquire().unwrap();
-    let other = waiting.semaphore("busy").unwrap();
-    let parked_waiter = thread::spawn(move || {
-        other
-            .try_acquire_for(Duration::from_secs(30))
-            .unwrap()
-            .expect("served")
-            .release()
-            .unwrap();
-    });
+    let (busy_held, parked_waiter) = parked_elsewhere(&holder, &waiting);
     eventually(Duration::from_secs(10), "the busy waiter parked", || {
         support::parked(&server) == 1
     });
