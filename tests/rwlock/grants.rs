@@ -152,9 +152,144 @@ fn a_read_grant_no_parked_waiter_takes_is_given_back_at_once() {
     });
 }
 
+/// Read-write lock `name` held for writing by `w:1` (fence 7), as the
+/// scripts below find it.
+fn written(raw: &mut redis::Connection, name: &str) {
+    let write: i64 = redis::cmd("HSET")
+        .arg(rw_key(name, "write"))
+        .arg("flag")
+        .arg("w:1")
+        .arg("count")
+        .arg(1)
+        .arg("fence")
+        .arg(7)
+        .query(raw)
+        .unwrap();
+    assert_eq!(write, 3);
+}
+
+/// read.lua for `r:1`, request 42, from a waiter that may be granted (a
+/// 2 s grant lease, its spec living 60 s).
+fn read_grantable(raw: &mut redis::Connection, name: &str) -> Vec<i64> {
+    let script = rw_script("read");
+    let mut call = script.prepare_invoke();
+    for part in [
+        "write",
+        "readers",
+        "depths",
+        "writers",
+        "rbaton",
+        "upgradable",
+        "rgrants",
+    ] {
+        call.key(rw_key(name, part));
+    }
+    call.arg("r:1")
+        .arg(30_000)
+        .arg(0)
+        .arg(1)
+        .arg(42)
+        .arg(1)
+        .arg(5_000)
+        .arg(0)
+        .arg(2_000)
+        .arg(60_000);
+    call.invoke(raw).unwrap()
+}
+
+/// release_write.lua: `w:1`'s last release, granting on the default
+/// channels.
+fn release_write_granting(raw: &mut redis::Connection, name: &str) {
+    let script = rw_script("release_write");
+    let mut release = script.prepare_invoke();
+    for part in [
+        "write",
+        "readers",
+        "depths",
+        "writers",
+        "rbaton",
+        "wbaton",
+        "upgradable",
+        "ubaton",
+        "rgrants",
+    ] {
+        release.key(rw_key(name, part));
+    }
+    release
+        .arg("w:1")
+        .arg(7)
+        .arg(0)
+        .arg(30_000)
+        .arg(5_000)
+        .arg(GRANT_CHANNELS);
+    assert_eq!(release.invoke::<i64>(raw).unwrap(), 0);
+}
+
+/// The lease end of `r:1`'s read hold of `name`, if it has one.
+fn read_hold_end(raw: &mut redis::Connection, name: &str) -> Option<f64> {
+    redis::cmd("ZSCORE")
+        .arg(rw_key(name, "readers"))
+        .arg("r:1")
+        .query(raw)
+        .unwrap()
+}
+
+/// A grant nobody hears (the waiter's client does not listen: it ended,
+/// or its channel is refused) writes no hold, and a read baton is pushed
+/// for the waiter instead, as before grants.
+#[test]
+fn a_read_grant_nobody_hears_pushes_a_read_baton_instead() {
+    let server = RedisServer::start();
+    let mut raw = server.connection();
+    written(&mut raw, "unheard");
+    assert_eq!(read_grantable(&mut raw, "unheard")[..3], [0, -1, 1]);
+    release_write_granting(&mut raw, "unheard");
+    assert_eq!(read_hold_end(&mut raw, "unheard"), None, "no hold written");
+    let batons: i64 = redis::cmd("LLEN")
+        .arg(rw_key("unheard", "rbaton"))
+        .query(&mut raw)
+        .unwrap();
+    assert_eq!(batons, 1, "a read baton for the waiter");
+}
+
+/// A spec whose reader holds a read already (it got in another way, and
+/// its spec was left) grants nothing over that hold: its depth and token
+/// stay.
+#[test]
+fn no_read_is_granted_over_a_live_read_hold() {
+    let server = RedisServer::start();
+    let mut raw = server.connection();
+    // Client "r" hears its grants.
+    let mut listener = server.connection();
+    let mut pubsub = listener.as_pubsub();
+    pubsub.subscribe(format!("{GRANT_CHANNELS}r")).unwrap();
+    written(&mut raw, "held");
+    assert_eq!(read_grantable(&mut raw, "held")[..3], [0, -1, 1]);
+    // r:1 reads (depth 2, token 5) beside the write, as a downgrade would.
+    let _: () = redis::cmd("ZADD")
+        .arg(rw_key("held", "readers"))
+        .arg(i64::MAX / 2)
+        .arg("r:1")
+        .query(&mut raw)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(rw_key("held", "depths"))
+        .arg("r:1")
+        .arg("2:5")
+        .query(&mut raw)
+        .unwrap();
+    release_write_granting(&mut raw, "held");
+    let depth: String = redis::cmd("HGET")
+        .arg(rw_key("held", "depths"))
+        .arg("r:1")
+        .query(&mut raw)
+        .unwrap();
+    assert_eq!(depth, "2:5", "the live hold kept");
+}
+
 /// An attempt sent again after its reply was lost finds its own request's
 /// granted read and takes it; its end moves on, so that the client's
-/// give-back of the grant (which names the end the grant wrote) leaves it.
+/// give-back of the grant (which names the end it wrote) leaves it.
 /// Without the attempt, the same give-back ends the hold.
 #[test]
 fn a_read_grant_taken_by_the_waiters_resent_attempt_is_not_given_back() {
@@ -166,84 +301,26 @@ fn a_read_grant_taken_by_the_waiters_resent_attempt_is_not_given_back() {
     pubsub.subscribe(format!("{GRANT_CHANNELS}r")).unwrap();
     for resent in [false, true] {
         let name = format!("resent-{resent}");
-        let keys: Vec<String> = [
-            "write",
-            "readers",
-            "depths",
-            "writers",
-            "rbaton",
-            "upgradable",
-            "rgrants",
-        ]
-        .iter()
-        .map(|part| rw_key(&name, part))
-        .collect();
-        let write: i64 = redis::cmd("HSET")
-            .arg(&keys[0])
-            .arg("flag")
-            .arg("w:1")
-            .arg("count")
-            .arg(1)
-            .arg("fence")
-            .arg(7)
-            .query(&mut raw)
-            .unwrap();
-        assert_eq!(write, 3);
-        let read = |raw: &mut redis::Connection| -> Vec<i64> {
-            let script = rw_script("read");
-            let mut call = script.prepare_invoke();
-            for key in &keys {
-                call.key(key);
-            }
-            call.arg("r:1")
-                .arg(30_000)
-                .arg(0)
-                .arg(1)
-                .arg(42)
-                .arg(1)
-                .arg(5_000)
-                .arg(0)
-                .arg(2_000)
-                .arg(60_000);
-            call.invoke(raw).unwrap()
-        };
-        assert_eq!(read(&mut raw)[..3], [0, -1, 1], "refused, a spec left");
-        let release_script = rw_script("release_write");
-        let mut release = release_script.prepare_invoke();
-        for part in [
-            "write",
-            "readers",
-            "depths",
-            "writers",
-            "rbaton",
-            "wbaton",
-            "upgradable",
-            "ubaton",
-            "rgrants",
-        ] {
-            release.key(rw_key(&name, part));
-        }
-        release
-            .arg("w:1")
-            .arg(7)
-            .arg(0)
-            .arg(30_000)
-            .arg(5_000)
-            .arg(GRANT_CHANNELS);
-        assert_eq!(release.invoke::<i64>(&mut raw).unwrap(), 0);
+        written(&mut raw, &name);
+        assert_eq!(
+            read_grantable(&mut raw, &name)[..3],
+            [0, -1, 1],
+            "refused, a spec left"
+        );
+        release_write_granting(&mut raw, &name);
         let message: String = pubsub.get_message().unwrap().get_payload().unwrap();
         // `<waiter> <req> <token> <behind> <key length> <key><list>`
         let fields: Vec<&str> = message.splitn(6, ' ').collect();
         assert_eq!(fields[..3], ["r:1", "42", "42"], "{message}");
         let ends = fields[3].to_owned();
-        let score: f64 = redis::cmd("ZSCORE")
-            .arg(&keys[1])
-            .arg("r:1")
-            .query(&mut raw)
-            .unwrap();
+        let score = read_hold_end(&mut raw, &name).expect("the grant wrote the hold");
         assert_eq!(score.to_string(), ends, "the grant wrote the hold");
         if resent {
-            assert_eq!(read(&mut raw), [1, 42, 1], "the resent attempt takes it");
+            assert_eq!(
+                read_grantable(&mut raw, &name),
+                [1, 42, 1],
+                "the resent attempt takes it"
+            );
         }
         let give_back_script = rw_script("release_read");
         let mut give_back = give_back_script.prepare_invoke();
@@ -266,11 +343,7 @@ fn a_read_grant_taken_by_the_waiters_resent_attempt_is_not_given_back() {
             .arg(5_000)
             .arg(&ends);
         let given: i64 = give_back.invoke(&mut raw).unwrap();
-        let left: Option<f64> = redis::cmd("ZSCORE")
-            .arg(&keys[1])
-            .arg("r:1")
-            .query(&mut raw)
-            .unwrap();
+        let left = read_hold_end(&mut raw, &name);
         if resent {
             assert_eq!(given, -1);
             assert!(left.is_some(), "the hold its waiter took stays");
