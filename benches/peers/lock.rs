@@ -29,6 +29,8 @@ use redbaton::Client;
 
 #[path = "floor.rs"]
 mod floor;
+#[path = "turns.rs"]
+mod turns;
 use floor::FloorLock;
 
 const CONTENDED_RUN: Duration = Duration::from_secs(3);
@@ -646,6 +648,12 @@ fn contended(url: &str, rtt: Duration) {
         println!(
             "\ncontended, {label}, one lock, empty critical section{pause}, {CONTENDED_RUN:?}:"
         );
+        let print = |name: &str, c: &Contended| {
+            println!(
+                "  {:<8} {:>8.0} acq/s  hand-off p50 {:>8.3} ms = {:>6.2} x RTT  p99 {:>8.3} ms  same thread again {:>5.1} %  longest wait {:>8.1} ms  overlaps {}",
+                name, c.per_second, ms(c.handoff_p50), x(c.handoff_p50), ms(c.handoff_p99), c.same_again * 100.0, ms(c.longest_wait), c.overlaps
+            );
+        };
         let mut rates = Vec::new();
         for peer in [Peer::Redbaton, Peer::Fair, Peer::Redlock] {
             let c = if processes > 1 {
@@ -653,11 +661,7 @@ fn contended(url: &str, rtt: Duration) {
             } else {
                 analyse(contend(peer, url, 16, CONTENDED_RUN, 0), CONTENDED_RUN)
             };
-
-            println!(
-                "  {:<8} {:>8.0} acq/s  hand-off p50 {:>8.3} ms = {:>6.2} x RTT  p99 {:>8.3} ms  same thread again {:>5.1} %  longest wait {:>8.1} ms  overlaps {}",
-                peer.name(), c.per_second, ms(c.handoff_p50), x(c.handoff_p50), ms(c.handoff_p99), c.same_again * 100.0, ms(c.longest_wait), c.overlaps
-            );
+            print(peer.name(), &c);
             if let Some(p50) = c.across_p50 {
                 println!(
                     "  {:<8} hand-offs between the processes only: p50 {:.3} ms = {:.2} x RTT",
@@ -668,10 +672,52 @@ fn contended(url: &str, rtt: Duration) {
             }
             rates.push((c.per_second, c.handoff_p50));
         }
+        let (plain, fair, redlock) = (rates[0], rates[1], rates[2]);
         println!(
             "  redbaton / redlock: {:.1} x the throughput, {:.1} x faster hand-off (p50)",
-            rates[0].0 / rates[1].0.max(1e-9),
-            rates[1].1.as_secs_f64() / rates[0].1.as_secs_f64().max(1e-9)
+            plain.0 / redlock.0.max(1e-9),
+            redlock.1.as_secs_f64() / plain.1.as_secs_f64().max(1e-9)
         );
+        if processes == 1 {
+            in_process_floors(url, plain, fair, &print);
+        }
     }
+}
+
+/// The one-process run's floors (`turns.rs`): the same 16 threads taking
+/// an in-memory first-come, first-served lock in turn, without and with a
+/// `PING` per arrival, and redbaton's plain and fair lock (`plain`,
+/// `fair`: acquisitions per second, hand-off p50) against them.
+fn in_process_floors(
+    url: &str,
+    plain: (f64, Duration),
+    fair: (f64, Duration),
+    print: &dyn Fn(&str, &Contended),
+) {
+    let floor = |arrival_through_redis| {
+        let holds = turns::contend(url, 16, CONTENDED_RUN, arrival_through_redis, now_ns);
+        let events = holds
+            .into_iter()
+            .map(|(holder, asked, got, released)| Event {
+                holder,
+                asked,
+                got,
+                released,
+            })
+            .collect();
+        analyse(events, CONTENDED_RUN)
+    };
+    let memory = floor(false);
+    print("floor: turns in memory", &memory);
+    let through_redis = floor(true);
+    print("floor: turns, a PING per arrival", &through_redis);
+    let vs = |(rate, p50): (f64, Duration), floor: &Contended| {
+        format!(
+            "{:.2} x its throughput, hand-off p50 {:.2} x its",
+            rate / floor.per_second.max(1e-9),
+            p50.as_secs_f64() / floor.handoff_p50.as_secs_f64().max(1e-9)
+        )
+    };
+    println!("  redbaton / turns in memory: {}", vs(plain, &memory));
+    println!("  fair / turns, a PING per arrival: {}", vs(fair, &through_redis));
 }
