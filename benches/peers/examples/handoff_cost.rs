@@ -15,13 +15,16 @@
 //! (`REDIS_URL`: a server of your own, given without a user, where the
 //! bench may run `ACL SETUSER no-tracking`.)
 //!
-//! Each run ends with the floor of a hand-off by grant: a `PUBLISH`, read
-//! by a subscriber thread that hands it to a waiting thread, with no lock.
+//! Each round measures the floor of a hand-off by grant too, with no lock:
+//! a `PUBLISH`, read by a subscriber thread that hands it to a waiting
+//! thread. Each way's line gives its hand-off over the `PING` and over
+//! that floor, both of the same rounds.
 //!
 //! Each round: the holder takes the lock, tells the waiter's thread to
 //! ask, gives it 5 ms to park, sends one `PING` (timed), then releases;
 //! the hand-off is the time from just before the release to just after
-//! the waiter's acquisition returned, median of `ROUNDS`. Both clients
+//! the waiter's acquisition returned, median of `ROUNDS`; 5 ms later, one
+//! round of the floor. Both clients
 //! live in this process, each with its own connections and hub, as two
 //! processes would have.
 
@@ -111,9 +114,17 @@ impl Held {
     }
 }
 
-/// The median hand-off and the median `PING` of `ROUNDS` rounds, both
-/// clients connecting to `url`.
-fn handoffs(kind: Kind, label: &str, url: &str) -> (Duration, Duration) {
+/// The medians of one way's `ROUNDS` rounds.
+struct Medians {
+    handoff: Duration,
+    /// The floor's hand-off (see [`Floor`]), one in each round.
+    floor: Duration,
+    ping: Duration,
+}
+
+/// The hand-offs of `kind` between two clients connecting to `url`, and
+/// the floor's, measured in the same rounds.
+fn handoffs(kind: Kind, label: &str, url: &str, floor_url: &str) -> Medians {
     let holder = redbaton::Client::open(url).expect("holder");
     let waiting = redbaton::Client::open(url).expect("waiter");
     let name = format!("bench:handoff-cost:{kind:?}:{label}");
@@ -130,10 +141,11 @@ fn handoffs(kind: Kind, label: &str, url: &str) -> (Duration, Duration) {
             took.send(at).expect("the holder waits");
         }
     });
-    let mut raw = redis::Client::open(url)
+    let mut raw = redis::Client::open(floor_url)
         .and_then(|client| client.get_connection())
         .expect("connect");
-    let (mut times, mut pings) = (Vec::new(), Vec::new());
+    let floor = Floor::start(floor_url, &format!("bench:handoff-cost:floor:{label}"));
+    let (mut times, mut floors, mut pings) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         let held = handle.take(true);
         ask.send(()).expect("the waiter listens");
@@ -144,60 +156,91 @@ fn handoffs(kind: Kind, label: &str, url: &str) -> (Duration, Duration) {
         let released = Instant::now();
         held.give();
         times.push(taken.recv().expect("the waiter took it") - released);
+        thread::sleep(Duration::from_millis(5));
+        floors.push(floor.round(&mut raw));
     }
     drop(ask);
     waiter.join().expect("the waiter's thread");
-    (median(times), median(pings))
+    floor.stop(&mut raw);
+    Medians {
+        handoff: median(times),
+        floor: median(floors),
+        ping: median(pings),
+    }
 }
 
-/// The floor of a hand-off by grant, with no lock at all: the median time
-/// from just before a `PUBLISH` (its reply awaited, as a release's is) to
-/// just after a thread waiting for it got it from the subscriber thread
-/// that read it (as a hub's listener hands a grant to its parked waiter),
-/// and the median `PING` of the same rounds.
-fn publish_floor(url: &str) -> (Duration, Duration) {
-    let channel = "bench:handoff-cost:floor";
-    let mut subscriber = redis::Client::open(url)
-        .and_then(|client| client.get_connection())
-        .expect("connect");
-    let (heard, hear) = mpsc::channel::<()>();
-    let (took, taken) = mpsc::channel::<Instant>();
-    let (subscribed, ready) = mpsc::channel::<()>();
-    let listener = thread::spawn(move || {
-        let mut pubsub = subscriber.as_pubsub();
-        pubsub.subscribe(channel).expect("subscribe");
-        subscribed.send(()).expect("the holder waits");
-        for _ in 0..ROUNDS {
-            pubsub.get_message().expect("a message");
-            heard.send(()).expect("the waiter listens");
+/// The floor of a hand-off by grant, with no lock at all: a `PUBLISH`
+/// (its reply awaited, as a release's is), read by a subscriber thread
+/// that hands it to a thread waiting for it (as a hub's listener hands a
+/// grant to its parked waiter). Its rounds run between the hand-offs'
+/// rounds, so that both see the machine alike (how busy it is moves the
+/// round trip by as much as three times on a small shared one).
+struct Floor {
+    channel: String,
+    listener: thread::JoinHandle<()>,
+    waiter: thread::JoinHandle<()>,
+    taken: mpsc::Receiver<Instant>,
+}
+
+impl Floor {
+    /// Subscribes its listener to `channel` on `url`, and starts its waiter.
+    fn start(url: &str, channel: &str) -> Floor {
+        let mut subscriber = redis::Client::open(url)
+            .and_then(|client| client.get_connection())
+            .expect("connect");
+        let (heard, hear) = mpsc::channel::<()>();
+        let (took, taken) = mpsc::channel::<Instant>();
+        let (subscribed, ready) = mpsc::channel::<()>();
+        let listened = channel.to_owned();
+        let listener = thread::spawn(move || {
+            let mut pubsub = subscriber.as_pubsub();
+            pubsub.subscribe(&listened).expect("subscribe");
+            subscribed.send(()).expect("the holder waits");
+            // "stop" ends it.
+            while pubsub
+                .get_message()
+                .expect("a message")
+                .get_payload::<String>()
+                .is_ok_and(|payload| payload != "stop")
+            {
+                heard.send(()).expect("the waiter listens");
+            }
+        });
+        let waiter = thread::spawn(move || {
+            for () in hear {
+                took.send(Instant::now()).expect("the holder waits");
+            }
+        });
+        ready.recv().expect("subscribed");
+        Floor {
+            channel: channel.to_owned(),
+            listener,
+            waiter,
+            taken,
         }
-    });
-    let waiter = thread::spawn(move || {
-        for () in hear {
-            took.send(Instant::now()).expect("the holder waits");
-        }
-    });
-    ready.recv().expect("subscribed");
-    let mut raw = redis::Client::open(url)
-        .and_then(|client| client.get_connection())
-        .expect("connect");
-    let (mut times, mut pings) = (Vec::new(), Vec::new());
-    for _ in 0..ROUNDS {
-        thread::sleep(Duration::from_millis(5));
-        let ping = Instant::now();
-        redis::cmd("PING").query::<String>(&mut raw).expect("PING");
-        pings.push(ping.elapsed());
+    }
+
+    /// One hand-off: from just before the `PUBLISH` to just after the
+    /// waiter got it.
+    fn round(&self, conn: &mut redis::Connection) -> Duration {
         let published = Instant::now();
         redis::cmd("PUBLISH")
-            .arg(channel)
+            .arg(&self.channel)
             .arg("granted")
-            .query::<i64>(&mut raw)
+            .query::<i64>(conn)
             .expect("PUBLISH");
-        times.push(taken.recv().expect("the waiter took it") - published);
+        self.taken.recv().expect("the waiter took it") - published
     }
-    listener.join().expect("the listener's thread");
-    waiter.join().expect("the waiter's thread");
-    (median(times), median(pings))
+
+    fn stop(self, conn: &mut redis::Connection) {
+        redis::cmd("PUBLISH")
+            .arg(&self.channel)
+            .arg("stop")
+            .query::<i64>(conn)
+            .expect("PUBLISH");
+        self.listener.join().expect("the listener's thread");
+        self.waiter.join().expect("the waiter's thread");
+    }
 }
 
 fn main() {
@@ -222,20 +265,18 @@ fn main() {
             ("blpop", blpop_url.as_str()),
         ];
         for (label, url) in ways {
-            let (handoff, ping) = handoffs(kind, label, url);
+            let m = handoffs(kind, label, url, &redis.url);
+            let us = |d: Duration| d.as_secs_f64() * 1e6;
             println!(
-                "{kind:?} {label:<6} hand-off p50 {:>6.1} µs, PING {:>5.1} µs: {:.2} × PING",
-                handoff.as_secs_f64() * 1e6,
-                ping.as_secs_f64() * 1e6,
-                handoff.as_secs_f64() / ping.as_secs_f64()
+                "{kind:?} {label:<6} hand-off p50 {:>6.1} µs = {:.2} × PING, {:.2} × the floor \
+                 (PUBLISH → listener → waiter {:>6.1} µs = {:.2} × PING; PING {:>5.1} µs)",
+                us(m.handoff),
+                m.handoff.as_secs_f64() / m.ping.as_secs_f64(),
+                m.handoff.as_secs_f64() / m.floor.as_secs_f64(),
+                us(m.floor),
+                m.floor.as_secs_f64() / m.ping.as_secs_f64(),
+                us(m.ping),
             );
         }
-        let (floor, ping) = publish_floor(&url);
-        println!(
-            "floor  PUBLISH → listener → waiter p50 {:>6.1} µs, PING {:>5.1} µs: {:.2} × PING",
-            floor.as_secs_f64() * 1e6,
-            ping.as_secs_f64() * 1e6,
-            floor.as_secs_f64() / ping.as_secs_f64()
-        );
     }
 }
