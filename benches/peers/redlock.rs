@@ -44,7 +44,10 @@
 //!    acquisition plus 1 s) to the waiter's acquisition, median of 3 runs (a
 //!    negative figure is a waiter in before the end of the lease, not
 //!    ranked);
-//! 6. redbaton only: the uncontended cycle with as many masters stopped
+//! 6. the masters' CPU time per uncontended cycle (their main threads,
+//!    all masters together, from `INFO cpu`): on a machine whose cores the
+//!    masters share, what a cycle costs the servers shows in its wall time;
+//! 7. redbaton only: the uncontended cycle with as many masters stopped
 //!    (SIGSTOP) as a majority can do without, against its healthy cycle
 //!    of the same run (the peers are not run with stopped masters).
 //!
@@ -378,6 +381,40 @@ fn uncontended_cycle(peer: Peer, urls: &[String]) -> Duration {
         None,
     );
     median(peer.cycle_rounds(), || taker.cycle())
+}
+
+/// [`uncontended_cycle`], and the masters' CPU time per cycle (all
+/// masters' main threads together, `INFO cpu`): where a cycle's time goes
+/// that the client does not spend, on a machine whose cores the masters
+/// share. Every master must answer.
+fn uncontended_cycle_costs(peer: Peer, urls: &[String]) -> (Duration, Duration) {
+    let rounds = peer.cycle_rounds();
+    let before = masters_cpu(urls);
+    let cycle = uncontended_cycle(peer, urls);
+    let spent = masters_cpu(urls).saturating_sub(before);
+    (cycle, spent / (rounds + rounds / 10) as u32)
+}
+
+/// The CPU time the main threads of the masters at `urls` have used.
+fn masters_cpu(urls: &[String]) -> Duration {
+    urls.iter()
+        .map(|url| {
+            let info: String = redis::Client::open(url.as_str())
+                .and_then(|client| client.get_connection())
+                .and_then(|mut conn| redis::cmd("INFO").arg("cpu").query(&mut conn))
+                .expect("INFO cpu");
+            let seconds: f64 = info
+                .lines()
+                .filter_map(|line| {
+                    let (field, value) = line.trim().split_once(':')?;
+                    let main_thread = field == "used_cpu_sys_main_thread"
+                        || field == "used_cpu_user_main_thread";
+                    main_thread.then(|| value.parse::<f64>().ok()).flatten()
+                })
+                .sum();
+            Duration::from_secs_f64(seconds)
+        })
+        .sum()
 }
 
 /// One acquisition in a contended run: when the thread asked, got the lock
@@ -731,10 +768,10 @@ fn figures(masters: usize) {
         us(ping)
     );
 
-    let cycles: Vec<Duration> = Peer::ALL
+    let (cycles, masters_cpu): (Vec<Duration>, Vec<Duration>) = Peer::ALL
         .iter()
-        .map(|&peer| uncontended_cycle(peer, &urls))
-        .collect();
+        .map(|&peer| uncontended_cycle_costs(peer, &urls))
+        .unzip();
     let runs: Vec<Contended> = Peer::ALL.iter().map(|&peer| contend(peer, &urls)).collect();
     let handoffs: Vec<Handoff> = Peer::ALL.iter().map(|&peer| handoff(peer, &urls)).collect();
     let recoveries: Vec<Vec<f64>> = Peer::ALL
@@ -824,6 +861,15 @@ fn figures(masters: usize) {
         format!("(redbaton's goal ≤ {GOAL} × PING is for {GOAL_MASTERS} masters)")
     };
     println!("{n}   uncontended cycle: median of {ROUNDS} (redlock crate: {PEER_ROUNDS}) — {goal}");
+    let spent: Vec<String> = Peer::ALL
+        .iter()
+        .zip(&masters_cpu)
+        .map(|(peer, cpu)| format!("{} {:.1} µs", peer.name(), us(*cpu)))
+        .collect();
+    println!(
+        "{n}   uncontended cycle, the masters' CPU per cycle (all {masters} together): {}",
+        spent.join(", ")
+    );
     for (peer, run) in Peer::ALL.iter().zip(&runs) {
         println!(
             "{n}   contended, {}: {} acquisitions in {CONTENDED_RUN:?}, same thread again {:.1} %, {} overlaps, {} errors{}",
