@@ -12,7 +12,7 @@
 //! granted and the list the waiter parks on. A message whose waiter is no
 //! longer parked (it stopped waiting, or parks after a later request) is
 //! given back, through what the client's synchronizer installed
-//! ([`Grants::give_back_with`]).
+//! ([`Grants::give_back_with`]), on a thread of the hub's (`give_backs`).
 //!
 //! Only where one server's word is final: one server, and Sentinel's
 //! master without replica acknowledgements. A Cluster node's publish
@@ -27,8 +27,9 @@ use super::GrantReceipt;
 
 /// What the client's synchronizer sends on a connection to the server
 /// that granted it to give back a grant nobody parked took. It holds no
-/// handle on the client: the hub's listener gives grants back even while
-/// the client is being dropped, until it unsubscribes.
+/// handle on the client: the hub's give-back thread (`give_backs`) gives
+/// grants back even while the client is being dropped, every grant its
+/// listener heard until it unsubscribed.
 pub(crate) type GiveBack = Box<
     dyn Fn(&mut dyn redis::ConnectionLike, Unclaimed<'_>) -> redis::RedisResult<()> + Send + Sync,
 >;

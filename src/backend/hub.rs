@@ -95,6 +95,7 @@ use redis::{RedisResult, Value};
 use super::classify::{
     self, breaks_connection, describe_io, is_permission_failure, is_redirection, ScriptTracer,
 };
+use super::give_backs::GiveBacks;
 use super::grants::Granted;
 use super::pool::{Pool, PooledConn};
 use super::{GrantReceipt, Grants, NodeParked, ParkHow, Parked};
@@ -188,6 +189,9 @@ struct Inner {
     /// The client's grant channel, which the listener subscribes to as
     /// well (see `grants`), where this server's releases may grant.
     grants: Option<Arc<Grants>>,
+    /// Where the grants that no parked waiter took are given back (with
+    /// `grants`).
+    give_backs: Option<GiveBacks>,
 }
 
 #[derive(Default)]
@@ -297,6 +301,9 @@ impl Hub {
         trace: ScriptTracer,
         grants: Option<Arc<Grants>>,
     ) -> Hub {
+        let give_backs = grants
+            .as_ref()
+            .map(|grants| GiveBacks::new(commands.clone(), Arc::clone(grants), io_timeout, trace));
         Hub {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::default()),
@@ -311,6 +318,7 @@ impl Hub {
                 io_timeout,
                 trace,
                 grants,
+                give_backs,
             }),
         }
     }
@@ -934,7 +942,7 @@ impl Inner {
                         if let Some(grants) = &self.grants {
                             if message.get_channel_name() == grants.channel() {
                                 let payload = message.get_payload::<Vec<u8>>().unwrap_or_default();
-                                if !self.granted(grants, &payload) {
+                                if !self.granted(&payload) {
                                     self.leave_grants(grants, &mut pubsub);
                                     return;
                                 }
@@ -972,13 +980,14 @@ impl Inner {
     }
 
     /// A grant came: the waiter it names ends its park with it, or, where
-    /// none is parked, it is given back (on the listener's thread: rare,
-    /// one round trip; see `grants`). Whether the listener goes on: not
-    /// once the hub is closed or refused tracking (its waiters then park
-    /// in `BLPOP`, where no grant reaches them, and grants may come faster
-    /// than the listener's read times out, where it looks too). One look
-    /// at the state, so that the woken waiter does not wait for it.
-    fn granted(&self, grants: &Grants, message: &[u8]) -> bool {
+    /// none is parked, it is given back (by `give_backs`, off this
+    /// thread: rare, one round trip; see `grants`). Whether the listener
+    /// goes on: not once the hub is closed or refused tracking (its
+    /// waiters then park in `BLPOP`, where no grant reaches them, and
+    /// grants may come faster than the listener's read times out, where
+    /// it looks too). One look at the state, so that the woken waiter does
+    /// not wait for it.
+    fn granted(&self, message: &[u8]) -> bool {
         let Some(granted) = Granted::parse(message) else {
             log::warn!("redbaton: a message on the grant channel that is no grant was ignored");
             return true;
@@ -991,23 +1000,10 @@ impl Inner {
             }
             (taken, !state.closed && !state.refused)
         };
-        if taken {
-            return listens;
-        }
-        let given = self.commands.get(self.io_timeout).and_then(|mut conn| {
-            conn.run(|c| grants.give_back(c, &granted))
-                .map_err(|err| self.classify(err, "(a grant given back)"))
-        });
-        match given {
-            Ok(()) => log::debug!(
-                "redbaton: gave back a grant of {:?} that no parked waiter took",
-                granted.key
-            ),
-            Err(err) => log::warn!(
-                "redbaton: giving back a grant of {:?} that no parked waiter took failed \
-                 ({err}); it is free at the end of the grant's lease",
-                granted.key
-            ),
+        if !taken {
+            if let Some(give_backs) = &self.give_backs {
+                give_backs.give_back(granted);
+            }
         }
         listens
     }
@@ -1029,7 +1025,7 @@ impl Inner {
         while let Ok(message) = pubsub.get_message() {
             if message.get_channel_name() == grants.channel() {
                 let payload = message.get_payload::<Vec<u8>>().unwrap_or_default();
-                self.granted(grants, &payload);
+                self.granted(&payload);
             }
         }
     }

@@ -27,6 +27,7 @@
 mod classify;
 #[cfg(feature = "cluster")]
 mod cluster;
+mod give_backs;
 mod grants;
 mod hub;
 mod pool;

@@ -231,6 +231,72 @@ fn a_grant_no_parked_waiter_takes_is_given_back_at_once() {
     );
 }
 
+/// A give-back whose reply is slow (a slow network on the way back) is
+/// waited for off the client's listener: meanwhile the listener hears the
+/// grants to the client's other waiters, which take their locks at once,
+/// not after the give-back's round trip.
+#[test]
+fn a_slow_give_back_keeps_no_other_grant_of_its_client_waiting() {
+    let server = RedisServer::start();
+    let proxy = testkit::FaultProxy::start(server.port());
+    let holder = support::client(&server);
+    let client = Client::builder(proxy.url())
+        .max_park(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let held = holder.lock("second").unwrap().lock().unwrap();
+    let lock = client.lock("second").unwrap();
+    let (acquired, got) = mpsc::channel();
+    let waiter = thread::spawn(move || {
+        let guard = lock.try_lock_for(Duration::from_secs(30)).unwrap();
+        acquired.send(Instant::now()).unwrap();
+        guard.expect("served").unlock().unwrap();
+    });
+    let mut raw = server.connection();
+    eventually(
+        Duration::from_secs(10),
+        "the waiter marked and parked",
+        || support::parked(&server) == 1 && field(&mut raw, "second", "grant").is_some(),
+    );
+    let queued = field(&mut raw, "second", "queued").expect("the waiter's place");
+    let id = queued.split(':').next().unwrap().to_owned();
+    let channel = format!("{GRANT_CHANNELS}{id}");
+    eventually(Duration::from_secs(10), "the listener subscribed", || {
+        let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query(&mut raw)
+            .unwrap();
+        subscribers == 1
+    });
+    // A grant of "unclaimed" to a request of the client's that no thread
+    // parks after: given back, which runs at once on the server, and whose
+    // reply reaches the client 3 s later.
+    let fence = take(&mut raw, "unclaimed", "a:1");
+    let nobody = format!("{id}:999");
+    assert_eq!(
+        mark(&mut raw, "unclaimed", &nobody, LONG, 999_999, 60_000)[0],
+        0
+    );
+    let reply_held = Duration::from_secs(3);
+    proxy.hold_reply_to(b"{unclaimed}", reply_held);
+    release(&mut raw, "unclaimed", "a:1", fence, true);
+    eventually(Duration::from_secs(10), "the grant given back", || {
+        field(&mut raw, "unclaimed", "flag").is_none()
+    });
+    let released = Instant::now();
+    held.unlock().unwrap();
+    let acquired_at = got
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the waiter ended");
+    let waited = acquired_at.saturating_duration_since(released);
+    assert!(
+        waited < Duration::from_secs(1),
+        "served {waited:?} after the release, while a give-back's reply was held {reply_held:?}"
+    );
+    waiter.joined();
+}
+
 /// A grant whose message is lost (the listener's connection fails after
 /// the release) still reaches its waiter: every waiter of that hub looks
 /// again, and the waiter finds the lock under its own identity with no
