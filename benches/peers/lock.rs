@@ -719,5 +719,8 @@ fn in_process_floors(
         )
     };
     println!("  redbaton / turns in memory: {}", vs(plain, &memory));
-    println!("  fair / turns, a PING per arrival: {}", vs(fair, &through_redis));
+    println!(
+        "  fair / turns, a PING per arrival: {}",
+        vs(fair, &through_redis)
+    );
 }

@@ -407,8 +407,8 @@ fn masters_cpu(urls: &[String]) -> Duration {
                 .lines()
                 .filter_map(|line| {
                     let (field, value) = line.trim().split_once(':')?;
-                    let main_thread = field == "used_cpu_sys_main_thread"
-                        || field == "used_cpu_user_main_thread";
+                    let main_thread =
+                        field == "used_cpu_sys_main_thread" || field == "used_cpu_user_main_thread";
                     main_thread.then(|| value.parse::<f64>().ok()).flatten()
                 })
                 .sum();
