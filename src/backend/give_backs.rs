@@ -64,34 +64,39 @@ impl GiveBacks {
     /// run yet; on the caller's thread where no thread can be started.
     pub(super) fn give_back(&self, granted: Granted) {
         let mut queue = self.queue.lock();
-        if queue.is_none() {
-            let (sender, receiver) = crossbeam_channel::unbounded::<Granted>();
-            let giver = self.giver.clone();
-            let started = thread::Builder::new()
-                .name(THREAD_NAME.to_owned())
-                .spawn(move || {
-                    receiver
-                        .iter()
-                        .for_each(|granted| giver.give_back(&granted))
-                });
-            match started {
-                Ok(_) => *queue = Some(sender),
+        let sender = match &mut *queue {
+            Some(sender) => sender,
+            None => match self.start() {
+                Ok(sender) => queue.insert(sender),
                 Err(err) => {
+                    drop(queue);
                     log::debug!(
                         "redbaton: no thread to give grants back on ({err}); giving one back here"
                     );
-                    drop(queue);
                     self.giver.give_back(&granted);
                     return;
                 }
-            }
+            },
+        };
+        // The thread ends only once every sender is gone: it reads.
+        if let Err(unsent) = sender.send(granted) {
+            drop(queue);
+            self.giver.give_back(&unsent.into_inner());
         }
-        if let Some(sender) = queue.as_ref() {
-            // The thread ends only once every sender is gone: it reads.
-            if let Err(unsent) = sender.send(granted) {
-                self.giver.give_back(&unsent.into_inner());
-            }
-        }
+    }
+
+    /// Starts the thread; the sender of its queue.
+    fn start(&self) -> std::io::Result<Sender<Granted>> {
+        let (sender, receiver) = crossbeam_channel::unbounded::<Granted>();
+        let giver = self.giver.clone();
+        thread::Builder::new()
+            .name(THREAD_NAME.to_owned())
+            .spawn(move || {
+                receiver
+                    .iter()
+                    .for_each(|granted| giver.give_back(&granted))
+            })?;
+        Ok(sender)
     }
 }
 
