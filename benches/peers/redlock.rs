@@ -371,28 +371,33 @@ fn ping_median(conn: &mut redis::Connection) -> Duration {
     })
 }
 
+/// `peer`'s lock for the uncontended cycles, on `urls`.
+fn uncontended_taker(peer: Peer, urls: &[String]) -> Taker {
+    let name = format!("bench:redlock:uncontended:{}", peer.tag());
+    Taker::new(peer, urls, &name, None, None)
+}
+
 /// The median uncontended lock + unlock of `peer` on `urls`.
 fn uncontended_cycle(peer: Peer, urls: &[String]) -> Duration {
-    let taker = Taker::new(
-        peer,
-        urls,
-        &format!("bench:redlock:uncontended:{}", peer.tag()),
-        None,
-        None,
-    );
+    let taker = uncontended_taker(peer, urls);
     median(peer.cycle_rounds(), || taker.cycle())
 }
 
 /// [`uncontended_cycle`], and the masters' CPU time per cycle (all
-/// masters' main threads together, `INFO cpu`): where a cycle's time goes
-/// that the client does not spend, on a machine whose cores the masters
-/// share. Every master must answer.
+/// masters' main threads together, `INFO cpu`, over every cycle run,
+/// untimed ones too): where a cycle's time goes that the client does not
+/// spend, on a machine whose cores the masters share. Every master must
+/// answer.
 fn uncontended_cycle_costs(peer: Peer, urls: &[String]) -> (Duration, Duration) {
-    let rounds = peer.cycle_rounds();
+    let taker = uncontended_taker(peer, urls);
+    let mut cycles: u32 = 0;
     let before = masters_cpu(urls);
-    let cycle = uncontended_cycle(peer, urls);
+    let cycle = median(peer.cycle_rounds(), || {
+        cycles += 1;
+        taker.cycle();
+    });
     let spent = masters_cpu(urls).saturating_sub(before);
-    (cycle, spent / (rounds + rounds / 10) as u32)
+    (cycle, spent / cycles.max(1))
 }
 
 /// The CPU time the main threads of the masters at `urls` have used.
