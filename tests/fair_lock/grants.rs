@@ -13,8 +13,8 @@ use testkit::RedisServer;
 
 use crate::support::{self, JoinWithin};
 use crate::{
-    held_by_c1, patient, queue_key, queue_len, queued_in_turn, release_script, unlocked,
-    InTurnWaiter,
+    held_by_c1, patient, queue_key, queue_len, queued_in_turn, release_script, renewed_past_grant,
+    unlocked, InTurnWaiter,
 };
 
 /// The prefix of the clients' grant channels (`<prefix>:grant:`).
@@ -200,6 +200,9 @@ fn guessed_then_granted(
     held.unlock().unwrap();
     let guessed = order.recv_timeout(Duration::from_secs(20)).unwrap();
     assert_eq!(guessed.0, "guessed");
+    // Granted too (it asked while `first` held the lock): its renewal
+    // comes before what the tests count.
+    renewed_past_grant(server, name);
     (go.try_into().unwrap(), threads, order)
 }
 
@@ -246,6 +249,95 @@ fn the_guessed_head_of_another_client_is_granted_the_lock_without_an_attempt() {
     assert_eq!(used.get("lpop"), None, "{used:?}");
     assert_eq!(support::scripts_run(&used), 2, "{used:?}");
     assert_eq!(queue_len(&server, name), 0, "its release dropped its place");
+}
+
+/// A waiter of another client that asked while the lock was held (the
+/// head of the queue, parked on the head's list, its spec beside `next`)
+/// is granted the lock by the holder's release: it wakes holding it, with
+/// no attempt of its own (the release and its own release are the only
+/// scripts, one `PUBLISH`, no token pushed or popped), under a token above
+/// the holder's.
+#[test]
+fn the_head_that_asked_while_the_lock_was_held_is_granted_it_without_an_attempt() {
+    let server = RedisServer::start();
+    let name = "asked_while_held";
+    let holder = Client::open(&server.url()).unwrap();
+    let held = holder.fair_lock(name).unwrap().lock().unwrap();
+    let held_token = held.fencing_token();
+    // A fixed lease no longer than a grant's: granted, and never renewed
+    // (no renewal among the scripts counted).
+    let lock = patient(&server)
+        .fair_lock(name)
+        .unwrap()
+        .with_fixed_lease(Duration::from_secs(2))
+        .unwrap();
+    let (tokens, token) = mpsc::channel();
+    let wait = move || {
+        let guard = lock
+            .try_lock_for(Duration::from_secs(20))
+            .unwrap()
+            .expect("served");
+        tokens.send(guard.fencing_token()).unwrap();
+        guard.unlock().unwrap();
+    };
+    let used = support::hand_off_commands(&server, wait, || held.unlock().unwrap());
+    let token = token.recv().unwrap();
+    assert!(token > held_token, "{token} after {held_token}");
+    assert_eq!(used.get("publish"), Some(&1), "{used:?}");
+    assert_eq!(used.get("rpush"), None, "{used:?}");
+    assert_eq!(used.get("lpop"), None, "{used:?}");
+    assert_eq!(support::scripts_run(&used), 2, "{used:?}");
+    assert_eq!(queue_len(&server, name), 0, "its release dropped its place");
+}
+
+/// A head that may not be granted the lock (a fixed lease longer than a
+/// grant's) leaves no spec beside `next`, not even the one of the head
+/// before it (which gave up): the release wakes it, with no grant under
+/// another waiter's spec.
+#[test]
+fn a_head_that_may_not_be_granted_leaves_no_spec_of_the_head_before_it() {
+    let server = RedisServer::start();
+    let name = "ungrantable_head";
+    let held = Client::open(&server.url())
+        .unwrap()
+        .fair_lock(name)
+        .unwrap()
+        .lock()
+        .unwrap();
+    let gave_up = patient(&server)
+        .fair_lock(name)
+        .unwrap()
+        .try_lock_for(Duration::from_millis(300))
+        .unwrap();
+    assert!(gave_up.is_none(), "held all along");
+    let mut con = server.connection();
+    let first_head = field(&mut con, name, "next");
+    assert!(
+        field(&mut con, name, "nspec").is_some(),
+        "the first head's spec"
+    );
+    let lock = patient(&server)
+        .fair_lock(name)
+        .unwrap()
+        .with_fixed_lease(Duration::from_secs(30))
+        .unwrap();
+    let waiter = thread::spawn(move || {
+        let guard = lock
+            .try_lock_for(Duration::from_secs(20))
+            .unwrap()
+            .expect("served");
+        guard.unlock().unwrap();
+    });
+    support::eventually(Duration::from_secs(10), "the next head", || {
+        field(&mut con, name, "next").is_some_and(|next| Some(&next) != first_head.as_ref())
+    });
+    let before = server.command_calls();
+    held.unlock().unwrap();
+    waiter.joined();
+    let used = server.commands_since(&before);
+    assert_eq!(used.get("publish"), None, "no grant: {used:?}");
+    assert_eq!(used.get("rpush"), Some(&1), "woken: {used:?}");
+    assert_eq!(queue_len(&server, name), 0);
 }
 
 /// A grant that finds no waiter parked with its ticket (the spec names an

@@ -1,7 +1,8 @@
 -- fair/acquire: take the fair lock in arrival order, re-enter it, or take
 -- (and keep) a place in its queue of waiters.
 --
--- KEYS[1]  lock key   (hash: flag, count, fence, req, waited), as acquire.lua
+-- KEYS[1]  lock key   (hash: flag, count, fence, req, waited), as acquire.lua;
+--          and `next`, `nspec` (see below)
 -- KEYS[2]  fence key  (string: per-lock fencing counter)
 -- KEYS[3]  queue      (sorted set: waiter -> arrival, server µs)
 -- KEYS[4]  places     (sorted set: waiter -> end of its place, server ms)
@@ -74,7 +75,10 @@
 -- that woke it may have been the head's. A waiter that became the head
 -- while it was parked (behind one that went first) never made that
 -- attempt: a fresh acquisition names it, and the release declares its own
--- list from that guess.
+-- list from that guess. Beside `next`, a head that may be granted the lock
+-- (ARGV[14]) leaves its grant spec (`nspec`), so that the release that
+-- finds it still the head grants it the lock, as it grants a guessed head
+-- from its spec key.
 --
 -- While its slot migrates, Redis refuses a script that names a key the
 -- node does not have beside ones it has (TRYAGAIN, before it runs); the
@@ -171,7 +175,7 @@ if leftover or (held[1] == false and (head == nil or head == ARGV[1])) then
   redis.call('ZREM', places, ARGV[1])
   if held[1] then
     -- A leftover of the caller's: nothing of it (a `next`) stays.
-    redis.call('HDEL', KEYS[1], 'next', 'waited')
+    redis.call('HDEL', KEYS[1], 'next', 'nspec', 'waited')
   end
   redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -202,19 +206,29 @@ if ARGV[7] == '1' then
   end
   redis.call('ZADD', places, now + tonumber(ARGV[8]), ARGV[1])
   keep_queue(queue, places, ARGV[8])
+  local spec = ARGV[6] .. ' ' .. ARGV[14] .. ' ' .. ARGV[12]
   if ARGV[14] ~= '0' then
-    redis.call('SET', KEYS[#KEYS], ARGV[6] .. ' ' .. ARGV[14] .. ' ' .. ARGV[12], 'PX', ARGV[8])
+    redis.call('SET', KEYS[#KEYS], spec, 'PX', ARGV[8])
   end
   if held[1] then
     if head == nil or head == ARGV[1] then
       is_head = 1
-      redis.call('HSET', KEYS[1], 'waited', '1', 'next', ARGV[1])
+      -- With its grant spec (`nspec`), for the release that finds it
+      -- still the head to grant it the lock (fair/release.lua); a head
+      -- that may not be granted leaves no spec, not even its
+      -- predecessor's.
+      if ARGV[14] ~= '0' then
+        redis.call('HSET', KEYS[1], 'waited', '1', 'next', ARGV[1], 'nspec', spec)
+      else
+        redis.call('HSET', KEYS[1], 'waited', '1', 'next', ARGV[1])
+        redis.call('HDEL', KEYS[1], 'nspec')
+      end
     else
       redis.call('HSET', KEYS[1], 'waited', '1')
       if held[5] == ARGV[1] then
         -- Recorded as the head in an earlier wait (a run served it in
         -- memory since): it parks on its own list now.
-        redis.call('HDEL', KEYS[1], 'next')
+        redis.call('HDEL', KEYS[1], 'next', 'nspec')
       end
     end
   end

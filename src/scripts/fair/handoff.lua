@@ -56,7 +56,7 @@ end
 redis.call('ZREM', queue, ARGV[3])
 redis.call('ZREM', places, ARGV[3])
 -- Nothing of the holder's ownership (a `next`, its marks) stays.
-redis.call('HDEL', KEYS[1], 'next', 'waited')
+redis.call('HDEL', KEYS[1], 'next', 'nspec', 'waited')
 redis.call('HSET', KEYS[1], 'flag', ARGV[3], 'count', '1', 'fence', token, 'req', ARGV[6])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 if first[2] then

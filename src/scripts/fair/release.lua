@@ -1,7 +1,8 @@
 -- fair/release: release one guard of a fair lock; the last guard frees the
 -- lock and wakes the head of the queue, or names it, to be woken.
 --
--- KEYS[1]  lock key   (hash: flag, count, fence, req, waited, next)
+-- KEYS[1]  lock key   (hash: flag, count, fence, req, waited, next, and
+--          nspec: the grant spec of `next`, see fair/acquire.lua)
 -- KEYS[2]  queue
 -- KEYS[3]  places
 -- KEYS[4]  the head's list (FairKeys::next, see fair/acquire.lua); left
@@ -20,7 +21,8 @@
 -- ARGV[8]  where the deployment allows grants (one server, or Sentinel's
 --          master without replica acknowledgements), the prefix of the
 --          clients' grant channels; else "". A last release that would
---          wake the guessed head of another client grants it the lock
+--          wake a head of another client on a list it declares (the
+--          head's list, the guessed head's own) grants it the lock
 --          instead, when its spec is there and its client hears it
 --          (lib/grant.lua); the threads of that client behind it in the
 --          queue (up to the spec's number) are passed with the grant, as
@@ -45,8 +47,10 @@
 -- acquisition guessed (KEYS[6]; in steady contention, the head became
 -- the head while parked, behind the waiter that acquired). A `next` that
 -- names another waiter than the head is woken off the head's list the
--- same way. A head of another client whose grant spec the release
--- declares (the guessed head) is granted the lock instead (ARGV[8]).
+-- same way. A head of another client whose grant spec the release finds
+-- (beside `next`, or in the guessed head's spec key) is granted the lock
+-- instead (ARGV[8]): the head that asked once the lock was held as well as
+-- the one that became the head while parked.
 -- Only an ownership somebody asked for meanwhile (`waited`), or
 -- a lock found free by a caller that no longer owns it, looks for a head.
 --
@@ -56,11 +60,11 @@
 -- release again without KEYS[4] to KEYS[7], and the head, wherever it
 -- parks, is named for the client to wake.
 -- extend_lease, the queue and baton helpers come from lib/.
--- grant_head(head, list): grants the lock (deleted) to `head`, parked on
--- `list`, with the line of its client's threads behind it, if its spec
--- (KEYS[7]) is there and its client hears the grant; whether it did.
-local function grant_head(head, list)
-  local req, lease, most = grant_spec(redis.call('GET', KEYS[7]) or '')
+-- grant_head(head, list, spec): grants the lock (deleted) to `head`,
+-- parked on `list`, with the line of its client's threads behind it, if
+-- `spec` is its grant spec and its client hears the grant; whether it did.
+local function grant_head(head, list, spec)
+  local req, lease, most = grant_spec(spec or '')
   if not req then
     return false
   end
@@ -80,7 +84,7 @@ local function grant_head(head, list)
   return true
 end
 
-local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'waited', 'next')
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'waited', 'next', 'nspec')
 if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
   -- Not ours. When nobody holds the lock (a first run of this release
   -- freed it and its reply was lost, or the lease ran out), the head is
@@ -145,8 +149,17 @@ local client = string.match(ARGV[1], '^(.*:)')
 if head == '' or not list or (client and string.sub(head, 1, #client) == client) then
   return {0, head, parked_on}
 end
-if head == ARGV[6] and ARGV[8] ~= '' and KEYS[7] and grant_head(head, list) then
-  return {0, '', 0}
+if ARGV[8] ~= '' then
+  -- The head's spec: beside `next` when it parks on the head's list (its
+  -- attempt that found itself the head wrote both), else in its spec key
+  -- when it is the guessed head (KEYS[7]).
+  local spec = on_heads_list and held[5] or nil
+  if not spec and head == ARGV[6] and KEYS[7] then
+    spec = redis.call('GET', KEYS[7])
+  end
+  if spec and grant_head(head, list, spec) then
+    return {0, '', 0}
+  end
 end
 push_baton(list, ARGV[5])
 return {0, '', 0}
