@@ -244,11 +244,22 @@ fn the_guessed_head_of_another_client_is_granted_the_lock_without_an_attempt() {
         thread.joined();
     }
     let used = server.commands_since(&before);
+    granted_without_an_attempt(&server, name, &used);
+}
+
+/// What a hand-off by grant alone ran (`used`): the release and the
+/// grantee's own release, one `PUBLISH`, no token pushed or popped; and
+/// the grantee's release dropped its place in `name`'s queue.
+fn granted_without_an_attempt(
+    server: &RedisServer,
+    name: &str,
+    used: &std::collections::BTreeMap<String, u64>,
+) {
     assert_eq!(used.get("publish"), Some(&1), "{used:?}");
     assert_eq!(used.get("rpush"), None, "{used:?}");
     assert_eq!(used.get("lpop"), None, "{used:?}");
-    assert_eq!(support::scripts_run(&used), 2, "{used:?}");
-    assert_eq!(queue_len(&server, name), 0, "its release dropped its place");
+    assert_eq!(support::scripts_run(used), 2, "{used:?}");
+    assert_eq!(queue_len(server, name), 0, "its release dropped its place");
 }
 
 /// A waiter of another client that asked while the lock was held (the
@@ -283,11 +294,7 @@ fn the_head_that_asked_while_the_lock_was_held_is_granted_it_without_an_attempt(
     let used = support::hand_off_commands(&server, wait, || held.unlock().unwrap());
     let token = token.recv().unwrap();
     assert!(token > held_token, "{token} after {held_token}");
-    assert_eq!(used.get("publish"), Some(&1), "{used:?}");
-    assert_eq!(used.get("rpush"), None, "{used:?}");
-    assert_eq!(used.get("lpop"), None, "{used:?}");
-    assert_eq!(support::scripts_run(&used), 2, "{used:?}");
-    assert_eq!(queue_len(&server, name), 0, "its release dropped its place");
+    granted_without_an_attempt(&server, name, &used);
 }
 
 /// A head that may not be granted the lock (a fixed lease longer than a
