@@ -386,6 +386,49 @@ fn a_grant_given_back_leaves_the_head_its_turn() {
     assert_eq!(queue_len(&server, name), 0);
 }
 
+/// A grant to the head parked on the head's list that its client gives
+/// back (the spec beside `next` names an older request) leaves it its
+/// turn: the give-back's release finds it the head again and wakes it,
+/// within seconds, not at its park's end (30 s).
+#[test]
+fn a_grant_to_the_head_on_the_heads_list_given_back_leaves_it_its_turn() {
+    let server = RedisServer::start();
+    let name = "given_back_on_the_heads_list";
+    let held = Client::open(&server.url())
+        .unwrap()
+        .fair_lock(name)
+        .unwrap()
+        .lock()
+        .unwrap();
+    let lock = patient(&server).fair_lock(name).unwrap();
+    let waiter = thread::spawn(move || {
+        let guard = lock
+            .try_lock_for(Duration::from_secs(25))
+            .unwrap()
+            .expect("served");
+        guard.unlock().unwrap();
+    });
+    let mut con = server.connection();
+    support::eventually(Duration::from_secs(10), "the head parked", || {
+        field(&mut con, name, "nspec").is_some() && support::parked(&server) == 1
+    });
+    redis::cmd("HSET")
+        .arg(lock_key(name))
+        .arg("nspec")
+        .arg("999999 2000 0")
+        .query::<()>(&mut con)
+        .unwrap();
+    let before = server.command_calls();
+    let released = Instant::now();
+    held.unlock().unwrap();
+    waiter.joined();
+    let took = released.elapsed();
+    assert!(took < Duration::from_secs(5), "served {took:?} after");
+    let used = server.commands_since(&before);
+    assert_eq!(used.get("publish"), Some(&1), "granted once: {used:?}");
+    assert_eq!(queue_len(&server, name), 0);
+}
+
 /// A grant passes along the line of the grantee's client's threads queued
 /// behind it: the grantee's release passes the lock to the next in memory
 /// (the next token, no script), as after a fresh acquisition.
