@@ -9,8 +9,9 @@
 //!
 //!     cargo run --release --manifest-path benches/peers/Cargo.toml --example handoff_cost
 //!
-//! `HANDOFF_COST_KIND=fair`, `=semaphore` or `=read` (a read behind a
-//! write) hands off another synchronizer than the plain lock.
+//! `HANDOFF_COST_KIND=fair`, `=semaphore`, `=read` (a read behind a
+//! write) or `=write` (a write behind a write) hands off another
+//! synchronizer than the plain lock.
 //!
 //! (`REDIS_URL`: a server of your own, given without a user, where the
 //! bench may run `ACL SETUSER no-tracking`.)
@@ -42,13 +43,15 @@ fn median(mut times: Vec<Duration>) -> Duration {
 }
 
 /// What is handed off: the plain lock, the fair lock, a semaphore's one
-/// permit, or the read-write lock (the holder writes, the waiter reads).
+/// permit, or the read-write lock (the holder writes, the waiter reads or
+/// writes).
 #[derive(Clone, Copy, Debug)]
 enum Kind {
     Lock,
     Fair,
     Permit,
     Read,
+    Write,
 }
 
 impl Kind {
@@ -57,6 +60,7 @@ impl Kind {
             "fair" => Kind::Fair,
             "semaphore" => Kind::Permit,
             "read" => Kind::Read,
+            "write" => Kind::Write,
             _ => Kind::Lock,
         }
     }
@@ -66,7 +70,10 @@ impl Kind {
 enum Handle {
     Lock(redbaton::Lock),
     Permit(redbaton::Semaphore),
+    /// The read-write lock, whose waiter reads.
     Rw(redbaton::RwLock),
+    /// The read-write lock, whose waiter writes too.
+    Writes(redbaton::RwLock),
 }
 
 /// A hold of a [`Handle`], let go when dropped.
@@ -88,6 +95,7 @@ impl Handle {
                 Handle::Permit(semaphore)
             }
             Kind::Read => Handle::Rw(client.rw_lock(name).expect("name")),
+            Kind::Write => Handle::Writes(client.rw_lock(name).expect("name")),
         }
     }
 
@@ -99,6 +107,7 @@ impl Handle {
             Handle::Permit(semaphore) => Held::Permit(semaphore.acquire().expect("acquire")),
             Handle::Rw(rw) if holder => Held::Write(rw.write().expect("write")),
             Handle::Rw(rw) => Held::Read(rw.read().expect("read")),
+            Handle::Writes(rw) => Held::Write(rw.write().expect("write")),
         }
     }
 }
