@@ -247,6 +247,28 @@ fn the_guessed_head_of_another_client_is_granted_the_lock_without_an_attempt() {
     granted_without_an_attempt(&server, name, &used);
 }
 
+/// The fair lock `name` on `server`, held by a client of its own.
+fn held(server: &RedisServer, name: &str) -> redbaton::LockGuard {
+    Client::open(&server.url())
+        .unwrap()
+        .fair_lock(name)
+        .unwrap()
+        .lock()
+        .unwrap()
+}
+
+/// Waits for `lock` (20 s at most), unlocks it at once; the token it was
+/// served under.
+fn served_then_unlocked(lock: &redbaton::Lock) -> u64 {
+    let guard = lock
+        .try_lock_for(Duration::from_secs(20))
+        .unwrap()
+        .expect("served");
+    let token = guard.fencing_token();
+    guard.unlock().unwrap();
+    token
+}
+
 /// What a hand-off by grant alone ran (`used`): the release and the
 /// grantee's own release, one `PUBLISH`, no token pushed or popped; and
 /// the grantee's release dropped its place in `name`'s queue.
@@ -272,8 +294,7 @@ fn granted_without_an_attempt(
 fn the_head_that_asked_while_the_lock_was_held_is_granted_it_without_an_attempt() {
     let server = RedisServer::start();
     let name = "asked_while_held";
-    let holder = Client::open(&server.url()).unwrap();
-    let held = holder.fair_lock(name).unwrap().lock().unwrap();
+    let held = held(&server, name);
     let held_token = held.fencing_token();
     // A fixed lease no longer than a grant's: granted, and never renewed
     // (no renewal among the scripts counted).
@@ -283,14 +304,7 @@ fn the_head_that_asked_while_the_lock_was_held_is_granted_it_without_an_attempt(
         .with_fixed_lease(Duration::from_secs(2))
         .unwrap();
     let (tokens, token) = mpsc::channel();
-    let wait = move || {
-        let guard = lock
-            .try_lock_for(Duration::from_secs(20))
-            .unwrap()
-            .expect("served");
-        tokens.send(guard.fencing_token()).unwrap();
-        guard.unlock().unwrap();
-    };
+    let wait = move || tokens.send(served_then_unlocked(&lock)).unwrap();
     let used = support::hand_off_commands(&server, wait, || held.unlock().unwrap());
     let token = token.recv().unwrap();
     assert!(token > held_token, "{token} after {held_token}");
@@ -305,12 +319,7 @@ fn the_head_that_asked_while_the_lock_was_held_is_granted_it_without_an_attempt(
 fn a_head_that_may_not_be_granted_leaves_no_spec_of_the_head_before_it() {
     let server = RedisServer::start();
     let name = "ungrantable_head";
-    let held = Client::open(&server.url())
-        .unwrap()
-        .fair_lock(name)
-        .unwrap()
-        .lock()
-        .unwrap();
+    let held = held(&server, name);
     let gave_up = patient(&server)
         .fair_lock(name)
         .unwrap()
@@ -328,13 +337,7 @@ fn a_head_that_may_not_be_granted_leaves_no_spec_of_the_head_before_it() {
         .unwrap()
         .with_fixed_lease(Duration::from_secs(30))
         .unwrap();
-    let waiter = thread::spawn(move || {
-        let guard = lock
-            .try_lock_for(Duration::from_secs(20))
-            .unwrap()
-            .expect("served");
-        guard.unlock().unwrap();
-    });
+    let waiter = thread::spawn(move || served_then_unlocked(&lock));
     support::eventually(Duration::from_secs(10), "the next head", || {
         field(&mut con, name, "next").is_some_and(|next| Some(&next) != first_head.as_ref())
     });
@@ -394,20 +397,9 @@ fn a_grant_given_back_leaves_the_head_its_turn() {
 fn a_grant_to_the_head_on_the_heads_list_given_back_leaves_it_its_turn() {
     let server = RedisServer::start();
     let name = "given_back_on_the_heads_list";
-    let held = Client::open(&server.url())
-        .unwrap()
-        .fair_lock(name)
-        .unwrap()
-        .lock()
-        .unwrap();
+    let held = held(&server, name);
     let lock = patient(&server).fair_lock(name).unwrap();
-    let waiter = thread::spawn(move || {
-        let guard = lock
-            .try_lock_for(Duration::from_secs(25))
-            .unwrap()
-            .expect("served");
-        guard.unlock().unwrap();
-    });
+    let waiter = thread::spawn(move || served_then_unlocked(&lock));
     let mut con = server.connection();
     support::eventually(Duration::from_secs(10), "the head parked", || {
         field(&mut con, name, "nspec").is_some() && support::parked(&server) == 1
