@@ -175,6 +175,9 @@ pub(crate) struct RwKeys {
     /// Hash: waiting reader identity → `<request> <grant lease ms>`, the
     /// spec a writer's release grants it the read by (where grants come).
     pub(crate) read_grants: String,
+    /// Hash: waiting writer identity → `<request> <grant lease ms>`, the
+    /// spec a release grants it the write hold by (where grants come).
+    pub(crate) write_grants: String,
 }
 
 impl RwKeys {
@@ -195,6 +198,7 @@ impl RwKeys {
             upgradable_baton: format!("{rw}:ubaton"),
             upgrade_baton: format!("{rw}:upbaton"),
             read_grants: format!("{rw}:rgrants"),
+            write_grants: format!("{rw}:wgrants"),
         })
     }
 
@@ -600,6 +604,7 @@ mod tests {
             rw.upgradable_baton,
             rw.upgrade_baton,
             rw.read_grants,
+            rw.write_grants,
             sem.state,
             sem.holders,
             sem.counts,

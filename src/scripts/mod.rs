@@ -104,11 +104,14 @@ scripts! {
     /// Read-write lock: take or re-enter the write hold, keeping a place
     /// among the waiting writers when refused; refuse an upgrade.
     RW_WRITE => "rwlock/write.lua" with ["lib/rw.lua", "lib/next_fence.lua", "lib/lease.lua"];
-    /// Read-write lock: release one read guard; the last reader wakes a writer.
-    RW_RELEASE_READ => "rwlock/release_read.lua" with ["lib/rw.lua", "lib/baton.lua"];
+    /// Read-write lock: release one read guard; the last reader grants the
+    /// write hold to a waiting writer, or wakes one.
+    RW_RELEASE_READ => "rwlock/release_read.lua"
+        with ["lib/rw.lua", "lib/baton.lua", "lib/next_fence.lua", "lib/grant_message.lua", "lib/write_grant.lua"];
     /// Read-write lock: release one write guard; the last grants or wakes
-    /// readers, and wakes a writer.
-    RW_RELEASE_WRITE => "rwlock/release_write.lua" with ["lib/rw.lua", "lib/lease.lua", "lib/baton.lua", "lib/grant_message.lua"];
+    /// readers, or grants the write hold to a waiting writer, or wakes one.
+    RW_RELEASE_WRITE => "rwlock/release_write.lua"
+        with ["lib/rw.lua", "lib/lease.lua", "lib/baton.lua", "lib/next_fence.lua", "lib/grant_message.lua", "lib/write_grant.lua"];
     /// Read-write lock: a waiting writer that gives up leaves its place.
     RW_WITHDRAW => "rwlock/withdraw.lua" with ["lib/rw.lua", "lib/baton.lua"];
     /// Read-write lock: the watchdog's owner-checked, never-shortening

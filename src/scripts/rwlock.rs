@@ -84,6 +84,10 @@ pub(crate) struct WriteArgs<'a> {
     /// Pop the write baton first: the caller's park ended when the list
     /// changed, without a look that would have popped its token for it.
     pub(crate) takes_token: bool,
+    /// From a waiter that parks where a release may grant it the write
+    /// hold: the grant's lease, and how long the spec it leaves with its
+    /// place lives.
+    pub(crate) grantable: Option<(Duration, Duration)>,
 }
 
 pub(crate) fn write(keys: &RwKeys, args: WriteArgs<'_>) -> Call {
@@ -102,16 +106,35 @@ pub(crate) fn write(keys: &RwKeys, args: WriteArgs<'_>) -> Call {
         .arg(args.request)
         .arg(args.place.map_or(0, millis))
         .arg(args.read_token);
-    // Only then: the usual attempt names six keys and eight arguments.
-    if args.takes_token {
-        call.key(&keys.write_baton).arg("1")
-    } else {
-        call
+    let takes_token = if args.takes_token { "1" } else { "0" };
+    match args.grantable {
+        Some((lease, spec_ttl)) => call
+            .key(&keys.write_baton)
+            .arg(takes_token)
+            .key(&keys.write_grants)
+            .arg(millis(lease))
+            .arg(millis(spec_ttl)),
+        // Only then: the usual attempt names six keys and eight arguments.
+        None if args.takes_token => call.key(&keys.write_baton).arg(takes_token),
+        None => call,
     }
 }
 
+/// The `behind` of a write grant's message (a read grant's is the end of
+/// the hold's lease it wrote): see `lib/write_grant.lua`.
+pub(crate) const WRITE_GRANT_BEHIND: &str = "w";
+
+/// Where a release may grant the write hold to a waiting writer: the
+/// prefix of the clients' grant channels, and the fence's TTL.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WriteGrants<'a> {
+    pub(crate) channels: &'a str,
+    pub(crate) fence_ttl: Duration,
+}
+
 /// Releases one level of the read hold `token` of `identity`, which keeps
-/// `guards_left` guards; `lease` is the hold's.
+/// `guards_left` guards; `lease` is the hold's. The last reader's release
+/// grants the write hold to a waiting writer, where `grants` is given.
 pub(crate) fn release_read(
     keys: &RwKeys,
     identity: &str,
@@ -119,8 +142,34 @@ pub(crate) fn release_read(
     guards_left: usize,
     lease: Duration,
     baton_ttl: Duration,
+    grants: Option<WriteGrants<'_>>,
 ) -> Call {
-    Call::new(&RW_RELEASE_READ)
+    release_read_call(
+        keys,
+        identity,
+        token,
+        guards_left,
+        lease,
+        baton_ttl,
+        "",
+        grants,
+    )
+}
+
+/// [`release_read`], made only while the hold's lease ends at `ends`
+/// (server ms) when that is not empty (a give-back).
+#[allow(clippy::too_many_arguments)]
+fn release_read_call(
+    keys: &RwKeys,
+    identity: &str,
+    token: u64,
+    guards_left: usize,
+    lease: Duration,
+    baton_ttl: Duration,
+    ends: &str,
+    grants: Option<WriteGrants<'_>>,
+) -> Call {
+    let call = Call::new(&RW_RELEASE_READ)
         .key(&keys.write)
         .key(&keys.readers)
         .key(&keys.read_depths)
@@ -132,7 +181,17 @@ pub(crate) fn release_read(
         .arg(token)
         .arg(guards_left)
         .arg(millis(lease))
-        .arg(millis(baton_ttl))
+        .arg(millis(baton_ttl));
+    match grants {
+        Some(grants) => call
+            .arg(ends)
+            .key(&keys.write_grants)
+            .key(&keys.fence)
+            .arg(grants.channels)
+            .arg(millis(grants.fence_ttl)),
+        None if ends.is_empty() => call,
+        None => call.arg(ends),
+    }
 }
 
 /// Gives back the read a writer's release granted `identity` under
@@ -146,13 +205,14 @@ pub(crate) fn give_back_read(
     ends: &str,
     lease: Duration,
     baton_ttl: Duration,
+    grants: Option<WriteGrants<'_>>,
 ) -> Call {
-    release_read(keys, identity, token, 0, lease, baton_ttl).arg(ends)
+    release_read_call(keys, identity, token, 0, lease, baton_ttl, ends, grants)
 }
 
 /// Releases one level of the write hold `fence` of `identity`; the last
-/// grants the read to the waiting readers that left a spec, where `grants`
-/// (the prefix of the clients' grant channels) is given.
+/// grants the read to the waiting readers that left a spec, or the write
+/// hold to a waiting writer that left one, where `grants` is given.
 pub(crate) fn release_write(
     keys: &RwKeys,
     identity: &str,
@@ -160,7 +220,7 @@ pub(crate) fn release_write(
     guards_left: usize,
     lease: Duration,
     baton_ttl: Duration,
-    grants: Option<&str>,
+    grants: Option<WriteGrants<'_>>,
 ) -> Call {
     let call = Call::new(&RW_RELEASE_WRITE)
         .key(&keys.write)
@@ -177,17 +237,23 @@ pub(crate) fn release_write(
         .arg(millis(lease))
         .arg(millis(baton_ttl));
     match grants {
-        Some(channels) => call.key(&keys.read_grants).arg(channels),
+        Some(grants) => call
+            .key(&keys.read_grants)
+            .arg(grants.channels)
+            .key(&keys.write_grants)
+            .key(&keys.fence)
+            .arg(millis(grants.fence_ttl)),
         None => call,
     }
 }
 
-/// Removes the waiting writer `identity`'s place.
+/// Removes the waiting writer `identity`'s place (and its grant spec).
 pub(crate) fn withdraw(keys: &RwKeys, identity: &str, baton_ttl: Duration) -> Call {
     Call::new(&RW_WITHDRAW)
         .key(&keys.waiting_writers)
         .key(&keys.read_baton)
         .key(&keys.upgradable_baton)
+        .key(&keys.write_grants)
         .arg(identity)
         .arg(millis(baton_ttl))
 }
@@ -343,7 +409,8 @@ pub(crate) enum RwAcquireReply {
     Acquired { token: u64, depth: u64 },
     /// Refused; worth looking again after `lease_left` (`None`: only a
     /// release will change anything). `spec_left`: a read refused by a
-    /// holding writer left a grant spec (see `read.lua`).
+    /// holding writer left a grant spec (see `read.lua`), or a write
+    /// refused kept its place with one (`write.lua`).
     Held {
         lease_left: Option<Duration>,
         spec_left: bool,

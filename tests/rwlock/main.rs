@@ -19,6 +19,7 @@ mod resent;
 mod upgradable;
 mod upgradable_holds;
 mod waiting;
+mod write_grants;
 
 /// Entry point of the child processes; does nothing in a normal test run.
 #[test]
@@ -29,8 +30,8 @@ fn child_entry() {
 
 /// A key of read-write lock `name` under the default prefix, as the
 /// key layout (docs/how-it-works.md) gives it: `part` is `write`, `readers`, `depths`,
-/// `writers`, `rbaton`, `wbaton`, `fence`, `upgradable`, `ubaton` or
-/// `upbaton`.
+/// `writers`, `rbaton`, `wbaton`, `fence`, `upgradable`, `ubaton`,
+/// `upbaton`, `rgrants` or `wgrants`.
 pub fn rw_key(name: &str, part: &str) -> String {
     format!("redbaton:{{{}}}:rw:{part}", support::hash_tag(name))
 }
@@ -101,13 +102,18 @@ pub fn rw_script(name: &str) -> redis::Script {
         "release_read" => concat!(
             include_str!("../../src/scripts/lib/rw.lua"),
             include_str!("../../src/scripts/lib/baton.lua"),
+            include_str!("../../src/scripts/lib/next_fence.lua"),
+            include_str!("../../src/scripts/lib/grant_message.lua"),
+            include_str!("../../src/scripts/lib/write_grant.lua"),
             include_str!("../../src/scripts/rwlock/release_read.lua")
         ),
         "release_write" => concat!(
             include_str!("../../src/scripts/lib/rw.lua"),
             include_str!("../../src/scripts/lib/lease.lua"),
             include_str!("../../src/scripts/lib/baton.lua"),
+            include_str!("../../src/scripts/lib/next_fence.lua"),
             include_str!("../../src/scripts/lib/grant_message.lua"),
+            include_str!("../../src/scripts/lib/write_grant.lua"),
             include_str!("../../src/scripts/rwlock/release_write.lua")
         ),
         _ => panic!("no read-write lock script {name}"),

@@ -20,7 +20,14 @@
 --          the grant wrote (server ms); the hold ends only while its lease
 --          still ends then (an attempt of the waiter sent again after its
 --          reply was lost takes its own request's hold and moves its end
---          on, see read.lua). Absent for any other release.
+--          on, see read.lua). Absent or "" for any other release.
+-- KEYS[8], KEYS[9], ARGV[7], ARGV[8]  where the deployment allows grants
+--          (see release_write.lua): the write grant specs (see write.lua),
+--          the fence key, the prefix of the clients' grant channels and
+--          the fence's TTL in ms; else absent. The last reader's release
+--          then grants the write hold to the first waiting writer when it
+--          left a spec (lib/write_grant.lua), and pushes the write baton
+--          when not.
 --
 -- Returns -1     the caller holds no read hold under that token (its lease
 --                ran out); nothing was changed
@@ -31,7 +38,8 @@
 --                and no other reader is left, an upgrade baton was pushed
 --
 -- now_ms, purge, expire_with, read_hold, ms_score (lib/rw.lua),
--- baton_error and push_baton (lib/baton.lua) are prepended.
+-- baton_error, push_baton, next_fence, publish_grant and grant_writer
+-- (lib/) are prepended.
 local up = redis.call('HMGET', KEYS[6], 'flag', 'upgrading')
 local now = now_ms()
 purge(KEYS[2], KEYS[3], KEYS[4], now)
@@ -82,6 +90,9 @@ redis.call('ZREM', KEYS[2], id)
 redis.call('HDEL', KEYS[3], id)
 expire_with(KEYS[2], KEYS[3], now)
 for _, baton in ipairs(batons) do
-  push_baton(baton, ARGV[5])
+  if not (baton == KEYS[5] and ARGV[8]
+      and grant_writer(KEYS[4], KEYS[8], KEYS[1], KEYS[9], ARGV[8], ARGV[7], KEYS[5], now)) then
+    push_baton(baton, ARGV[5])
+  end
 end
 return 0

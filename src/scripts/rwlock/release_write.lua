@@ -19,6 +19,10 @@
 -- ARGV[6]  where the deployment allows grants (one server, Sentinel's
 --          master without replica acknowledgements): the prefix of the
 --          clients' grant channels; else absent
+-- KEYS[10], KEYS[11], ARGV[7]  with ARGV[6]: the write grant specs (see
+--          write.lua), the fence key and its TTL in ms, for a grant of the
+--          write hold to a waiting writer (lib/write_grant.lua); else
+--          absent
 --
 -- Returns -1     the caller does not hold the write lock (its lease ran out);
 --                nothing was changed
@@ -40,11 +44,15 @@
 -- read baton is pushed only for refusals that left no spec (`rplain`) or a
 -- grant nobody heard; where no grant is made, for any refusal (`rwait`),
 -- as before. A waiter granted the read wakes holding it; one that is gone
--- holds writers back for the grant's lease (2 s at most).
+-- holds writers back for the grant's lease (2 s at most). Where writers
+-- wait instead, and no reader or upgradable reader holds, the first of
+-- them is granted the write hold when it left a spec (KEYS[10]), and
+-- woken by the write baton when not.
 --
 -- The depth is set from ARGV, so the same release sent twice takes off one
 -- level. now_ms, purge, any_live, expire_with (lib/rw.lua), extend_lease,
--- baton_error, push_baton and publish_grant (lib/) are prepended.
+-- baton_error, push_baton, next_fence, publish_grant and grant_writer
+-- (lib/) are prepended.
 local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'rwait', 'uwait', 'rplain')
 if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
   return -1
@@ -115,7 +123,8 @@ end
 if wakes_readers then
   push_baton(KEYS[5], ARGV[5])
 end
-if wakes_writer then
+if wakes_writer and not (ARGV[7] and grant_writer(KEYS[4], KEYS[10], KEYS[1], KEYS[11], ARGV[7],
+    ARGV[6], KEYS[6], now)) then
   push_baton(KEYS[6], ARGV[5])
 end
 if held[4] then

@@ -7,6 +7,7 @@
 -- KEYS[1]  writers key    (sorted set: waiting writer -> place end)
 -- KEYS[2]  read baton key (list)
 -- KEYS[3]  upgradable baton key (list)
+-- KEYS[4]  write grant specs (hash, see write.lua): the writer's goes too
 -- ARGV[1]  identity of the writer
 -- ARGV[2]  baton TTL in milliseconds
 --
@@ -20,6 +21,7 @@ for _, baton in ipairs({KEYS[2], KEYS[3]}) do
   end
 end
 local now = now_ms()
+redis.call('HDEL', KEYS[4], ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
   return 0

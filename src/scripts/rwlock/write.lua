@@ -21,11 +21,17 @@
 --          many milliseconds (from the server's clock); "0": no place (the
 --          caller will not wait)
 -- ARGV[8]  token of the caller's live read guards, or "0"
--- KEYS[7], ARGV[9]  only from a waiter whose park ended when the write
---          baton list changed, with no look that popped its token (the
---          parking hub rings such a waiter at the list's announcement): the
---          write baton key, and "1". The token is popped first, whatever
---          comes of the attempt, as the look would have popped it.
+-- KEYS[7], ARGV[9]  from a waiter whose park ended when the write baton
+--          list changed, with no look that popped its token (the parking
+--          hub rings such a waiter at the list's announcement): the write
+--          baton key, and "1". The token is popped first, whatever comes
+--          of the attempt, as the look would have popped it. From a waiter
+--          that may be granted (below) and pops nothing: the key, and "0".
+-- KEYS[8]  with ARGV[10]: the write grant specs (hash: identity ->
+--          "<request> <grant lease ms>")
+-- ARGV[10] from a waiter that parks where a release may grant it the write
+--          hold (lib/write_grant.lua): the grant's lease in ms; else absent
+-- ARGV[11] with ARGV[10]: how long its spec lives, in ms
 --
 -- Returns {1, fence, depth}  acquired: fresh (depth 1) or re-entered, or
 --                            this request's own hold when it is sent again
@@ -33,6 +39,8 @@
 --                            (-1: it has none) or, while readers or an
 --                            upgradable reader hold it, until the last of
 --                            their leases ends
+--         {0, wait_ms, 1}    refused, a place kept and a grant spec left
+--                            (with ARGV[10])
 --         {-2}               the caller holds this lock for reading only:
 --                            an upgrade, refused (nothing was changed)
 --
@@ -40,7 +48,11 @@
 -- for readers and upgradable readers may have been refused on its
 -- account: its release pushes their batons. The upgradable reader (even a
 -- leftover of this identity) keeps every writer out: it becomes the writer
--- through upgrade.lua. Errors come before any write (but a waiter's pop of
+-- through upgrade.lua. A waiter that may be granted leaves its spec with
+-- its place (the request it parks after, the grant's lease); a hold this
+-- script takes afresh, or finds its request's, takes the caller's spec
+-- off: a grant never lands on a live hold of its own. Errors come before
+-- any write (but a waiter's pop of
 -- its token, which fails first when the baton is not a list): HMGET fails
 -- with WRONGTYPE when the write or upgradable key is not a hash, purge when
 -- the readers key is not a sorted set.
@@ -65,6 +77,9 @@ end
 -- first run made, as it is, rather than a second fresh hold under a new
 -- fencing token.
 if held[1] == id and held[3] == ARGV[6] then
+  if KEYS[8] then
+    redis.call('HDEL', KEYS[8], id)
+  end
   return {1, tonumber(held[2]), tonumber(held[4])}
 end
 
@@ -94,15 +109,34 @@ if (held[1] == false or held[1] == id) and not upgradable
     redis.call('HSET', KEYS[1], 'flag', id, 'count', 1, 'fence', token, 'req', ARGV[6])
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if KEYS[8] then
+    redis.call('HDEL', KEYS[8], id)
+  end
   return {1, fence, 1}
 end
 
+-- The refusal's reply: with a spec left when this waiter keeps a place
+-- and may be granted.
+local spec = 0
 if ARGV[7] ~= '0' then
   redis.call('ZADD', KEYS[4], ms_score(now, ARGV[7]), id)
   expire_with(KEYS[4], nil, now)
+  if ARGV[10] and KEYS[8] then
+    redis.call('HSET', KEYS[8], id, ARGV[6] .. ' ' .. ARGV[10])
+    if redis.call('PTTL', KEYS[8]) < tonumber(ARGV[11]) then
+      redis.call('PEXPIRE', KEYS[8], ARGV[11])
+    end
+    spec = 1
+  end
+end
+local function refused(wait)
+  if spec == 1 then
+    return {0, wait, 1}
+  end
+  return {0, wait}
 end
 if held[1] and held[1] ~= id then
-  return {0, redis.call('PTTL', KEYS[1])}
+  return refused(redis.call('PTTL', KEYS[1]))
 end
 local wait = 0
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
@@ -112,8 +146,8 @@ end
 if upgradable then
   local left = redis.call('PTTL', KEYS[6])
   if left < 0 and #last == 0 then
-    return {0, -1}
+    return refused(-1)
   end
   wait = math.max(wait, left)
 end
-return {0, wait}
+return refused(wait)

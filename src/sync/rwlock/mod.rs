@@ -34,7 +34,7 @@ use crate::keys::RwKeys;
 use crate::lease::{LeaseMode, Leased, RenewLeases};
 use crate::observe::{Acquisition, HoldKind};
 use crate::parking::{self, Attempt, Waited};
-use crate::scripts::rwlock::{ReadArgs, RwAcquireReply, WriteArgs};
+use crate::scripts::rwlock::{self as calls, ReadArgs, RwAcquireReply, WriteArgs, WriteGrants};
 
 use super::grants::{self, GiveBackSettings, Grantable, Mark};
 
@@ -364,7 +364,7 @@ impl RwLock {
         // leave a spec when a writer refuses them (the first too, so that
         // no refusal of this waiter asks for a read baton as well).
         let grantable = grants::grant_lease(self.mode())
-            .filter(|_| !holds && self.raw.takes_read_grants())
+            .filter(|_| !holds && self.raw.takes_grants())
             .map(|lease| (Grantable::default(), lease));
         if holds || !context.room.has_waiters(&self.keys.read_baton) {
             let first = grantable.as_ref().map(|(g, lease)| (g, *lease));
@@ -447,6 +447,14 @@ impl RwLock {
         if !holds && self.holds(Kind::Upgradable, &identity) {
             return self.upgrade_then_wait(&identity, deadline, start);
         }
+        // A waiter parked on its client's hub may be granted the write hold
+        // by a release (see `lib/write_grant.lua`): the attempts that keep
+        // its place leave a spec (the first too, so that its park may be
+        // ended by a grant from the start).
+        let grantable = grants::grant_lease(self.mode())
+            .filter(|_| !holds && self.raw.takes_grants())
+            .map(|lease| (Grantable::default(), lease));
+        let grantable = grantable.as_ref().map(|(g, lease)| (g, *lease));
         // Whether this writer may have a place to leave when it gives up.
         let mut placed = false;
         // What a first attempt that took the writer's place found, for the
@@ -456,7 +464,8 @@ impl RwLock {
             // A writer that will wait takes its place with this attempt.
             let queue = deadline.is_none_or(|deadline| deadline > Instant::now());
             placed = queue;
-            match self.attempt_write(&identity, queue, false) {
+            let granted = grantable.filter(|_| queue);
+            match self.attempt_write_granted(&identity, queue, false, granted) {
                 Ok(Attempt::Acquired(guard)) => {
                     return Ok(Some((guard, Acquisition::FirstAttempt)))
                 }
@@ -481,11 +490,16 @@ impl RwLock {
                 (),
                 deadline,
                 Some(&takes_token),
-                None,
+                grantable.map(|(g, _)| &g.slot),
                 first.take(),
                 || {
+                    if let Some((grantable, _)) = grantable {
+                        if let Some(guard) = self.take_write_grant(&identity, grantable) {
+                            return Ok(Attempt::Acquired(guard));
+                        }
+                    }
                     placed = true;
-                    self.attempt_write(&identity, true, takes_token.take())
+                    self.attempt_write_granted(&identity, true, takes_token.take(), grantable)
                 },
             );
             match waited {
@@ -498,7 +512,8 @@ impl RwLock {
             other => {
                 if placed {
                     // Best effort: a place left behind ends by itself
-                    // within one park time.
+                    // within one park time, its spec with it (a grant
+                    // by it would be given back).
                     if let Err(err) = self.raw.withdraw(&self.keys, &identity) {
                         log::debug!(
                             "redbaton: leaving the writers' queue of {:?} failed: {err}",
@@ -627,6 +642,20 @@ impl RwLock {
         queue: bool,
         takes_token: bool,
     ) -> Result<Attempt<WriteGuard>, Error> {
+        self.attempt_write_granted(identity, queue, takes_token, None)
+    }
+
+    /// [`attempt_write`](RwLock::attempt_write) by a waiter that may be
+    /// granted the write hold while parked (`grantable`, with the grant's
+    /// lease): a refusal that keeps its place leaves its spec, and its park
+    /// after this attempt carries the attempt's ticket.
+    fn attempt_write_granted(
+        &self,
+        identity: &Arc<str>,
+        queue: bool,
+        takes_token: bool,
+        grantable: Option<(&Grantable, Duration)>,
+    ) -> Result<Attempt<WriteGuard>, Error> {
         self.refuse_upgrade(identity)?;
         let held = self.held(Kind::Write, identity);
         if held.is_none() && self.holds(Kind::Upgradable, identity) {
@@ -646,9 +675,27 @@ impl RwLock {
             place: queue.then(|| self.raw.place()),
             read_token,
             takes_token,
+            // A spec lives as long as the place it is kept with.
+            grantable: grantable
+                .filter(|_| queue)
+                .map(|(_, lease)| (lease, self.raw.place())),
         };
         let sent = Instant::now();
         let reply = self.raw.write(&self.keys, args);
+        if let (
+            Some((grantable, lease)),
+            Ok(RwAcquireReply::Held {
+                spec_left: true, ..
+            }),
+        ) = (grantable, &reply)
+        {
+            let mark = Mark {
+                sent,
+                lease,
+                request,
+            };
+            grantable.mark(backend::ticket(identity, request), mark);
+        }
         self.settle(Kind::Write, identity, mode, request, sent, reply)
             .map(|attempt| attempt.map(WriteGuard::new))
     }
@@ -788,6 +835,60 @@ impl RwLock {
         )))
     }
 
+    /// The write hold a release granted this waiter while it was parked,
+    /// if one did (see `lib/write_grant.lua`), counted and confirmed as a
+    /// granted read is (see [`take_read_grant`](RwLock::take_read_grant)).
+    fn take_write_grant(&self, identity: &Arc<str>, grantable: &Grantable) -> Option<WriteGuard> {
+        let (taken, fresh) = match grantable.take()? {
+            Ok(taken) => (taken, true),
+            Err(late) => (late, false),
+        };
+        let fence = taken.receipt.token;
+        let mode = self.mode();
+        // One deployment, whose single clock is the lease's: no margin.
+        let counted = taken.counted_from(mode, Duration::ZERO);
+        let sent = match counted.filter(|_| fresh) {
+            Some(sent) => sent,
+            None => {
+                let sent = Instant::now();
+                match self
+                    .raw
+                    .renew_write(&self.keys, identity, fence, mode.lease())
+                {
+                    Ok(true) => sent,
+                    Ok(false) => return None,
+                    Err(err) => {
+                        log::debug!(
+                            "redbaton: confirming a late write grant of {:?} failed: {err}",
+                            self.name()
+                        );
+                        // The renewal may have run, lengthening a hold
+                        // nobody will release: it is released once Redis
+                        // answers.
+                        let release = raw::release_later(
+                            &self.raw,
+                            &self.keys,
+                            Kind::Write,
+                            identity,
+                            fence,
+                            mode.lease(),
+                            sent,
+                        );
+                        self.context.finish_later(release);
+                        return None;
+                    }
+                }
+            }
+        };
+        Some(WriteGuard::new(self.hold(
+            Kind::Write,
+            identity,
+            fence,
+            mode,
+            sent,
+        )))
+    }
+
     /// Takes this waiting reader's grant spec off, if an attempt may have
     /// left one: it stops waiting unserved. Best effort: a spec left
     /// behind ends with its TTL, and a grant by it is given back.
@@ -805,22 +906,35 @@ impl RwLock {
 }
 
 /// Gives back `unclaimed`, a read of the read-write lock `keys` a writer's
-/// release granted a waiter of this client that no parked waiter took.
+/// release granted a waiter of this client, or the write hold a release
+/// granted one, that no parked waiter took: the hold's last release, which
+/// grants or wakes who waits next. A read is released only while its lease
+/// still ends where the grant's did, a write hold only under the grant's
+/// fence: a waiter that took either since (`read.lua`, `write.lua`) keeps
+/// it.
 pub(super) fn give_back(
     conn: &mut dyn redis::ConnectionLike,
     settings: &GiveBackSettings,
     keys: &RwKeys,
     unclaimed: Unclaimed<'_>,
 ) -> redis::RedisResult<()> {
-    raw::give_back_read(
-        conn,
-        keys,
+    let grants = Some(WriteGrants {
+        channels: &settings.channels,
+        fence_ttl: settings.fence_ttl,
+    });
+    let (owner, token, lease, baton_ttl) = (
         unclaimed.owner,
         unclaimed.token,
-        unclaimed.behind,
         settings.lease,
         settings.baton_ttl,
-    )
+    );
+    let call = if unclaimed.behind == calls::WRITE_GRANT_BEHIND {
+        calls::release_write(keys, owner, token, 0, lease, baton_ttl, grants)
+    } else {
+        let ends = unclaimed.behind;
+        calls::give_back_read(keys, owner, token, ends, lease, baton_ttl, grants)
+    };
+    call.invoke::<redis::Value>(conn).map(drop)
 }
 
 impl fmt::Debug for RwLock {

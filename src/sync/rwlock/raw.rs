@@ -21,7 +21,7 @@ use crate::lease::{
 use crate::scripts::lock as lock_calls;
 use crate::scripts::reply::{Done, ReleaseReply};
 use crate::scripts::rwlock::{
-    self as calls, ReadArgs, RwAcquireReply, UpgradableArgs, UpgradeArgs, WriteArgs,
+    self as calls, ReadArgs, RwAcquireReply, UpgradableArgs, UpgradeArgs, WriteArgs, WriteGrants,
 };
 use crate::scripts::Call;
 
@@ -37,25 +37,6 @@ pub(crate) enum Kind {
     /// The upgradable read: one holder at a time, beside plain readers.
     Upgradable,
     Write,
-}
-
-/// Gives back the read a writer's release granted `identity` under `token`
-/// (its request) that no parked waiter of this client took: a last
-/// release of the hold, which wakes a waiting writer as a reader's would,
-/// while the hold's lease still ends at `ends`, the grant's (else the
-/// waiter took it since, see `read.lua`).
-pub(crate) fn give_back_read(
-    conn: &mut dyn redis::ConnectionLike,
-    keys: &RwKeys,
-    identity: &str,
-    token: u64,
-    ends: &str,
-    lease: Duration,
-    baton_ttl: Duration,
-) -> redis::RedisResult<()> {
-    calls::give_back_read(keys, identity, token, ends, lease, baton_ttl)
-        .invoke::<Value>(conn)
-        .map(drop)
 }
 
 /// The read-write lock protocol on one Redis deployment (one server, a
@@ -76,7 +57,8 @@ pub(crate) struct RawRwLock {
     renew_loaded: AtomicBool,
     /// Where the deployment allows grants: the prefix of the clients'
     /// grant channels, on which a writer's last release grants the read to
-    /// the waiting readers that left a spec.
+    /// the waiting readers that left a spec, and a last release the write
+    /// hold to a waiting writer that left one.
     grants: Option<String>,
 }
 
@@ -93,11 +75,19 @@ impl RawRwLock {
         }
     }
 
-    /// Whether a writer's release may grant a waiting reader of this
-    /// client the read (the deployment allows grants, and a grant reaches
-    /// a waiter parked now, see [`Backend::takes_grants`]).
-    pub(crate) fn takes_read_grants(&self) -> bool {
+    /// Whether a release may grant a waiter of this client the read or the
+    /// write hold (the deployment allows grants, and a grant reaches a
+    /// waiter parked now, see [`Backend::takes_grants`]).
+    pub(crate) fn takes_grants(&self) -> bool {
         self.grants.is_some() && self.backend.takes_grants()
+    }
+
+    /// What a release needs to grant the write hold, where grants come.
+    fn write_grants(&self) -> Option<WriteGrants<'_>> {
+        self.grants.as_deref().map(|channels| WriteGrants {
+            channels,
+            fence_ttl: self.fence_ttl,
+        })
     }
 
     pub(crate) fn baton_ttl(&self) -> Duration {
@@ -245,20 +235,17 @@ impl RawRwLock {
         lease: Duration,
     ) -> Call {
         let baton_ttl = self.baton_ttl;
+        let grants = self.write_grants();
         match kind {
-            Kind::Read => calls::release_read(keys, identity, token, guards_left, lease, baton_ttl),
+            Kind::Read => {
+                calls::release_read(keys, identity, token, guards_left, lease, baton_ttl, grants)
+            }
             Kind::Upgradable => {
                 calls::release_upgradable(keys, identity, token, guards_left, lease, baton_ttl)
             }
-            Kind::Write => calls::release_write(
-                keys,
-                identity,
-                token,
-                guards_left,
-                lease,
-                baton_ttl,
-                self.grants.as_deref(),
-            ),
+            Kind::Write => {
+                calls::release_write(keys, identity, token, guards_left, lease, baton_ttl, grants)
+            }
         }
     }
 
@@ -275,6 +262,21 @@ impl RawRwLock {
         self.backend
             .run(&keys.write, &keys.name, |c| call.invoke::<i64>(c))
             .map(|renewed| renewed == 1)
+    }
+
+    /// Makes the write hold `fence` of `identity` live `lease` more, if it
+    /// is still there (whether it was).
+    pub(crate) fn renew_write(
+        &self,
+        keys: &RwKeys,
+        identity: &str,
+        fence: u64,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        let call = lock_calls::renew(&keys.write, identity, fence, lease);
+        self.backend
+            .run(&keys.write, &keys.name, |c| call.invoke::<Done>(c))
+            .map(|Done(renewed)| renewed)
     }
 
     /// Takes the read grant spec of `identity` off (a waiting reader that
