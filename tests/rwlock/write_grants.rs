@@ -94,6 +94,71 @@ fn a_writer_of_another_client_parked_behind_a_write_is_granted_it() {
     assert!(specs(&server, "written").is_empty(), "the spec went");
 }
 
+/// A grant that comes long after the attempt its waiter's park followed
+/// (here: 800 ms of a hold, past a quarter of the grant's lease) is
+/// confirmed by one renewal and taken: the release, the renewal and the
+/// writer's own release.
+#[test]
+fn a_late_write_grant_is_renewed_and_taken() {
+    let server = RedisServer::start();
+    let holder = Client::open(&server.url()).unwrap();
+    let held = holder.rw_lock("late").unwrap().write().unwrap();
+    let (tokens, token) = mpsc::channel();
+    let wait = granted_writer(parking_long(&server), "late", tokens);
+    let used = hand_off_commands(&server, wait, || {
+        // The hold this test is about, not a wait for another thread.
+        thread::sleep(Duration::from_millis(800));
+        held.unlock().unwrap()
+    });
+    assert_eq!(used.get("publish"), Some(&1), "{used:?}");
+    assert_eq!(support::scripts_run(&used), 3, "{used:?}");
+    assert_no_write_baton(&server, "late", &used);
+    assert!(token.recv().unwrap() > 0);
+}
+
+/// A granted write hold starts with the grant's lease (2 s) and is
+/// lengthened to the writer's own by the watchdog at once: held well past
+/// the grant's lease, it still keeps other writers out and ends with its
+/// own release.
+#[test]
+fn a_granted_write_is_lengthened_to_the_writers_own_lease() {
+    let server = RedisServer::start();
+    let holder = Client::open(&server.url()).unwrap();
+    let held = holder.rw_lock("lengthened").unwrap().write().unwrap();
+    let lock = parking_long(&server).rw_lock("lengthened").unwrap();
+    let (granted, writing) = mpsc::channel();
+    let (done, finish) = mpsc::channel::<()>();
+    let writer = thread::spawn(move || {
+        let guard = lock
+            .try_write_for(Duration::from_secs(20))
+            .unwrap()
+            .expect("granted");
+        granted.send(()).unwrap();
+        finish.recv().unwrap();
+        guard.unlock()
+    });
+    eventually(Duration::from_secs(10), "the writer parked", || {
+        support::parked(&server) == 1 && specs(&server, "lengthened").len() == 1
+    });
+    let before = server.command_calls();
+    held.unlock().unwrap();
+    writing.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        server.commands_since(&before).get("publish"),
+        Some(&1),
+        "granted, not woken"
+    );
+    // Past the grant's lease: the hold is the writer's own lease's now.
+    thread::sleep(Duration::from_millis(2_500)); // the stretch under test
+    let other = holder.rw_lock("lengthened").unwrap();
+    assert!(
+        other.try_write().unwrap().is_none(),
+        "another writer got in"
+    );
+    done.send(()).unwrap();
+    writer.joined().expect("released as its own");
+}
+
 /// The last reader's release grants the write hold to the writer parked
 /// behind the readers; a release that leaves a reader grants nothing.
 #[test]
@@ -271,6 +336,25 @@ fn a_write_grant_nobody_hears_pushes_the_write_baton_instead() {
         .query(&mut raw)
         .unwrap();
     assert_eq!(batons, 1, "a write baton for the waiter");
+}
+
+/// A waiting writer that takes the lock by its own attempt (the holder's
+/// lease ran out) takes its spec off with it.
+#[test]
+fn a_writer_that_takes_the_lock_by_its_attempt_leaves_no_spec() {
+    let server = RedisServer::start();
+    let mut raw = server.connection();
+    written(&mut raw, "expired");
+    assert_eq!(
+        write_grantable(&mut raw, "expired", "w:2", 42)[..3],
+        [0, -1, 1]
+    );
+    let _: () = redis::cmd("DEL")
+        .arg(rw_key("expired", "write"))
+        .query(&mut raw)
+        .unwrap();
+    assert_eq!(write_grantable(&mut raw, "expired", "w:2", 43)[0], 1);
+    assert!(specs(&server, "expired").is_empty(), "its spec stayed");
 }
 
 /// The first waiting writer (the oldest place) is the one granted; one
