@@ -265,6 +265,9 @@ impl RwLock {
     /// each of its attempts, at least once per maximum park time) that
     /// makes fresh readers wait, and parks in a `BLPOP` on the write baton
     /// until the last reader or the writer releases, or their leases end.
+    /// On one server (or Sentinel's master without `replica_acks`), that
+    /// release grants the write hold to the first waiting writer itself,
+    /// when it is a thread parked on its client's hub: it wakes holding it.
     /// Uncontended, this is one script call.
     ///
     /// The thread that holds the upgradable read upgrades: this is
