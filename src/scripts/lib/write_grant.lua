@@ -16,19 +16,24 @@
 -- The message's `<behind>` is `w`, which tells its client's give-back
 -- that a write hold was granted (a read grant passes its lease end).
 
--- grant_writer(writers, specs, write, fence, fence_ttl, channels, list,
--- now): grants the write hold at `write` (free: the caller deleted it, or
--- checked it is absent, and no reader or upgradable reader holds) to the
--- first live waiting writer of `writers` by its spec in `specs`, with a
--- token of `fence` (`fence_ttl` ms), by a message on `channels` .. its
--- client's id that names `list`; whether it did. The spec goes either way.
-local function grant_writer(writers, specs, write, fence, fence_ttl, channels, list, now)
-  local first = redis.call('ZRANGEBYSCORE', writers, '(' .. string.format('%d', now), '+inf',
-    'LIMIT', '0', '1')
-  if #first == 0 then
+-- first_writer(writers, now): the first live waiting writer of `writers`
+-- (the one whose place ends first), or nil, read without writing.
+local function first_writer(writers, now)
+  return redis.call('ZRANGEBYSCORE', writers, '(' .. string.format('%d', now), '+inf', 'LIMIT',
+    '0', '1')[1]
+end
+
+-- grant_writer(waiter, writers, specs, write, fence, fence_ttl, channels,
+-- list, now): grants the write hold at `write` (free: the caller deleted
+-- it, or checked it is absent, and no reader or upgradable reader holds)
+-- to `waiter`, the first live waiting writer of `writers`
+-- (first_writer; nil: none, no grant), by its spec in `specs`, with a token of `fence`
+-- (`fence_ttl` ms), by a message on `channels` .. its client's id that
+-- names `list`; whether it did. The spec goes either way.
+local function grant_writer(waiter, writers, specs, write, fence, fence_ttl, channels, list, now)
+  if not waiter then
     return false
   end
-  local waiter = first[1]
   local spec = redis.call('HGET', specs, waiter)
   if not spec then
     return false

@@ -38,8 +38,8 @@
 --                and no other reader is left, an upgrade baton was pushed
 --
 -- now_ms, purge, expire_with, read_hold, ms_score (lib/rw.lua),
--- baton_error, push_baton, next_fence, publish_grant and grant_writer
--- (lib/) are prepended.
+-- baton_error, push_baton, next_fence, publish_grant, first_writer and
+-- grant_writer (lib/) are prepended.
 local up = redis.call('HMGET', KEYS[6], 'flag', 'upgrading')
 local now = now_ms()
 purge(KEYS[2], KEYS[3], KEYS[4], now)
@@ -90,8 +90,8 @@ redis.call('ZREM', KEYS[2], id)
 redis.call('HDEL', KEYS[3], id)
 expire_with(KEYS[2], KEYS[3], now)
 for _, baton in ipairs(batons) do
-  if not (baton == KEYS[5] and ARGV[8]
-      and grant_writer(KEYS[4], KEYS[8], KEYS[1], KEYS[9], ARGV[8], ARGV[7], KEYS[5], now)) then
+  if not (baton == KEYS[5] and ARGV[8] and grant_writer(first_writer(KEYS[4], now), KEYS[4],
+      KEYS[8], KEYS[1], KEYS[9], ARGV[8], ARGV[7], KEYS[5], now)) then
     push_baton(baton, ARGV[5])
   end
 end

@@ -51,8 +51,8 @@
 --
 -- The depth is set from ARGV, so the same release sent twice takes off one
 -- level. now_ms, purge, any_live, expire_with (lib/rw.lua), extend_lease,
--- baton_error, push_baton, next_fence, publish_grant and grant_writer
--- (lib/) are prepended.
+-- baton_error, push_baton, next_fence, publish_grant, first_writer and
+-- grant_writer (lib/) are prepended.
 local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'rwait', 'uwait', 'rplain')
 if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
   return -1
@@ -66,7 +66,9 @@ if depth > 0 then
 end
 
 local now = now_ms()
-local writers_wait = any_live(KEYS[4], now)
+-- The first waiting writer, the one a write grant goes to.
+local first = first_writer(KEYS[4], now)
+local writers_wait = first ~= nil
 -- The waiters to grant the read to: only where a fresh reader would be let
 -- in (read.lua), as the specs' waiters would be if they asked now.
 local specs = {}
@@ -123,8 +125,8 @@ end
 if wakes_readers then
   push_baton(KEYS[5], ARGV[5])
 end
-if wakes_writer and not (ARGV[7] and grant_writer(KEYS[4], KEYS[10], KEYS[1], KEYS[11], ARGV[7],
-    ARGV[6], KEYS[6], now)) then
+if wakes_writer and not (ARGV[7] and grant_writer(first, KEYS[4], KEYS[10], KEYS[1], KEYS[11],
+    ARGV[7], ARGV[6], KEYS[6], now)) then
   push_baton(KEYS[6], ARGV[5])
 end
 if held[4] then
