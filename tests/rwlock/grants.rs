@@ -15,11 +15,11 @@ use crate::support::{self, eventually, hand_off_commands, JoinWithin};
 use crate::{rw_key, rw_script};
 
 /// The clients' grant channels under the default prefix.
-const GRANT_CHANNELS: &str = "redbaton:grant:";
+pub(crate) const GRANT_CHANNELS: &str = "redbaton:grant:";
 
 /// A client of `server` whose waiters park long (30 s): a wait that ends
 /// sooner ended by a grant or a wake, not by its park's end.
-fn parking_long(server: &RedisServer) -> Client {
+pub(crate) fn parking_long(server: &RedisServer) -> Client {
     Client::builder(server.url())
         .max_park(Duration::from_secs(30))
         .build()
@@ -154,7 +154,7 @@ fn a_read_grant_no_parked_waiter_takes_is_given_back_at_once() {
 
 /// Read-write lock `name` held for writing by `w:1` (fence 7), as the
 /// scripts below find it.
-fn written(raw: &mut redis::Connection, name: &str) {
+pub(crate) fn written(raw: &mut redis::Connection, name: &str) {
     let write: i64 = redis::cmd("HSET")
         .arg(rw_key(name, "write"))
         .arg("flag")

@@ -12,20 +12,9 @@ use std::time::Duration;
 use redbaton::Client;
 use testkit::RedisServer;
 
+use crate::grants::{parking_long, written, GRANT_CHANNELS};
 use crate::support::{self, eventually, hand_off_commands, JoinWithin};
 use crate::{rw_key, rw_script};
-
-/// The clients' grant channels under the default prefix.
-const GRANT_CHANNELS: &str = "redbaton:grant:";
-
-/// A client of `server` whose waiters park long (30 s): a wait that ends
-/// sooner ended by a grant or a wake, not by its park's end.
-fn parking_long(server: &RedisServer) -> Client {
-    Client::builder(server.url())
-        .max_park(Duration::from_secs(30))
-        .build()
-        .unwrap()
-}
 
 /// A writer of `client`'s on `name` that waits up to 20 s, holds the lock
 /// (a fixed lease of 2 s, a grant's: no renewal runs beside the hand-off)
@@ -214,21 +203,6 @@ fn a_writer_that_gives_up_takes_its_spec_off() {
     writer.joined();
     assert!(specs(&server, "given-up").is_empty(), "its spec stayed");
     held.unlock().unwrap();
-}
-
-/// `name` held for writing by `w:1` (fence 7).
-fn written(raw: &mut redis::Connection, name: &str) {
-    let write: i64 = redis::cmd("HSET")
-        .arg(rw_key(name, "write"))
-        .arg("flag")
-        .arg("w:1")
-        .arg("count")
-        .arg(1)
-        .arg("fence")
-        .arg(7)
-        .query(raw)
-        .unwrap();
-    assert_eq!(write, 3);
 }
 
 /// write.lua for `writer`, request `request`, from a waiter that keeps a

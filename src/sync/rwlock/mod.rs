@@ -390,8 +390,8 @@ impl RwLock {
         let takes_token = Cell::new(false);
         let attempt = || {
             if let Some((grantable, _)) = &grantable {
-                if let Some(guard) = self.take_read_grant(&identity, grantable) {
-                    return Ok(Attempt::Acquired(guard));
+                if let Some(hold) = self.take_grant(Kind::Read, &identity, grantable) {
+                    return Ok(Attempt::Acquired(ReadGuard::new(hold)));
                 }
             }
             let grantable = grantable.as_ref().map(|(g, lease)| (g, *lease));
@@ -497,8 +497,8 @@ impl RwLock {
                 first.take(),
                 || {
                     if let Some((grantable, _)) = grantable {
-                        if let Some(guard) = self.take_write_grant(&identity, grantable) {
-                            return Ok(Attempt::Acquired(guard));
+                        if let Some(hold) = self.take_grant(Kind::Write, &identity, grantable) {
+                            return Ok(Attempt::Acquired(WriteGuard::new(hold)));
                         }
                     }
                     placed = true;
@@ -779,8 +779,9 @@ impl RwLock {
         }
     }
 
-    /// The read a writer's release granted this waiter while it was
-    /// parked, if one did (see `release_write.lua`).
+    /// The hold of `kind` (a read, the write hold) a release granted this
+    /// waiter while it was parked, if one did (see `release_write.lua`,
+    /// `lib/write_grant.lua`).
     ///
     /// The grant's lease is counted from the sending of the attempt the
     /// waiter's park followed, as a granted lock's or permit's is (see
@@ -788,7 +789,7 @@ impl RwLock {
     /// long after that attempt is confirmed by one renewal first (`None`
     /// if it found the hold gone, or failed, then undone in the
     /// background: the waiter asks again).
-    fn take_read_grant(&self, identity: &Arc<str>, grantable: &Grantable) -> Option<ReadGuard> {
+    fn take_grant(&self, kind: Kind, identity: &Arc<str>, grantable: &Grantable) -> Option<Hold> {
         let (taken, fresh) = match grantable.take()? {
             Ok(taken) => (taken, true),
             Err(late) => (late, false),
@@ -801,95 +802,35 @@ impl RwLock {
             Some(sent) => sent,
             None => {
                 let sent = Instant::now();
-                match self
-                    .raw
-                    .renew_read(&self.keys, identity, token, mode.lease())
-                {
+                let lease = mode.lease();
+                let renewed = match kind {
+                    Kind::Read => self.raw.renew_read(&self.keys, identity, token, lease),
+                    _ => self.raw.renew_write(&self.keys, identity, token, lease),
+                };
+                match renewed {
                     Ok(true) => sent,
                     Ok(false) => return None,
                     Err(err) => {
                         log::debug!(
-                            "redbaton: confirming a late read grant of {:?} failed: {err}",
+                            "redbaton: confirming a late grant of {:?} failed: {err}",
                             self.name()
                         );
                         // The renewal may have run, lengthening a hold
-                        // nobody will release: it is undone (by its
-                        // request, the grant's token) once Redis answers.
-                        let undo = raw::undo_later(
-                            &self.raw,
-                            &self.keys,
-                            identity,
-                            token,
-                            mode.lease(),
-                            sent,
-                        );
-                        self.context.finish_later(undo);
+                        // nobody will release: a read is undone (by its
+                        // request, the grant's token), a write hold
+                        // released, once Redis answers.
+                        let (raw, keys) = (&self.raw, &self.keys);
+                        let cleanup = match kind {
+                            Kind::Read => raw::undo_later(raw, keys, identity, token, lease, sent),
+                            _ => raw::release_later(raw, keys, kind, identity, token, lease, sent),
+                        };
+                        self.context.finish_later(cleanup);
                         return None;
                     }
                 }
             }
         };
-        Some(ReadGuard::new(self.hold(
-            Kind::Read,
-            identity,
-            token,
-            mode,
-            sent,
-        )))
-    }
-
-    /// The write hold a release granted this waiter while it was parked,
-    /// if one did (see `lib/write_grant.lua`), counted and confirmed as a
-    /// granted read is (see [`take_read_grant`](RwLock::take_read_grant)).
-    fn take_write_grant(&self, identity: &Arc<str>, grantable: &Grantable) -> Option<WriteGuard> {
-        let (taken, fresh) = match grantable.take()? {
-            Ok(taken) => (taken, true),
-            Err(late) => (late, false),
-        };
-        let fence = taken.receipt.token;
-        let mode = self.mode();
-        // One deployment, whose single clock is the lease's: no margin.
-        let counted = taken.counted_from(mode, Duration::ZERO);
-        let sent = match counted.filter(|_| fresh) {
-            Some(sent) => sent,
-            None => {
-                let sent = Instant::now();
-                match self
-                    .raw
-                    .renew_write(&self.keys, identity, fence, mode.lease())
-                {
-                    Ok(true) => sent,
-                    Ok(false) => return None,
-                    Err(err) => {
-                        log::debug!(
-                            "redbaton: confirming a late write grant of {:?} failed: {err}",
-                            self.name()
-                        );
-                        // The renewal may have run, lengthening a hold
-                        // nobody will release: it is released once Redis
-                        // answers.
-                        let release = raw::release_later(
-                            &self.raw,
-                            &self.keys,
-                            Kind::Write,
-                            identity,
-                            fence,
-                            mode.lease(),
-                            sent,
-                        );
-                        self.context.finish_later(release);
-                        return None;
-                    }
-                }
-            }
-        };
-        Some(WriteGuard::new(self.hold(
-            Kind::Write,
-            identity,
-            fence,
-            mode,
-            sent,
-        )))
+        Some(self.hold(kind, identity, token, mode, sent))
     }
 
     /// Takes this waiting reader's grant spec off, if an attempt may have
