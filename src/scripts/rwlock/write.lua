@@ -103,15 +103,17 @@ if (held[1] == false or held[1] == id) and not upgradable
     redis.call('HSET', KEYS[1], 'flag', id, 'count', 1, 'fence', token, 'req', ARGV[6], 'rwait', 1,
       'uwait', 1)
     expire_with(KEYS[4], nil, now)
+    -- Only a writer that kept a place may have left a spec (a writer's
+    -- place and spec go together: withdraw.lua, lib/write_grant.lua).
+    if KEYS[8] then
+      redis.call('HDEL', KEYS[8], id)
+    end
   else
     -- A leftover of this identity keeps its `rwait`: readers it refused
     -- still wait for this release.
     redis.call('HSET', KEYS[1], 'flag', id, 'count', 1, 'fence', token, 'req', ARGV[6])
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if KEYS[8] then
-    redis.call('HDEL', KEYS[8], id)
-  end
   return {1, fence, 1}
 end
 
