@@ -610,9 +610,12 @@ fn compare_with_plain_waiters(tag: &str, clients: usize, held: &str) {
     // Like a single lock's: each set waiter makes a first attempt and one
     // as it takes its first name in turn (1.4-1.9 x, measured), not one
     // per partial set's window through every waiter of the process (4-5 x
-    // before).
+    // before). Over two clients, each client's partial set has windows of
+    // its own, which end where they fall in the hold: 67-107 against 29-42
+    // (1.8-3.6 x) behind a held second name, in eight runs.
+    let ratio = if clients == 1 { 3 } else { 4 };
     assert!(
-        set.total <= 3 * plain.total.max(WAITERS as u64),
+        set.total <= ratio * plain.total.max(WAITERS as u64),
         "{} commands by set waiters, {} by plain waiters",
         set.total,
         plain.total
