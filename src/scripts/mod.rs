@@ -123,9 +123,9 @@ scripts! {
     /// long to wait.
     RW_UPGRADABLE => "rwlock/upgradable.lua" with ["lib/rw.lua", "lib/lease.lua"];
     /// Read-write lock: release one upgradable guard; the last wakes who
-    /// waits for it.
+    /// waits for it, or grants the write hold to a waiting writer.
     RW_RELEASE_UPGRADABLE => "rwlock/release_upgradable.lua"
-        with ["lib/rw.lua", "lib/lease.lua", "lib/baton.lua"];
+        with ["lib/rw.lua", "lib/lease.lua", "lib/baton.lua", "lib/next_fence.lua", "lib/grant_message.lua", "lib/write_grant.lua"];
     /// Read-write lock: the upgradable reader takes the write hold once the
     /// other readers left, or marks that it waits.
     RW_UPGRADE => "rwlock/upgrade.lua" with ["lib/rw.lua", "lib/next_fence.lua"];

@@ -324,7 +324,8 @@ pub(crate) fn upgradable(keys: &RwKeys, args: UpgradableArgs<'_>) -> Call {
 }
 
 /// Releases one level of the upgradable hold `token` of `identity`, which
-/// keeps `guards_left` guards; `lease` is the hold's.
+/// keeps `guards_left` guards; `lease` is the hold's. The last grants the
+/// write hold to a waiting writer, where `grants` is given.
 pub(crate) fn release_upgradable(
     keys: &RwKeys,
     identity: &str,
@@ -332,8 +333,9 @@ pub(crate) fn release_upgradable(
     guards_left: usize,
     lease: Duration,
     baton_ttl: Duration,
+    grants: Option<WriteGrants<'_>>,
 ) -> Call {
-    Call::new(&RW_RELEASE_UPGRADABLE)
+    let call = Call::new(&RW_RELEASE_UPGRADABLE)
         .key(&keys.upgradable)
         .key(&keys.write)
         .key(&keys.readers)
@@ -346,7 +348,15 @@ pub(crate) fn release_upgradable(
         .arg(token)
         .arg(guards_left)
         .arg(millis(lease))
-        .arg(millis(baton_ttl))
+        .arg(millis(baton_ttl));
+    match grants {
+        Some(grants) => call
+            .key(&keys.write_grants)
+            .key(&keys.fence)
+            .arg(grants.channels)
+            .arg(millis(grants.fence_ttl)),
+        None => call,
+    }
 }
 
 /// What [`upgrade`] asks for.

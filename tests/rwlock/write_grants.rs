@@ -1,5 +1,6 @@
 //! Write grants (`lib/write_grant.lua`): a release that frees the lock for
-//! a waiting writer (a writer's last release, the last reader's release)
+//! a waiting writer (a writer's last release, the last reader's release,
+//! the upgradable reader's last release)
 //! grants the write hold to the first waiting writer, when that writer of
 //! another process left a grant spec with its place, and tells its client,
 //! instead of pushing a write baton for it to try again. First through
@@ -178,6 +179,28 @@ fn the_last_readers_release_grants_the_write_hold() {
     // The last reader's release, then the writer's own release.
     assert_eq!(support::scripts_run(&used), 2, "{used:?}");
     assert_no_write_baton(&server, "read", &used);
+    assert!(token.recv().unwrap() > 0);
+}
+
+/// The upgradable reader's last release grants the write hold to the
+/// writer parked behind it, as a writer's release does.
+#[test]
+fn the_upgradable_readers_release_grants_the_write_hold() {
+    let server = RedisServer::start();
+    let holder = Client::open(&server.url()).unwrap();
+    let held = holder
+        .rw_lock("upgradable")
+        .unwrap()
+        .upgradable_read()
+        .unwrap();
+    let (tokens, token) = mpsc::channel();
+    let wait = granted_writer(parking_long(&server), "upgradable", tokens);
+    let used = hand_off_commands(&server, wait, || held.unlock().unwrap());
+    assert_eq!(used.get("publish"), Some(&1), "{used:?}");
+    assert_eq!(used.get("lpop"), None, "{used:?}");
+    // The release, then the writer's own release: no write attempt.
+    assert_eq!(support::scripts_run(&used), 2, "{used:?}");
+    assert_no_write_baton(&server, "upgradable", &used);
     assert!(token.recv().unwrap() > 0);
 }
 

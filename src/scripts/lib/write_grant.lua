@@ -1,5 +1,6 @@
 -- The read-write lock's write grant: a release that frees the lock for a
--- waiting writer (a writer's last release, the last reader's release)
+-- waiting writer (a writer's last release, the last reader's release, the
+-- upgradable reader's last release)
 -- writes the write hold for the first waiting writer itself, when that
 -- writer left a grant spec (write.lua: it parks where a grant reaches it),
 -- and tells its client on its grant channel, as the lock's grant does

@@ -17,6 +17,12 @@
 -- ARGV[4]  the hold's lease in milliseconds: an inner release makes it live
 --          at least this long
 -- ARGV[5]  baton TTL in milliseconds
+-- KEYS[9], KEYS[10], ARGV[6], ARGV[7]  where the deployment allows grants
+--          (see release_write.lua): the write grant specs (see write.lua),
+--          the fence key, the prefix of the clients' grant channels and
+--          the fence's TTL in ms; else absent. Where it would push the
+--          write baton, the release then grants the write hold to the first
+--          waiting writer when it left a spec (lib/write_grant.lua).
 --
 -- Returns -1     the caller holds no upgradable read under that token (its
 --                lease ran out); nothing was changed
@@ -29,8 +35,9 @@
 --                and still write; its write release wakes them then)
 --
 -- The depth is set from ARGV, so the same release sent twice takes off one
--- level. now_ms, purge (lib/rw.lua), extend_lease, baton_error and
--- push_baton (lib/) are prepended.
+-- level. now_ms, purge (lib/rw.lua), extend_lease, baton_error,
+-- push_baton, next_fence, publish_grant, first_writer and grant_writer
+-- (lib/) are prepended.
 local up = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'uwait', 'rwait')
 if up[1] ~= ARGV[1] or up[2] ~= ARGV[2] then
   return -1
@@ -59,7 +66,9 @@ if up[4] then
   push_baton(KEYS[6], ARGV[5])
 end
 if redis.call('ZCARD', KEYS[5]) > 0 and redis.call('ZCARD', KEYS[3]) == 0
-    and redis.call('EXISTS', KEYS[2]) == 0 then
+    and redis.call('EXISTS', KEYS[2]) == 0
+    and not (ARGV[7] and grant_writer(first_writer(KEYS[5], now), KEYS[5], KEYS[9], KEYS[2],
+      KEYS[10], ARGV[7], ARGV[6], KEYS[7], now)) then
   push_baton(KEYS[7], ARGV[5])
 end
 return 0

@@ -240,9 +240,15 @@ impl RawRwLock {
             Kind::Read => {
                 calls::release_read(keys, identity, token, guards_left, lease, baton_ttl, grants)
             }
-            Kind::Upgradable => {
-                calls::release_upgradable(keys, identity, token, guards_left, lease, baton_ttl)
-            }
+            Kind::Upgradable => calls::release_upgradable(
+                keys,
+                identity,
+                token,
+                guards_left,
+                lease,
+                baton_ttl,
+                grants,
+            ),
             Kind::Write => {
                 calls::release_write(keys, identity, token, guards_left, lease, baton_ttl, grants)
             }
