@@ -467,8 +467,7 @@ impl RwLock {
             // A writer that will wait takes its place with this attempt.
             let queue = deadline.is_none_or(|deadline| deadline > Instant::now());
             placed = queue;
-            let granted = grantable.filter(|_| queue);
-            match self.attempt_write_granted(&identity, queue, false, granted) {
+            match self.attempt_write_granted(&identity, queue, false, grantable) {
                 Ok(Attempt::Acquired(guard)) => {
                     return Ok(Some((guard, Acquisition::FirstAttempt)))
                 }
@@ -803,10 +802,7 @@ impl RwLock {
             None => {
                 let sent = Instant::now();
                 let lease = mode.lease();
-                let renewed = match kind {
-                    Kind::Read => self.raw.renew_read(&self.keys, identity, token, lease),
-                    _ => self.raw.renew_write(&self.keys, identity, token, lease),
-                };
+                let renewed = self.raw.renew(&self.keys, kind, identity, token, lease);
                 match renewed {
                     Ok(true) => sent,
                     Ok(false) => return None,
@@ -822,7 +818,9 @@ impl RwLock {
                         let (raw, keys) = (&self.raw, &self.keys);
                         let cleanup = match kind {
                             Kind::Read => raw::undo_later(raw, keys, identity, token, lease, sent),
-                            _ => raw::release_later(raw, keys, kind, identity, token, lease, sent),
+                            Kind::Write | Kind::Upgradable => {
+                                raw::release_later(raw, keys, kind, identity, token, lease, sent)
+                            }
                         };
                         self.context.finish_later(cleanup);
                         return None;

@@ -255,31 +255,24 @@ impl RawRwLock {
         }
     }
 
-    /// Makes the read hold `token` of `identity` live `lease` more, if it
-    /// is still there (whether it was).
-    pub(crate) fn renew_read(
+    /// Makes the hold of `kind` `token` (a read hold's token, a write or
+    /// upgradable hold's fencing token) of `identity` live `lease` more,
+    /// if it is still there (whether it was).
+    pub(crate) fn renew(
         &self,
         keys: &RwKeys,
+        kind: Kind,
         identity: &str,
         token: u64,
         lease: Duration,
     ) -> Result<bool, Error> {
-        let call = calls::renew_read(&keys.readers, &keys.read_depths, identity, token, lease);
-        self.backend
-            .run(&keys.write, &keys.name, |c| call.invoke::<i64>(c))
-            .map(|renewed| renewed == 1)
-    }
-
-    /// Makes the write hold `fence` of `identity` live `lease` more, if it
-    /// is still there (whether it was).
-    pub(crate) fn renew_write(
-        &self,
-        keys: &RwKeys,
-        identity: &str,
-        fence: u64,
-        lease: Duration,
-    ) -> Result<bool, Error> {
-        let call = lock_calls::renew(&keys.write, identity, fence, lease);
+        let call = match kind {
+            Kind::Read => {
+                calls::renew_read(&keys.readers, &keys.read_depths, identity, token, lease)
+            }
+            Kind::Upgradable => lock_calls::renew(&keys.upgradable, identity, token, lease),
+            Kind::Write => lock_calls::renew(&keys.write, identity, token, lease),
+        };
         self.backend
             .run(&keys.write, &keys.name, |c| call.invoke::<Done>(c))
             .map(|Done(renewed)| renewed)
