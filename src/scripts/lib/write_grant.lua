@@ -1,10 +1,9 @@
 -- The read-write lock's write grant: a release that frees the lock for a
 -- waiting writer (a writer's last release, the last reader's release, the
--- upgradable reader's last release)
--- writes the write hold for the first waiting writer itself, when that
--- writer left a grant spec (write.lua: it parks where a grant reaches it),
--- and tells its client on its grant channel, as the lock's grant does
--- (lib/grant.lua). The writer wakes holding the lock, with no attempt of
+-- upgradable reader's last release) writes the write hold for the first
+-- waiting writer itself, when that writer left a grant spec (write.lua:
+-- it parks where a grant reaches it), and tells its client on its grant
+-- channel, as the lock's grant does (lib/grant.lua). The writer wakes holding the lock, with no attempt of
 -- its own. Without a spec, or when nobody hears the message, the caller
 -- pushes the write baton as before.
 --
@@ -27,8 +26,8 @@ end
 -- grant_writer(waiter, writers, specs, write, fence, fence_ttl, channels,
 -- list, now): grants the write hold at `write` (free: the caller deleted
 -- it, or checked it is absent, and no reader or upgradable reader holds)
--- to `waiter`, the first live waiting writer of `writers`
--- (first_writer; nil: none, no grant), by its spec in `specs`, with a token of `fence`
+-- to `waiter`, the first live waiting writer of `writers` (first_writer;
+-- nil: none, no grant), by its spec in `specs`, with a token of `fence`
 -- (`fence_ttl` ms), by a message on `channels` .. its client's id that
 -- names `list`; whether it did. The spec goes either way.
 local function grant_writer(waiter, writers, specs, write, fence, fence_ttl, channels, list, now)

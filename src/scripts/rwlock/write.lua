@@ -49,13 +49,12 @@
 -- account: its release pushes their batons. The upgradable reader (even a
 -- leftover of this identity) keeps every writer out: it becomes the writer
 -- through upgrade.lua. A waiter that may be granted leaves its spec with
--- its place (the request it parks after, the grant's lease); a hold this
--- script takes afresh, or finds its request's, takes the caller's spec
--- off: a grant never lands on a live hold of its own. Errors come before
--- any write (but a waiter's pop of
--- its token, which fails first when the baton is not a list): HMGET fails
--- with WRONGTYPE when the write or upgradable key is not a hash, purge when
--- the readers key is not a sorted set.
+-- its place (the request it parks after, the grant's lease); a writer
+-- that takes the hold after keeping a place takes its spec off with the
+-- place. Errors come before any write (but a waiter's pop of its token,
+-- which fails first when the baton is not a list): HMGET fails with
+-- WRONGTYPE when the write or upgradable key is not a hash, purge when the
+-- readers key is not a sorted set.
 -- now_ms, purge, expire_with, read_hold, ms_score (lib/rw.lua), next_fence
 -- and extend_lease (lib/) are prepended.
 if ARGV[9] == '1' then
@@ -77,9 +76,6 @@ end
 -- first run made, as it is, rather than a second fresh hold under a new
 -- fencing token.
 if held[1] == id and held[3] == ARGV[6] then
-  if KEYS[8] then
-    redis.call('HDEL', KEYS[8], id)
-  end
   return {1, tonumber(held[2]), tonumber(held[4])}
 end
 
@@ -117,9 +113,9 @@ if (held[1] == false or held[1] == id) and not upgradable
   return {1, fence, 1}
 end
 
--- The refusal's reply: with a spec left when this waiter keeps a place
--- and may be granted.
-local spec = 0
+-- The refusal's third field: 1 when this waiter keeps a place and left a
+-- spec, else nil (a reply ends at its first nil: two fields).
+local spec = nil
 if ARGV[7] ~= '0' then
   redis.call('ZADD', KEYS[4], ms_score(now, ARGV[7]), id)
   expire_with(KEYS[4], nil, now)
@@ -131,14 +127,8 @@ if ARGV[7] ~= '0' then
     spec = 1
   end
 end
-local function refused(wait)
-  if spec == 1 then
-    return {0, wait, 1}
-  end
-  return {0, wait}
-end
 if held[1] and held[1] ~= id then
-  return refused(redis.call('PTTL', KEYS[1]))
+  return {0, redis.call('PTTL', KEYS[1]), spec}
 end
 local wait = 0
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
@@ -148,8 +138,8 @@ end
 if upgradable then
   local left = redis.call('PTTL', KEYS[6])
   if left < 0 and #last == 0 then
-    return refused(-1)
+    return {0, -1, spec}
   end
   wait = math.max(wait, left)
 end
-return refused(wait)
+return {0, wait, spec}
