@@ -16,6 +16,14 @@
 //! that has given up. After a run of hand-offs the holder releases globally
 //! instead (baton in Redis), so that other processes get their turn.
 //!
+//! A waiter about to sleep first stays awake a little, yielding (one per
+//! queue at a time: the *spinner*), and a release hands the lock to that
+//! waiter before an older, sleeping one, unless the last hand-off to the
+//! oldest waiter was [`FAIR_INTERVAL`] ago or more: waking a sleeping
+//! thread costs more than a short hold (on a small machine, most of a
+//! local hand-off's time), and the interval bounds how long the oldest
+//! waiter is passed over, as `parking_lot`'s eventual fairness does.
+//!
 //! A fair lock's waiter is alone in its queue (keyed by its own list), so
 //! it is always the parker. A releasing thread whose next in line it is
 //! reserves it between two of its attempts (`reserve_parker`), and ends
@@ -23,12 +31,51 @@
 //! attempt and does not leave until then.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::park::UnconfirmedRun;
+
+/// How long a waiter stays awake before it sleeps, where a hand-off may
+/// come while it does: about what waking a sleeping thread costs on a small
+/// machine, so that a run of short holds passes from one running thread to
+/// the next.
+const SPIN: Duration = Duration::from_micros(50);
+
+/// How long a release may hand the lock to a spinning waiter before the
+/// oldest, sleeping one, from the last hand-off to the oldest: the bound on
+/// how long the oldest waiter is passed over.
+pub(crate) const FAIR_INTERVAL: Duration = Duration::from_micros(500);
+
+/// How a waiter is woken: its condition variable, and a flag for while it
+/// spins, set whenever its status changes (always with the queue locked).
+#[derive(Debug, Default)]
+struct Wake {
+    condvar: Condvar,
+    poked: AtomicBool,
+}
+
+impl Wake {
+    /// Tells the waiter its status changed, whether it sleeps or spins.
+    fn poke(&self) {
+        self.poked.store(true, Ordering::Release);
+        self.condvar.notify_one();
+    }
+
+    /// Stays awake until poked or `until`; called with the queue unlocked.
+    /// It yields rather than spins in place: on a machine with fewer cores
+    /// than threads, the thread a hand-off wakes, or the holder, may need
+    /// this core (measured on 2 cores, 16 threads: spinning in place for
+    /// 100 µs took the rate of hand-offs below sleeping at once).
+    fn spin(&self, until: Instant) {
+        while !self.poked.load(Ordering::Acquire) && Instant::now() < until {
+            std::thread::yield_now();
+        }
+    }
+}
 
 /// What a waiting thread should do next.
 #[derive(Debug, PartialEq, Eq)]
@@ -46,7 +93,8 @@ pub(crate) enum Turn<G> {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Status<G> {
-    /// Asleep in `next_turn`: the only status a hand-off may pick.
+    /// In `next_turn`, asleep or about to sleep: the only status a
+    /// hand-off may pick.
     Waiting,
     /// Waiting in Redis for the queue.
     Parker,
@@ -84,7 +132,7 @@ struct Slot<C, G> {
     id: u64,
     claim: C,
     status: Status<G>,
-    wake: Arc<Condvar>,
+    wake: Arc<Wake>,
     /// The parker's: the list it parks on (or is about to), for a hand-off
     /// to end that park.
     parks_on: Option<String>,
@@ -99,6 +147,10 @@ struct QueueState<C, G> {
     handoffs_in_a_row: u32,
     /// When the first of them was made.
     run_started: Option<Instant>,
+    /// The waiter spinning before it sleeps, if one is.
+    spinner: Option<u64>,
+    /// When a hand-off last went to the oldest waiter.
+    last_fair: Option<Instant>,
     /// The run of writes the replicas did not confirm that this queue's
     /// parkers met: a new parker goes on with it.
     unconfirmed: Option<UnconfirmedRun>,
@@ -111,6 +163,8 @@ impl<C, G> Default for QueueState<C, G> {
             next_id: 0,
             handoffs_in_a_row: 0,
             run_started: None,
+            spinner: None,
+            last_fair: None,
             unconfirmed: None,
         }
     }
@@ -141,8 +195,35 @@ impl<C, G> QueueState<C, G> {
             .iter()
             .find(|s| matches!(s.status, Status::Waiting))
         {
-            slot.wake.notify_one();
+            slot.wake.poke();
         }
+    }
+
+    /// The waiter a release hands the lock to: the spinning one, if it is
+    /// waiting and the oldest waiter was last served less than
+    /// [`FAIR_INTERVAL`] ago; else the oldest waiter not parked in Redis.
+    fn pick(&mut self) -> Option<&mut Slot<C, G>> {
+        let now = Instant::now();
+        let oldest = self
+            .slots
+            .iter()
+            .position(|s| matches!(s.status, Status::Waiting))?;
+        let passed_over = self
+            .last_fair
+            .is_some_and(|served| now.duration_since(served) < FAIR_INTERVAL);
+        let spinning = self.spinner.and_then(|id| {
+            self.slots
+                .iter()
+                .position(|s| s.id == id && matches!(s.status, Status::Waiting))
+        });
+        let index = match spinning {
+            Some(index) if index != oldest && passed_over => index,
+            _ => {
+                self.last_fair = Some(now);
+                oldest
+            }
+        };
+        self.slots.get_mut(index)
     }
 }
 
@@ -198,7 +279,7 @@ impl<C: Clone, G: Clone> LocalQueues<C, G> {
             id,
             claim,
             status: Status::Waiting,
-            wake: Arc::new(Condvar::new()),
+            wake: Arc::default(),
             parks_on: None,
         });
         drop(state);
@@ -223,10 +304,7 @@ impl<C: Clone, G: Clone> LocalQueues<C, G> {
         if state.handoffs_in_a_row >= self.handoff_limit || run_over {
             return None;
         }
-        let slot = state
-            .slots
-            .iter_mut()
-            .find(|s| matches!(s.status, Status::Waiting))?;
+        let slot = state.pick()?;
         slot.status = Status::Reserved;
         let (id, claim) = (slot.id, slot.claim.clone());
         state.ensure_parker();
@@ -313,8 +391,10 @@ impl<C, G: Clone> Member<'_, C, G> {
     /// its I/O timeouts, or when the reservation is dropped.
     pub(crate) fn next_turn(&self, deadline: Option<Instant>) -> Turn<G> {
         let mut state = self.queue.state.lock();
+        let mut may_spin = true;
         loop {
             let has_parker = state.slots.iter().any(|s| s.status.is_parker());
+            let spin = may_spin && state.spinner.is_none();
             let Some(slot) = state.slot_mut(self.id) else {
                 return Turn::TimedOut;
             };
@@ -331,19 +411,32 @@ impl<C, G: Clone> Member<'_, C, G> {
                     slot.status = Status::Parker;
                     return Turn::Park;
                 }
-                Status::Reserved => wake.wait(&mut state),
+                Status::Reserved => wake.condvar.wait(&mut state),
                 // The parker's own statuses: it is in its park loop, which
                 // reads them through `parker_turn`, `parker_parks` and
                 // `parker_leaves`.
                 Status::ParkerAttempting | Status::ParkerReserved | Status::Leaving => {
                     return Turn::Park
                 }
+                Status::Waiting if spin => {
+                    // Once a call, one waiter of the queue at a time: a
+                    // hand-off that comes while it spins wakes nobody.
+                    may_spin = false;
+                    state.spinner = Some(self.id);
+                    wake.poked.store(false, Ordering::Relaxed);
+                    let until = Instant::now() + SPIN;
+                    let until = deadline.map_or(until, |deadline| deadline.min(until));
+                    MutexGuard::unlocked(&mut state, || wake.spin(until));
+                    if state.spinner == Some(self.id) {
+                        state.spinner = None;
+                    }
+                }
                 Status::Waiting => {
                     let Some(deadline) = deadline else {
-                        wake.wait(&mut state);
+                        wake.condvar.wait(&mut state);
                         continue;
                     };
-                    let timed_out = wake.wait_until(&mut state, deadline).timed_out();
+                    let timed_out = wake.condvar.wait_until(&mut state, deadline).timed_out();
                     let still_waiting = state
                         .slot_mut(self.id)
                         .is_some_and(|slot| matches!(slot.status, Status::Waiting));
@@ -418,7 +511,7 @@ impl<C, G: Clone> Member<'_, C, G> {
             match slot.status {
                 Status::ParkerReserved => {
                     let wake = Arc::clone(&slot.wake);
-                    wake.wait(&mut state);
+                    wake.condvar.wait(&mut state);
                 }
                 Status::Granted(ref grant) => return Some(grant.clone()),
                 _ => {
@@ -488,7 +581,7 @@ impl<C, G> Reservation<C, G> {
                 (Status::ParkerReserved, Status::Retry) => Status::Parker,
                 (_, status) => status,
             };
-            slot.wake.notify_one();
+            slot.wake.poke();
         }
     }
 }
@@ -523,6 +616,73 @@ mod tests {
         assert_eq!(third.next_turn(Some(soon)), Turn::Park, "takes over");
         drop(third);
         assert!(!queues.has_waiters("k"));
+    }
+
+    #[test]
+    fn a_hand_off_goes_to_the_spinner_until_the_oldest_has_been_passed_over_the_fair_interval() {
+        let queues = Queues::new(100, Duration::from_secs(60));
+        let members: Vec<_> = ["p", "w1", "w2", "w3"]
+            .into_iter()
+            .map(|id| queues.join("k", id))
+            .collect();
+        assert_eq!(members[0].next_turn(None), Turn::Park);
+        let queue = Arc::clone(&members[0].queue);
+        // Each round's waiters all waiting again (the one reserved in the
+        // round before, too), `member` spinning.
+        let spin = |member: &Member<'_, &'static str, u64>, last_fair: Option<Instant>| {
+            let mut state = queue.state.lock();
+            for slot in state.slots.iter_mut().skip(1) {
+                slot.status = Status::Waiting;
+            }
+            state.spinner = Some(member.id);
+            state.last_fair = last_fair;
+        };
+        // Nobody was served yet: the oldest first.
+        spin(&members[3], None);
+        let reservation = queues.reserve("k").expect("waiters");
+        assert_eq!(reservation.claim, "w1");
+        reservation.fail();
+        // The oldest was served just now: the spinner, however new.
+        spin(&members[3], Some(Instant::now()));
+        let reservation = queues.reserve("k").expect("waiters");
+        assert_eq!(reservation.claim, "w3");
+        reservation.fail();
+        // Passed over the whole interval: the oldest again, and the
+        // interval starts anew.
+        spin(&members[3], Some(Instant::now() - FAIR_INTERVAL));
+        let reservation = queues.reserve("k").expect("waiters");
+        assert_eq!(reservation.claim, "w1");
+        assert!(queue.state.lock().last_fair.unwrap().elapsed() < FAIR_INTERVAL);
+        reservation.fail();
+        // A spinner that is the oldest is the oldest.
+        spin(&members[1], Some(Instant::now()));
+        let reservation = queues.reserve("k").expect("waiters");
+        assert_eq!(reservation.claim, "w1");
+        reservation.fail();
+    }
+
+    #[test]
+    fn a_waiter_spinning_when_it_is_handed_the_lock_takes_it() {
+        let queues = Queues::new(100, Duration::from_secs(60));
+        let parker = queues.join("k", "p");
+        assert_eq!(parker.next_turn(None), Turn::Park);
+        let queue = Arc::clone(&parker.queue);
+        queue.state.lock().last_fair = Some(Instant::now());
+        std::thread::scope(|scope| {
+            let waiter = scope.spawn(|| {
+                let member = queues.join("k", "w");
+                member.next_turn(Some(Instant::now() + Duration::from_secs(10)))
+            });
+            // Handed over while it spins (as it nearly always is: were it
+            // missed, the hand-off would wake it from its sleep).
+            let start = Instant::now();
+            while queue.state.lock().spinner.is_none() && start.elapsed() < Duration::from_secs(1) {
+                std::thread::yield_now();
+            }
+            let reservation = queues.reserve("k").expect("the waiter waits");
+            reservation.grant(7);
+            assert_eq!(waiter.join().unwrap(), Turn::Granted(7));
+        });
     }
 
     #[test]
