@@ -8,12 +8,13 @@
 //! One waiter at a time is the *parker*: it waits in Redis (`BLPOP`) for
 //! the whole queue. The others sleep on their own condition variable. A
 //! thread of this process that releases the lock while waiters are queued
-//! here hands it to the oldest waiter that is not parked in Redis: it
-//! *reserves* that waiter, runs the hand-off script, and then either grants
-//! the waiter the lock (it owns it without a round trip of its own) or tells
-//! it to look again. A reserved waiter does not leave, even at its deadline,
-//! until the reservation is settled, so the lock is never handed to a thread
-//! that has given up. After a run of hand-offs the holder releases globally
+//! here hands it to a waiter that is not parked in Redis, the oldest as a
+//! rule (see below): it *reserves* that waiter, passes the lock in memory
+//! or runs the hand-off script, and then either grants the waiter the lock
+//! (it owns it without a round trip of its own) or tells it to look again.
+//! A reserved waiter does not leave, even at its deadline, until the
+//! reservation is settled, so the lock is never handed to a thread that
+//! has given up. After a run of hand-offs the holder releases globally
 //! instead (baton in Redis), so that other processes get their turn.
 //!
 //! A waiter about to sleep first stays awake a little, yielding (one per
@@ -40,15 +41,16 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use super::park::UnconfirmedRun;
 
 /// How long a waiter stays awake before it sleeps, where a hand-off may
-/// come while it does: about what waking a sleeping thread costs on a small
-/// machine, so that a run of short holds passes from one running thread to
-/// the next.
+/// come while it does: about what waking a sleeping thread takes on a
+/// small, shared machine, so that a run of short holds passes from one
+/// running thread to the next. A waiter behind a long hold spends it once
+/// per wait, yielding.
 const SPIN: Duration = Duration::from_micros(50);
 
 /// How long a release may hand the lock to a spinning waiter before the
 /// oldest, sleeping one, from the last hand-off to the oldest: the bound on
 /// how long the oldest waiter is passed over.
-pub(crate) const FAIR_INTERVAL: Duration = Duration::from_micros(500);
+const FAIR_INTERVAL: Duration = Duration::from_micros(500);
 
 /// How a waiter is woken: its condition variable, and a flag for while it
 /// spins, set whenever its status changes (always with the queue locked).
@@ -292,9 +294,9 @@ impl<C: Clone, G: Clone> LocalQueues<C, G> {
         }
     }
 
-    /// For a thread releasing `lock_key` for good: reserves the oldest
-    /// waiter not parked in Redis, unless there is none or the run of local
-    /// hand-offs is at its limit.
+    /// For a thread releasing `lock_key` for good: reserves a waiter not
+    /// parked in Redis (the spinner or the oldest, see the module's docs),
+    /// unless there is none or the run of local hand-offs is at its limit.
     pub(crate) fn reserve(&self, lock_key: &str) -> Option<Reservation<C, G>> {
         let queue = Arc::clone(self.queues.lock().get(lock_key)?);
         let mut state = queue.state.lock();

@@ -208,9 +208,10 @@ impl<C: Clone, G: Clone> WaitingRoom<C, G> {
         self.queues.has_waiters(baton_key)
     }
 
-    /// For a thread releasing for good: reserves the oldest waiter on
-    /// `baton_key` that is not parked in Redis, unless there is none or the
-    /// run of local hand-offs is at its limit.
+    /// For a thread releasing for good: reserves a waiter on `baton_key`
+    /// that is not parked in Redis (the oldest, or one still awake: see
+    /// [`LocalQueues::reserve`]), unless there is none or the run of local
+    /// hand-offs is at its limit.
     pub(crate) fn reserve(&self, baton_key: &str) -> Option<Reservation<C, G>> {
         self.queues.reserve(baton_key)
     }
