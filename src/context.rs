@@ -48,7 +48,7 @@ impl Context {
         Context {
             identities,
             lock_room: WaitingRoom::new(Arc::clone(&backend), &config),
-            room: WaitingRoom::new(Arc::clone(&backend), &config),
+            room: WaitingRoom::without_hand_offs(Arc::clone(&backend), &config),
             leases: Arc::new(LeaseRuntime::new(
                 name,
                 config.observer.clone(),

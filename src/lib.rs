@@ -37,11 +37,12 @@
 //!   connections per server, however many names and threads wait.
 //! - **Order and fast hand-off inside a process**: threads waiting for one
 //!   lock queue in arrival order; a releasing thread of the same process
-//!   passes the lock to the oldest in memory (no command at all: the
-//!   process keeps its ownership in Redis, and the new holder gets the next
-//!   fencing token), a bounded number of times in a row or for a bounded
-//!   time before releasing in Redis so that other processes get their
-//!   turn.
+//!   passes the lock to the oldest in memory (or to one that has just
+//!   queued and is still awake, while the oldest was served within the
+//!   last 0.5 ms), with no command at all (the process keeps its
+//!   ownership in Redis, and the new holder gets the next fencing token),
+//!   a bounded number of times in a row or for a bounded time before
+//!   releasing in Redis so that other processes get their turn.
 //! - **Fencing tokens** that increase with every fresh acquisition.
 //!
 //! # One client, every synchronizer

@@ -24,6 +24,7 @@
 //! thread costs more than a short hold (on a small machine, most of a
 //! local hand-off's time), and the interval bounds how long the oldest
 //! waiter is passed over, as `parking_lot`'s eventual fairness does.
+//! Where nothing is handed over (a limit of 0), waiters sleep at once.
 //!
 //! A fair lock's waiter is alone in its queue (keyed by its own list), so
 //! it is always the parker. A releasing thread whose next in line it is
@@ -396,7 +397,9 @@ impl<C, G: Clone> Member<'_, C, G> {
         let mut may_spin = true;
         loop {
             let has_parker = state.slots.iter().any(|s| s.status.is_parker());
-            let spin = may_spin && state.spinner.is_none();
+            // Only where a release may hand over: elsewhere nothing comes
+            // to a waiter while it spins but a new parker's turn.
+            let spin = may_spin && self.queues.handoff_limit > 0 && state.spinner.is_none();
             let Some(slot) = state.slot_mut(self.id) else {
                 return Turn::TimedOut;
             };
@@ -684,6 +687,29 @@ mod tests {
             let reservation = queues.reserve("k").expect("the waiter waits");
             reservation.grant(7);
             assert_eq!(waiter.join().unwrap(), Turn::Granted(7));
+        });
+    }
+
+    #[test]
+    fn a_waiter_of_a_queue_without_hand_offs_sleeps_at_once() {
+        let queues = Queues::new(0, Duration::from_secs(60));
+        let parker = queues.join("k", "p");
+        assert_eq!(parker.next_turn(None), Turn::Park);
+        let queue = Arc::clone(&parker.queue);
+        std::thread::scope(|scope| {
+            let waiter = scope.spawn(|| {
+                let member = queues.join("k", "w");
+                member.next_turn(Some(Instant::now() + Duration::from_millis(50)))
+            });
+            // Watched until the waiter times out: it never spins (one
+            // that did would be seen in its first 50 µs).
+            let mut spun = false;
+            while !waiter.is_finished() {
+                spun |= queue.state.lock().spinner.is_some();
+                std::thread::yield_now();
+            }
+            assert_eq!(waiter.join().unwrap(), Turn::TimedOut);
+            assert!(!spun, "a waiter that nothing can be handed to spun");
         });
     }
 

@@ -191,9 +191,22 @@ pub(crate) struct WaitingRoom<C, G> {
 }
 
 impl<C: Clone, G: Clone> WaitingRoom<C, G> {
+    /// A room whose releasing threads hand over to its waiters, as
+    /// `config` bounds the runs.
     pub(crate) fn new(backend: Arc<Backend>, config: &Config) -> Self {
+        Self::with_hand_offs(backend, config, config.max_local_handoffs)
+    }
+
+    /// A room whose waiters are never handed anything by a releasing
+    /// thread (they only take turns to park): none of them stays awake
+    /// for a hand-off before it sleeps.
+    pub(crate) fn without_hand_offs(backend: Arc<Backend>, config: &Config) -> Self {
+        Self::with_hand_offs(backend, config, 0)
+    }
+
+    fn with_hand_offs(backend: Arc<Backend>, config: &Config, hand_offs: u32) -> Self {
         WaitingRoom {
-            queues: LocalQueues::new(config.max_local_handoffs, config.max_local_run),
+            queues: LocalQueues::new(hand_offs, config.max_local_run),
             backend,
             max_park: config.max_park,
             io_timeout: config.io_timeout,
