@@ -14,6 +14,18 @@ use super::{
 };
 use crate::keys::RwKeys;
 
+/// How a read attempt asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadAsking {
+    /// A `try_read`: refused, it will not wait, so its refusal asks
+    /// nobody to wake it (no `rwait` for a read baton nobody parks for).
+    Once,
+    /// The first attempt of a call that waits if refused.
+    First,
+    /// An attempt from the wait loop: it passes a read baton on.
+    Waited,
+}
+
 /// What [`read`] asks for.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ReadArgs<'a> {
@@ -26,8 +38,8 @@ pub(crate) struct ReadArgs<'a> {
     pub(crate) depth: usize,
     /// The request's number: a fresh hold's token.
     pub(crate) request: u64,
-    /// Whether the caller comes from waiting (it passes a baton on).
-    pub(crate) waited: bool,
+    /// How it asks: from waiting, it passes a baton on.
+    pub(crate) asking: ReadAsking,
     pub(crate) baton_ttl: Duration,
     /// Pop the read baton first: the caller's park ended when the list
     /// changed, without a look that would have popped its token for it.
@@ -51,7 +63,11 @@ pub(crate) fn read(keys: &RwKeys, args: ReadArgs<'_>) -> Call {
         .arg(args.held_token)
         .arg(args.depth)
         .arg(args.request)
-        .arg(if args.waited { "1" } else { "0" })
+        .arg(match args.asking {
+            ReadAsking::Once => "-1",
+            ReadAsking::First => "0",
+            ReadAsking::Waited => "1",
+        })
         .arg(millis(args.baton_ttl))
         .arg(if args.takes_token { "1" } else { "0" });
     match args.grantable {

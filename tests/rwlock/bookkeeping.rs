@@ -140,3 +140,32 @@ across_topologies! {
         assert!(late < WAKE_BOUND, "the writer got in {late:?} after the last reader left");
     }
 }
+
+/// A `try_read` that a writer refuses will not wait, so the writer's
+/// release pushes no read baton on its account (which a reader parking
+/// later would pop and try again for nothing); a reader that waits, here
+/// a `try_read_for` that gives up while the write is held, is woken by one.
+#[test]
+fn a_refused_try_read_leaves_no_read_baton_to_push() {
+    let server = RedisServer::start();
+    let (writer, reader) = (support::client(&server), support::client(&server));
+    let (write_lock, read_lock) = (
+        writer.rw_lock("tried").unwrap(),
+        reader.rw_lock("tried").unwrap(),
+    );
+    let pushes = |waits: bool| {
+        let write = write_lock.write().unwrap();
+        if waits {
+            let gave_up = read_lock.try_read_for(Duration::from_millis(50)).unwrap();
+            assert!(gave_up.is_none(), "the write is held");
+        } else {
+            assert!(read_lock.try_read().unwrap().is_none(), "the write is held");
+        }
+        let before = server.command_calls();
+        write.unlock().unwrap();
+        let used = server.commands_since(&before);
+        used.get("rpush").copied().unwrap_or(0)
+    };
+    assert_eq!(pushes(false), 0, "a try_read's refusal");
+    assert_eq!(pushes(true), 1, "a waiting reader's refusal");
+}

@@ -17,7 +17,9 @@
 -- ARGV[5]  this request's number: the token of a fresh hold (and what
 --          undo.lua matches when the reply is lost)
 -- ARGV[6]  "1" when the caller has been waiting: it passes a read baton on,
---          so that a parked reader of another process wakes in turn
+--          so that a parked reader of another process wakes in turn; "-1"
+--          when it will not wait if refused (a try_read): its refusal
+--          marks no `rwait`, for no read baton need wake it; else "0"
 -- ARGV[7]  baton TTL in milliseconds
 -- ARGV[8]  "1" from a waiter whose park ended when the read baton list
 --          changed, with no look that popped its token (the parking hub
@@ -97,7 +99,9 @@ if writer and writer ~= id then
     redis.call('HSET', KEYS[1], 'rwait', 1)
     return {0, redis.call('PTTL', KEYS[1]), 1}
   end
-  redis.call('HSET', KEYS[1], 'rwait', 1, 'rplain', 1)
+  if ARGV[6] ~= '-1' then
+    redis.call('HSET', KEYS[1], 'rwait', 1, 'rplain', 1)
+  end
   return {0, redis.call('PTTL', KEYS[1])}
 end
 if not writer and up[1] ~= id then
@@ -106,7 +110,9 @@ if not writer and up[1] ~= id then
     return {0, math.max(tonumber(first[2]) - now, 0)}
   end
   if up[2] and tonumber(up[2]) > now then
-    redis.call('HSET', KEYS[6], 'rwait', 1)
+    if ARGV[6] ~= '-1' then
+      redis.call('HSET', KEYS[6], 'rwait', 1)
+    end
     return {0, tonumber(up[2]) - now}
   end
 end

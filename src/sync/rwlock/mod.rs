@@ -34,7 +34,9 @@ use crate::keys::RwKeys;
 use crate::lease::{LeaseMode, Leased, RenewLeases};
 use crate::observe::{Acquisition, HoldKind};
 use crate::parking::{self, Attempt, Waited};
-use crate::scripts::rwlock::{self as calls, ReadArgs, RwAcquireReply, WriteArgs, WriteGrants};
+use crate::scripts::rwlock::{
+    self as calls, ReadArgs, ReadAsking, RwAcquireReply, WriteArgs, WriteGrants,
+};
 
 use super::grants::{self, GiveBackSettings, Grantable, Mark};
 
@@ -230,7 +232,7 @@ impl RwLock {
         let start = self.context.observer().is_set().then(Instant::now);
         let failed = |err| self.failed(start, HoldKind::Read, err);
         let identity = self.context.identity().map_err(failed)?;
-        match self.attempt_read(&identity, false, false).map_err(failed)? {
+        match self.attempt_read_once(&identity).map_err(failed)? {
             Attempt::Acquired(guard) => Ok(Some(guard.announced(start, Acquisition::FirstAttempt))),
             Attempt::Held { .. } => Ok(None),
         }
@@ -371,7 +373,7 @@ impl RwLock {
             .map(|lease| (Grantable::default(), lease));
         if holds || !context.room.has_waiters(&self.keys.read_baton) {
             let first = grantable.as_ref().map(|(g, lease)| (g, *lease));
-            match self.attempt_read_granted(&identity, false, false, first) {
+            match self.attempt_read_granted(&identity, ReadAsking::First, false, first) {
                 Ok(Attempt::Acquired(guard)) => {
                     return Ok(Some((guard, Acquisition::FirstAttempt)))
                 }
@@ -395,7 +397,7 @@ impl RwLock {
                 }
             }
             let grantable = grantable.as_ref().map(|(g, lease)| (g, *lease));
-            self.attempt_read_granted(&identity, true, takes_token.take(), grantable)
+            self.attempt_read_granted(&identity, ReadAsking::Waited, takes_token.take(), grantable)
         };
         loop {
             let waited = context.room.wait_until(
@@ -572,26 +574,22 @@ impl RwLock {
         }
     }
 
-    /// One run of the read script; `waited` when the caller comes from the
-    /// wait loop (it then passes a read baton on); `takes_token`: it pops
-    /// the read baton first (see `ParkHow::claims`).
-    fn attempt_read(
-        &self,
-        identity: &Arc<str>,
-        waited: bool,
-        takes_token: bool,
-    ) -> Result<Attempt<ReadGuard>, Error> {
-        self.attempt_read_granted(identity, waited, takes_token, None)
+    /// One run of the read script by a caller that will not wait if
+    /// refused (`try_read`).
+    fn attempt_read_once(&self, identity: &Arc<str>) -> Result<Attempt<ReadGuard>, Error> {
+        self.attempt_read_granted(identity, ReadAsking::Once, false, None)
     }
 
-    /// [`attempt_read`](RwLock::attempt_read) by a waiter that may be
-    /// granted the read while parked (`grantable`, with the grant's
-    /// lease): a refusal by a holding writer leaves its spec, and its park
-    /// after this attempt carries the attempt's ticket.
+    /// One run of the read script, asking as `asking` (from the wait loop
+    /// it passes a read baton on); `takes_token`: it pops the read baton
+    /// first (see `ParkHow::claims`). By a waiter that may be granted the
+    /// read while parked (`grantable`, with the grant's lease), a refusal
+    /// by a holding writer leaves its spec, and its park after this
+    /// attempt carries the attempt's ticket.
     fn attempt_read_granted(
         &self,
         identity: &Arc<str>,
-        waited: bool,
+        asking: ReadAsking,
         takes_token: bool,
         grantable: Option<(&Grantable, Duration)>,
     ) -> Result<Attempt<ReadGuard>, Error> {
@@ -604,7 +602,7 @@ impl RwLock {
             held_token,
             depth: guards + 1,
             request,
-            waited,
+            asking,
             baton_ttl: self.raw.baton_ttl(),
             takes_token,
             // A spec outlives the longest park and the next attempt's
