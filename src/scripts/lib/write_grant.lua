@@ -3,9 +3,9 @@
 -- upgradable reader's last release) writes the write hold for the first
 -- waiting writer itself, when that writer left a grant spec (write.lua:
 -- it parks where a grant reaches it), and tells its client on its grant
--- channel, as the lock's grant does (lib/grant.lua). The writer wakes holding the lock, with no attempt of
--- its own. Without a spec, or when nobody hears the message, the caller
--- pushes the write baton as before.
+-- channel, as the lock's grant does (lib/grant.lua). The writer wakes
+-- holding the lock, with no attempt of its own. Without a spec, or when
+-- nobody hears the message, the caller pushes the write baton as before.
 --
 -- The first waiting writer is the one whose place ends first: the one
 -- whose last attempt is the oldest (every place lasts as long, from each
