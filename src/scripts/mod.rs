@@ -1,12 +1,16 @@
 //! The server-side half of the protocol: one Lua script per operation, each
 //! run atomically by Redis. The `.lua` files document their KEYS, ARGV and
-//! replies; [`redis::Script`] sends them with `EVALSHA` and reloads them when
-//! the server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
+//! replies; a [`Call`] sends one with `EVALSHA` and loads it when the
+//! server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
 
+use std::fmt::{self, Display};
+use std::io::Write as _;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{ConnectionLike, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
+use redis::{
+    ConnectionLike, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, Value,
+};
 
 pub(crate) mod latch;
 pub(crate) mod lock;
@@ -148,11 +152,17 @@ scripts! {
 /// One script call with its KEYS and ARGV, encoded once so that a single
 /// call (`invoke`, with the `NOSCRIPT` reload) and a pipelined one
 /// (`evalsha`) cannot disagree on the order.
+///
+/// The words are kept as bytes in one buffer each and the command is
+/// written out whole for the connection: every call of every operation
+/// goes through here, and a word per allocation (three times over, as a
+/// string, a script invocation's argument and a command's) cost the
+/// client more than the rest of a fair lock's attempt.
 #[derive(Debug, Clone)]
 pub(crate) struct Call {
     script: &'static LazyLock<Script>,
-    keys: Vec<String>,
-    args: Vec<String>,
+    keys: Words,
+    args: Words,
     /// Sent instead when the server refuses this call with `TRYAGAIN`
     /// (see [`Call::or_when_split`]).
     when_split: Option<Box<Call>>,
@@ -162,8 +172,8 @@ impl Call {
     pub(crate) fn new(script: &'static LazyLock<Script>) -> Self {
         Call {
             script,
-            keys: Vec::new(),
-            args: Vec::new(),
+            keys: Words::default(),
+            args: Words::default(),
             when_split: None,
         }
     }
@@ -180,60 +190,146 @@ impl Call {
     }
 
     pub(crate) fn key(mut self, key: &str) -> Self {
-        self.keys.push(key.to_owned());
+        self.keys.push(key.as_bytes());
         self
     }
 
-    pub(crate) fn arg(mut self, arg: impl ToString) -> Self {
-        self.args.push(arg.to_string());
+    pub(crate) fn arg(mut self, arg: impl Display) -> Self {
+        self.args.push_display(arg);
         self
     }
 
     /// Runs the script (`EVALSHA`, loading it once on `NOSCRIPT`).
     pub(crate) fn invoke<T: FromRedisValue>(&self, con: &mut dyn ConnectionLike) -> RedisResult<T> {
-        let mut invocation = self.script.prepare_invoke();
-        for key in &self.keys {
-            invocation.key(key);
-        }
-        for arg in &self.args {
-            invocation.arg(arg);
-        }
-        match (invocation.invoke(con), &self.when_split) {
+        let packed = self.packed();
+        let sent = match send(con, &packed) {
+            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.load(con)?;
+                send(con, &packed)
+            }
+            sent => sent,
+        };
+        match (sent, &self.when_split) {
             (Err(err), Some(instead))
                 if err.kind() == ErrorKind::Server(ServerErrorKind::TryAgain) =>
             {
                 instead.invoke(con)
             }
-            (result, _) => result,
+            (sent, _) => Ok(redis::from_redis_value(sent?)?),
         }
     }
 
     /// Adds the call to a pipeline as a bare `EVALSHA` (the caller loads the
     /// script and handles `NOSCRIPT`).
     pub(crate) fn add_to(&self, pipe: &mut redis::Pipeline) {
-        pipe.cmd("EVALSHA")
+        let evalsha = pipe
+            .cmd("EVALSHA")
             .arg(self.script.get_hash())
-            .arg(self.keys.len())
-            .arg(&self.keys)
-            .arg(&self.args);
+            .arg(self.keys.len());
+        for word in self.keys.iter().chain(self.args.iter()) {
+            evalsha.arg(word);
+        }
     }
 
-    /// The call as a bare `EVALSHA` command, to be sent without waiting
-    /// for its reply (the caller handles `NOSCRIPT`, with `invoke`).
-    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
+    /// The call as a bare `EVALSHA` command, encoded for the connection:
+    /// sent as it is by [`invoke`](Call::invoke), or without waiting for
+    /// its reply (the caller handles `NOSCRIPT`, with `invoke`).
     pub(crate) fn packed(&self) -> Vec<u8> {
-        redis::cmd("EVALSHA")
-            .arg(self.script.get_hash())
-            .arg(self.keys.len())
-            .arg(&self.keys)
-            .arg(&self.args)
-            .get_packed_command()
+        let hash = self.script.get_hash().as_bytes();
+        let words = 3 + self.keys.len() + self.args.len();
+        // Each word's header is at most 24 bytes ("$" + 20 digits + CRLF),
+        // and its CRLF after it 2.
+        let size = 64 + hash.len() + self.keys.bytes.len() + self.args.bytes.len() + 26 * words;
+        let mut out = Vec::with_capacity(size);
+        out.push(b'*');
+        push_decimal(&mut out, words);
+        out.extend_from_slice(b"\r\n");
+        push_bulk(&mut out, b"EVALSHA");
+        push_bulk(&mut out, hash);
+        let mut count = Vec::with_capacity(20);
+        push_decimal(&mut count, self.keys.len());
+        push_bulk(&mut out, &count);
+        for word in self.keys.iter().chain(self.args.iter()) {
+            push_bulk(&mut out, word);
+        }
+        out
     }
 
     /// Loads the script into the server's cache.
     pub(crate) fn load(&self, con: &mut dyn ConnectionLike) -> RedisResult<String> {
         self.script.load(con)
     }
+}
+
+/// Sends one packed command; an error reply is an error.
+fn send(con: &mut dyn ConnectionLike, packed: &[u8]) -> RedisResult<Value> {
+    con.req_packed_command(packed)?.extract_error()
+}
+
+/// A call's keys or its arguments: their bytes one after the other, and
+/// where each ends.
+#[derive(Clone, Default)]
+struct Words {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Words {
+    fn push(&mut self, word: &[u8]) {
+        self.bytes.extend_from_slice(word);
+        self.ends.push(self.bytes.len());
+    }
+
+    fn push_display(&mut self, word: impl Display) {
+        // Writing into a vector does not fail.
+        let _ = write!(self.bytes, "{word}");
+        self.ends.push(self.bytes.len());
+    }
+
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts
+            .zip(self.ends.iter().copied())
+            .map(|(start, end)| &self.bytes[start..end])
+    }
+}
+
+impl fmt::Debug for Words {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.iter().map(String::from_utf8_lossy))
+            .finish()
+    }
+}
+
+/// Appends `word` as a RESP bulk string.
+fn push_bulk(out: &mut Vec<u8>, word: &[u8]) {
+    out.push(b'$');
+    push_decimal(out, word.len());
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(word);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends `n` in decimal digits.
+fn push_decimal(out: &mut Vec<u8>, n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = n;
+    loop {
+        at -= 1;
+        // A digit: below 10.
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// Milliseconds of a duration already checked to be in range, as scripts
@@ -270,6 +366,47 @@ pub(crate) fn command_in_error(message: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_is_packed_as_redis_packs_the_same_evalsha() {
+        let call = Call::new(&ACQUIRE)
+            .key("redbaton:{a}:lock")
+            .arg("client:7")
+            .arg(30_000u64)
+            .key("")
+            .arg("")
+            .arg(-1i64)
+            .arg("ünïcode ✓");
+        let expected = redis::cmd("EVALSHA")
+            .arg(ACQUIRE.get_hash())
+            .arg(2)
+            .arg("redbaton:{a}:lock")
+            .arg("")
+            .arg("client:7")
+            .arg("30000")
+            .arg("")
+            .arg("-1")
+            .arg("ünïcode ✓")
+            .get_packed_command();
+        assert_eq!(
+            String::from_utf8_lossy(&call.packed()),
+            String::from_utf8_lossy(&expected)
+        );
+        let mut pipe = redis::pipe();
+        call.add_to(&mut pipe);
+        assert_eq!(pipe.get_packed_pipeline(), expected);
+        let many = (0..12).fold(Call::new(&ACQUIRE), |call, n| call.arg(n));
+        let expected = (0..12)
+            .fold(
+                redis::cmd("EVALSHA").arg(ACQUIRE.get_hash()).arg(0).clone(),
+                |mut cmd, n| {
+                    cmd.arg(n);
+                    cmd
+                },
+            )
+            .get_packed_command();
+        assert_eq!(many.packed(), expected);
+    }
 
     #[test]
     fn a_script_error_is_traced_to_its_command() {
