@@ -10,7 +10,6 @@ pub(crate) mod confirm;
 mod registry;
 mod watchdog;
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -278,37 +277,69 @@ impl PartialEq for Passed {
 /// first in the queue behind the ownership's acquisition, which it passes
 /// to in their order, and those it was passed to already. Empty for every
 /// other ownership.
+///
+/// Every holder of the run shares its places: a pass copies no waiter's
+/// name, whatever the length of the line.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct FairRun {
-    /// The waiters still ahead, with their arrivals (server µs), in queue
-    /// order.
-    pub(crate) ahead: VecDeque<(String, u64)>,
-    /// The waiter behind them, if any: whom the run's last release will
-    /// likely wake.
-    pub(crate) after: Option<String>,
-    /// The waiters the ownership was passed to, with the arrivals of the
-    /// places they were served for: those places stay in the queue until
-    /// the run's last release drops them.
-    pub(crate) served: Vec<(String, u64)>,
+    /// The places the run serves, with their arrivals (server µs), in
+    /// order: a grantee's own place first when the run began with a grant,
+    /// then the line of waiters.
+    places: Arc<[(String, u64)]>,
+    /// How many of `places` are served: the ownership was passed to them
+    /// (or granted), and their places stay in the queue until the run's
+    /// last release drops them.
+    served: usize,
+    /// The waiter behind the line, if any: whom the run's last release
+    /// will likely wake.
+    after: Option<Arc<str>>,
 }
 
 impl FairRun {
+    /// A run along `line` (waiters with their arrivals, in queue order),
+    /// with `served` served already (none, or a grantee's own place), and
+    /// `after` behind the line.
+    pub(crate) fn new(
+        served: Vec<(String, u64)>,
+        line: Vec<(String, u64)>,
+        after: Option<String>,
+    ) -> Self {
+        let done = served.len();
+        let mut places = served;
+        places.extend(line);
+        FairRun {
+            places: places.into(),
+            served: done,
+            after: after.map(Arc::from),
+        }
+    }
+
+    /// The waiters still ahead, in queue order.
+    pub(crate) fn ahead(&self) -> &[(String, u64)] {
+        &self.places[self.served..]
+    }
+
+    /// The places served so far, which the run's last release drops.
+    pub(crate) fn served(&self) -> &[(String, u64)] {
+        &self.places[..self.served]
+    }
+
     /// The waiter a release will likely wake: the next ahead, else the
     /// one after the line.
     pub(crate) fn next_in_line(&self) -> Option<&str> {
-        self.ahead
-            .front()
+        self.ahead()
+            .first()
             .map(|(waiter, _)| waiter.as_str())
             .or(self.after.as_deref())
     }
 
     /// The run once its next waiter is served.
     pub(crate) fn advanced(&self) -> FairRun {
-        let mut run = self.clone();
-        if let Some(next) = run.ahead.pop_front() {
-            run.served.push(next);
+        FairRun {
+            places: Arc::clone(&self.places),
+            served: (self.served + 1).min(self.places.len()),
+            after: self.after.clone(),
         }
-        run
     }
 }
 

@@ -323,7 +323,7 @@ impl LockGuard {
             // The hold ends here: its loss signal is disconnected, never
             // told (what the release finds is this caller's to hear).
             ownership.status.close_signal();
-            if !ownership.run.served.is_empty() {
+            if !ownership.run.served().is_empty() {
                 // A fair run's: the places it served would stay first in
                 // the queue until they end. The release, sent in the
                 // background, drops them if the lock is free (it frees
@@ -358,7 +358,7 @@ impl LockGuard {
             if self.next_on_run(&reservation.claim) && self.may_pass_to(&reservation.claim) {
                 return self.pass(reservation).map(|()| None);
             }
-            if ownership.run.served.is_empty() {
+            if ownership.run.served().is_empty() {
                 ownership.status.close_signal();
                 if self.hand_off(reservation)? {
                     return Ok(None);
@@ -394,7 +394,7 @@ impl LockGuard {
     /// ownership's run, the line of this client's waiters first in the
     /// queue when Redis last issued the ownership.
     fn next_on_run(&self, claim: &Claim) -> bool {
-        let next = self.ownership.run.ahead.front();
+        let next = self.ownership.run.ahead().first();
         next.is_some_and(|(waiter, _)| **waiter == *claim.identity)
     }
 
@@ -479,7 +479,7 @@ impl LockGuard {
             guards_left: left,
             lease: self.ownership.mode.lease(),
             next_in_line: self.ownership.next_in_line.as_deref(),
-            served: &self.ownership.run.served,
+            served: self.ownership.run.served(),
         }
     }
 
@@ -550,7 +550,7 @@ impl LockGuard {
             &ownership.identity,
             ownership.fence,
             ownership.mode.lease(),
-            ownership.run.served.clone(),
+            ownership.run.served().to_vec(),
             sent,
         );
         self.context.finish_later(cleanup);

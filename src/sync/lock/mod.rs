@@ -690,11 +690,7 @@ impl Lock {
     /// `served` already (none, but a grantee's own), if there is any.
     fn start_run(&self, guard: &LockGuard, line: Line, served: Vec<(String, u64)>) {
         if !line.waiters.is_empty() || !served.is_empty() {
-            let run = FairRun {
-                ahead: line.waiters.into(),
-                after: line.after,
-                served,
-            };
+            let run = FairRun::new(served, line.waiters, line.after);
             guard.start_run(&self.context.leases.registry, run);
         }
     }
