@@ -1431,6 +1431,29 @@ fn bad_input_damaged_keys_and_a_quorum_are_clear_errors() {
         .unwrap();
     let err = lock.try_lock().map(|g| g.is_some()).unwrap_err();
     assert!(matches!(err, Error::WrongType { .. }), "{err:?}");
+    // Naming the key, and what it holds.
+    let message = err.to_string();
+    assert!(
+        message.contains(&queue_key("damaged")) && message.contains("holds a string"),
+        "{message}"
+    );
+    // The places' key too, and a waiting call as a single attempt.
+    redis::cmd("DEL")
+        .arg(queue_key("damaged"))
+        .query::<()>(&mut server.connection())
+        .unwrap();
+    let places = queue_key("damaged").replace(":queue", ":places");
+    redis::cmd("SET")
+        .arg(&places)
+        .arg("not places")
+        .query::<()>(&mut server.connection())
+        .unwrap();
+    let err = lock.lock().map(drop).unwrap_err();
+    let message = err.to_string();
+    assert!(
+        matches!(err, Error::WrongType { .. }) && message.contains(&places),
+        "{message}"
+    );
     // The head's list, which every release names: the release says so
     // (and changes nothing).
     let heads = client.fair_lock("damaged heads").unwrap();

@@ -19,8 +19,9 @@
 -- ARGV[10] "1" from a waiter whose park ended when that list changed,
 --          with no look that popped its token (the parking hub rings such
 --          a waiter at the list's announcement): its token is popped
---          first, whatever comes of the attempt, as the look would have
---          popped it; else "0"
+--          before the first write, whatever comes of the attempt, as the
+--          look would have popped it (but by a request sent again that
+--          finds its ownership: its first send popped it); else "0"
 -- ARGV[11] "1" when that list is the head's list, else "0"
 -- ARGV[12] the most waiters of the caller's client an ownership taken
 --          afresh may be passed to in memory ("0": none), see `line` below
@@ -103,14 +104,7 @@
 -- held by nobody's guard for a lease.
 -- next_fence, extend_lease, the queue and baton helpers come from lib/.
 local queue, places = KEYS[3], KEYS[4]
-local err = queue_error(queue, places)
-if err then
-  return err
-end
-if ARGV[10] == '1' then
-  redis.call('LPOP', KEYS[5])
-end
-local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'req', 'count', 'next')
+local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'req', 'count', 'next', 'waited')
 
 if held[1] == ARGV[1] and held[2] == ARGV[3] then
   redis.call('HSET', KEYS[1], 'count', ARGV[4])
@@ -121,11 +115,23 @@ if held[1] == ARGV[1] and held[3] == ARGV[6] then
   return {1, tonumber(held[2]), tonumber(held[4])}
 end
 
-local now = server_ms()
-drop_dead_waiters(queue, places, now)
+-- One reading of the clock for the whole attempt: the places' ends (ms),
+-- an arrival (µs) and the fencing token.
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 -- The first waiters: the head (past the caller's own place, below), and
--- the first behind it.
-local first = redis.call('ZRANGE', queue, 0, 2)
+-- the first behind it; and the places to drop, read before any write.
+local dead, first, err = read_queue(queue, places, now, 3)
+if err then
+  return err
+end
+if ARGV[10] == '1' then
+  redis.call('LPOP', KEYS[5])
+end
+for _, waiter in ipairs(dead) do
+  redis.call('ZREM', queue, waiter)
+  redis.call('ZREM', places, waiter)
+end
 local head = first[1]
 -- A call's first attempt has no place yet: one under the caller's
 -- identity is an earlier call's (see above), and not its turn.
@@ -167,7 +173,7 @@ if leftover or (held[1] == false and (head == nil or head == ARGV[1])) then
   if #line > 0 then
     reserve = tostring(#line / 2)
   end
-  local fence, ferr, token = next_fence(KEYS[2], ARGV[5], nil, reserve)
+  local fence, ferr, token = next_fence(KEYS[2], ARGV[5], nil, reserve, clock)
   if ferr then
     return ferr
   end
@@ -177,10 +183,13 @@ if leftover or (held[1] == false and (head == nil or head == ARGV[1])) then
     -- A leftover of the caller's: nothing of it (a `next`) stays.
     redis.call('HDEL', KEYS[1], 'next', 'nspec', 'waited')
   end
-  redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6])
+  if next_in_line then
+    redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6], 'waited', '1')
+  else
+    redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6])
+  end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if next_in_line then
-    redis.call('HSET', KEYS[1], 'waited', '1')
     if #line > 0 then
       -- Without an `after` (nil), the reply ends with the line.
       return {1, fence, 1, next_in_line, line, after}
@@ -199,8 +208,7 @@ if ARGV[7] == '1' then
   arrival = stored or tonumber(ARGV[9])
   if not stored then
     if arrival == 0 then
-      local now_us = redis.call('TIME')
-      arrival = tonumber(now_us[1]) * 1000000 + tonumber(now_us[2])
+      arrival = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
     end
     redis.call('ZADD', queue, arrival, ARGV[1])
   end
@@ -224,7 +232,11 @@ if ARGV[7] == '1' then
         redis.call('HDEL', KEYS[1], 'nspec')
       end
     else
-      redis.call('HSET', KEYS[1], 'waited', '1')
+      -- Marked once per ownership (the arrivals behind a long hold each
+      -- find the mark).
+      if held[6] ~= '1' then
+        redis.call('HSET', KEYS[1], 'waited', '1')
+      end
       if held[5] == ARGV[1] then
         -- Recorded as the head in an earlier wait (a run served it in
         -- memory since): it parks on its own list now.

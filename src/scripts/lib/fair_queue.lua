@@ -12,6 +12,17 @@ local function server_ms()
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 end
 
+-- not_a_queue(key, failed): the error reply for `key`, which a read
+-- failed on with the error `failed` (a pcall's): naming the key where
+-- it holds something other than a sorted set, else `failed` itself.
+local function not_a_queue(key, failed)
+  if string.sub(failed.err, 1, 9) == 'WRONGTYPE' then
+    local kind = redis.call('TYPE', key)['ok']
+    return redis.error_reply('WRONGTYPE fair lock key ' .. key .. ' holds a ' .. kind .. ', not a sorted set')
+  end
+  return failed
+end
+
 -- queue_error(queue, places): an error reply when either key holds
 -- something other than a sorted set, else nil; checked before any write.
 local function queue_error(queue, places)
@@ -22,6 +33,37 @@ local function queue_error(queue, places)
     end
   end
   return nil
+end
+
+-- read_queue(queue, places, now, first): reads only, before a script's
+-- first write: the waiters whose place ended by `now` (a list) and the
+-- first `first` live waiters of the queue (a list); or nil and an error
+-- reply, naming the key, when either key holds something other than a
+-- sorted set. It asks no TYPE: each call a script makes costs it about
+-- as much as a cheap command's own work, so the reads themselves find a
+-- wrong type (`redis.pcall`); another error is the script's as it is.
+local function read_queue(queue, places, now, first)
+  local dead = redis.pcall('ZRANGEBYSCORE', places, '-inf', now)
+  if dead.err then
+    return nil, nil, not_a_queue(places, dead)
+  end
+  local waiting = redis.pcall('ZRANGE', queue, 0, first - 1 + #dead)
+  if waiting.err then
+    return nil, nil, not_a_queue(queue, waiting)
+  end
+  if #dead == 0 then
+    return dead, waiting
+  end
+  local dropping, live = {}, {}
+  for _, waiter in ipairs(dead) do
+    dropping[waiter] = true
+  end
+  for _, waiter in ipairs(waiting) do
+    if not dropping[waiter] and #live < first then
+      live[#live + 1] = waiter
+    end
+  end
+  return dead, live
 end
 
 -- drop_dead_waiters(queue, places, now): removes the waiters whose place
