@@ -172,8 +172,10 @@ impl Call {
     pub(crate) fn new(script: &'static LazyLock<Script>) -> Self {
         Call {
             script,
-            keys: Words::default(),
-            args: Words::default(),
+            // Room for most calls' words, so that they are written
+            // without growing the buffers.
+            keys: Words::with_capacity(4, 128),
+            args: Words::with_capacity(16, 128),
             when_split: None,
         }
     }
@@ -268,13 +270,20 @@ fn send(con: &mut dyn ConnectionLike, packed: &[u8]) -> RedisResult<Value> {
 
 /// A call's keys or its arguments: their bytes one after the other, and
 /// where each ends.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct Words {
     bytes: Vec<u8>,
     ends: Vec<usize>,
 }
 
 impl Words {
+    fn with_capacity(words: usize, bytes: usize) -> Self {
+        Words {
+            bytes: Vec::with_capacity(bytes),
+            ends: Vec::with_capacity(words),
+        }
+    }
+
     fn push(&mut self, word: &[u8]) {
         self.bytes.extend_from_slice(word);
         self.ends.push(self.bytes.len());

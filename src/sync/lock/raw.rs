@@ -468,12 +468,14 @@ impl RawLock for DeploymentLock {
         // Only a fresh ownership is confirmed: a re-entry adds nothing a
         // promoted replica would need (the ownership itself was confirmed).
         let fresh = |reply: &AcquireReply| matches!(reply, AcquireReply::Acquired { depth: 1, .. });
-        let undo = self.undo_call(keys, args.identity, args.request);
         // A fair lock's undo names a waiter to wake, woken once the
         // connection is back in the pool.
         let mut woken = (None, ParkedOn::Either);
         let confirmed =
             self.call_confirmed(At::lock(keys), &calls::acquire(keys, args), fresh, |c| {
+                // Made only when needed: an attempt is sent far more often
+                // than undone.
+                let undo = self.undo_call(keys, args.identity, args.request);
                 if keys.fair.is_some() {
                     let undone: FairReply<Done> = undo.invoke(c)?;
                     woken = (undone.wake, undone.parked_on);
