@@ -9,12 +9,39 @@
 //! the threads (default 16), `LOCAL_HANDOFF_KIND=fair` takes a fair lock
 //! instead of the plain one.
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
 #[path = "../cpu_time.rs"]
 mod cpu_time;
+
+/// The system allocator, counting the allocations it makes: the run's
+/// allocations per acquisition are printed with its other costs.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -80,15 +107,18 @@ fn main() {
         cpu_time::process(),
         evalsha_calls(&mut stats),
     );
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed);
     let taken: u64 = handles.into_iter().map(|h| h.join().expect("thread")).sum();
     let (wall, cpu) = (began.elapsed(), cpu_time::process() - cpu);
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - allocations;
     let scripts = evalsha_calls(&mut stats) - scripts;
     println!(
         "{threads} threads, {:.1} s: {:.0} acquisitions/s, {:.2} scripts per acquisition, \
-         process CPU {:.1} µs per acquisition",
+         process CPU {:.1} µs and {:.1} allocations per acquisition",
         wall.as_secs_f64(),
         taken as f64 / wall.as_secs_f64(),
         scripts as f64 / taken as f64,
         cpu.as_secs_f64() * 1e6 / taken as f64,
+        allocations as f64 / taken as f64,
     );
 }
