@@ -6,7 +6,9 @@
 //!
 //!     cargo run --release --manifest-path benches/peers/Cargo.toml --example cycle_cost
 //!
-//! `CYCLE_COST=redbaton` or `=floor` runs one side only (for `strace -c`).
+//! `CYCLE_COST=redbaton` or `=floor` runs one side only (for `strace -c`);
+//! `=semaphore` measures a semaphore's acquire + release of one permit
+//! instead, `=read` a read-write lock's read + unlock.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -105,6 +107,31 @@ fn main() {
         lock.lock().expect("lock").unlock().expect("unlock");
     }
     let only = std::env::var("CYCLE_COST").unwrap_or_default();
+    if only == "semaphore" || only == "read" {
+        let semaphore = client.semaphore("bench:cycle-cost:sem").expect("name");
+        semaphore.try_set_permits(4).expect("permits");
+        let rw = client.rw_lock("bench:cycle-cost:rw").expect("name");
+        for _ in 0..2_000 {
+            drop(semaphore.acquire().expect("permit"));
+            drop(rw.read().expect("read"));
+        }
+        for _ in 0..ROUNDS {
+            if only == "semaphore" {
+                measure("semaphore", &["evalsha"], &mut stats, || {
+                    semaphore
+                        .acquire()
+                        .expect("permit")
+                        .release()
+                        .expect("release")
+                });
+            } else {
+                measure("read", &["evalsha"], &mut stats, || {
+                    rw.read().expect("read").unlock().expect("unlock")
+                });
+            }
+        }
+        return;
+    }
     for _ in 0..ROUNDS {
         if only != "floor" {
             measure("redbaton", &["evalsha"], &mut stats, || {

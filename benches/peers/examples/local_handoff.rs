@@ -1,7 +1,7 @@
 //! Hand-offs inside one process: 16 threads of one client take one lock in
 //! turn for a few seconds, on a private server; prints acquisitions per
 //! second, how many went through Redis (`INFO commandstats`), and the
-//! process's CPU time per acquisition. A target for `perf record`:
+//! process's CPU time and allocations per acquisition. A target for `perf record`:
 //!
 //!     cargo run --release --manifest-path benches/peers/Cargo.toml --example local_handoff
 //!
