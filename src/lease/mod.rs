@@ -488,3 +488,35 @@ impl LeaseRuntime {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fair_run_serves_its_line_in_order_and_its_passes_share_the_places() {
+        let place = |name: &str, arrival| (name.to_owned(), arrival);
+        let run = FairRun::new(
+            vec![place("c:1", 10)],
+            vec![place("c:2", 20), place("c:3", 30)],
+            Some("d:1".to_owned()),
+        );
+        assert_eq!(run.served(), &[place("c:1", 10)]);
+        assert_eq!(run.next_in_line(), Some("c:2"));
+        let once = run.advanced();
+        assert_eq!(once.served(), &[place("c:1", 10), place("c:2", 20)]);
+        assert_eq!(once.ahead(), &[place("c:3", 30)]);
+        let done = once.advanced();
+        assert!(done.ahead().is_empty());
+        assert_eq!(
+            done.next_in_line(),
+            Some("d:1"),
+            "then the one behind the line"
+        );
+        assert_eq!(done.advanced(), done, "nobody left to serve");
+        assert!(
+            Arc::ptr_eq(&run.places, &done.places),
+            "a pass copies no waiter's name"
+        );
+    }
+}
