@@ -12,15 +12,17 @@ local function server_ms()
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 end
 
--- not_a_queue(key, failed): the error reply for `key`, which a read
--- failed on with the error `failed` (a pcall's): naming the key where
--- it holds something other than a sorted set, else `failed` itself.
-local function not_a_queue(key, failed)
+-- not_a_queue(key, command, failed): the error reply for `key`, which a
+-- read (`command`) failed on with the error `failed` (a pcall's): naming
+-- the key where it holds something other than a sorted set, else
+-- `failed` with the command and the key (a caught error names neither,
+-- as a raised one names the script's line), its code kept first.
+local function not_a_queue(key, command, failed)
   if string.sub(failed.err, 1, 9) == 'WRONGTYPE' then
     local kind = redis.call('TYPE', key)['ok']
     return redis.error_reply('WRONGTYPE fair lock key ' .. key .. ' holds a ' .. kind .. ', not a sorted set')
   end
-  return failed
+  return redis.error_reply(failed.err .. ' (' .. command .. ' on ' .. key .. ')')
 end
 
 -- queue_error(queue, places): an error reply when either key holds
@@ -45,11 +47,11 @@ end
 local function read_queue(queue, places, now, first)
   local dead = redis.pcall('ZRANGEBYSCORE', places, '-inf', now)
   if dead.err then
-    return nil, nil, not_a_queue(places, dead)
+    return nil, nil, not_a_queue(places, 'ZRANGEBYSCORE', dead)
   end
   local waiting = redis.pcall('ZRANGE', queue, 0, first - 1 + #dead)
   if waiting.err then
-    return nil, nil, not_a_queue(queue, waiting)
+    return nil, nil, not_a_queue(queue, 'ZRANGE', waiting)
   end
   if #dead == 0 then
     return dead, waiting
