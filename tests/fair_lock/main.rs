@@ -1532,3 +1532,63 @@ across_topologies! {
         assert_eq!(lock.queued_waiters().unwrap(), 0);
     }
 }
+
+/// The commands docs/security.md adds to the lock's ACL line for the fair
+/// lock.
+const FAIR_ACL: &str = "+hget +zadd +zrem +zrange +zrangebyscore +zscore";
+
+/// The ACL line plus the fair lock's commands, as docs/security.md states
+/// them: a fair lock works under a user limited to them (taking it, a
+/// waiter of another client parked and then served, `try_lock`, the
+/// queue's length, the holder, renewals, `force_unlock`).
+#[test]
+fn everything_works_under_a_user_limited_to_the_documented_acl() {
+    let page = include_str!("../../docs/security.md");
+    let flat: String = page.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains(FAIR_ACL), "docs/security.md lists {FAIR_ACL}");
+    let lock_acl = page
+        .lines()
+        .find_map(|line| line.strip_prefix("ACL SETUSER locker on >long-random-password "))
+        .expect("docs/security.md documents the ACL line");
+    let server = RedisServer::start();
+    let mut setuser = redis::cmd("ACL");
+    setuser.arg("SETUSER").arg("fair").arg("on").arg(">pw");
+    for rule in lock_acl
+        .split_whitespace()
+        .chain(FAIR_ACL.split_whitespace())
+    {
+        setuser.arg(rule);
+    }
+    setuser.query::<()>(&mut server.connection()).unwrap();
+    let url = format!("redis://fair:pw@127.0.0.1:{}/", server.port());
+    let open = || {
+        Client::builder(url.as_str())
+            .default_lease(Duration::from_millis(300))
+            .max_park(Duration::from_millis(200))
+            .build()
+            .unwrap()
+    };
+    let (client, other) = (open(), open());
+    let lock = client.fair_lock("acl").unwrap();
+    let guard = lock.lock().unwrap();
+    let waiting = other.fair_lock("acl").unwrap();
+    assert!(waiting.try_lock().unwrap().is_none());
+    let handle = thread::spawn(move || {
+        waiting
+            .try_lock_for(Duration::from_secs(5))
+            .map(|g| g.map(|g| g.unlock()).is_some())
+    });
+    support::eventually(Duration::from_secs(3), "the waiter's place", || {
+        lock.queued_waiters().unwrap() == 1
+    });
+    // Held past the waiter's park: it looks again, keeping its place.
+    support::eventually(Duration::from_secs(3), "renewals past a park", || {
+        client.watchdog_stats().renewals >= 4
+    });
+    assert!(lock.holder().unwrap().is_some());
+    guard.unlock().unwrap();
+    assert!(handle.joined().unwrap());
+    let again = lock.lock().unwrap();
+    assert!(lock.force_unlock().unwrap());
+    assert!(matches!(again.unlock(), Err(Error::LockLost { .. })));
+}
