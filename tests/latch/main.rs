@@ -393,3 +393,44 @@ fn count_down_missed_then_failover(lease: Option<Duration>) {
     );
     assert!(opened, "the latch opened on the new master");
 }
+
+/// The commands docs/security.md adds to the lock's ACL line for the
+/// count-down latch.
+const LATCH_ACL: &str = "+decr +sadd";
+
+/// The ACL line plus the latch's commands, as docs/security.md states
+/// them: a latch works under a user limited to them (setting the count, a
+/// waiter of another client parked until the last count-down, the count).
+#[test]
+fn everything_works_under_a_user_limited_to_the_documented_acl() {
+    let page = include_str!("../../docs/security.md");
+    let flat: String = page.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains(LATCH_ACL),
+        "docs/security.md lists {LATCH_ACL}"
+    );
+    let lock_acl = page
+        .lines()
+        .find_map(|line| line.strip_prefix("ACL SETUSER locker on >long-random-password "))
+        .expect("docs/security.md documents the ACL line");
+    let server = RedisServer::start();
+    let mut setuser = redis::cmd("ACL");
+    setuser.arg("SETUSER").arg("latch").arg("on").arg(">pw");
+    for rule in lock_acl
+        .split_whitespace()
+        .chain(LATCH_ACL.split_whitespace())
+    {
+        setuser.arg(rule);
+    }
+    setuser.query::<()>(&mut server.connection()).unwrap();
+    let url = format!("redis://latch:pw@127.0.0.1:{}/", server.port());
+    let (client, other) = (Client::open(&url).unwrap(), Client::open(&url).unwrap());
+    let latch = client.count_down_latch("acl").unwrap();
+    assert!(latch.try_set_count(2).unwrap());
+    let waiting = other.count_down_latch("acl").unwrap();
+    let handle = thread::spawn(move || waiting.wait_for(Duration::from_secs(5)));
+    assert_eq!(latch.count_down().unwrap(), 1);
+    assert_eq!(latch.count().unwrap(), 1);
+    assert_eq!(latch.count_down().unwrap(), 0);
+    assert!(handle.joined().unwrap(), "the waiter saw the latch open");
+}

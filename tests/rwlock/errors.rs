@@ -181,3 +181,87 @@ fn a_release_fails_on_a_damaged_baton_it_would_push_and_changes_nothing() {
         assert_eq!(value, "x");
     }
 }
+
+/// The commands docs/security.md adds to the lock's ACL line for the
+/// read-write lock.
+const RW_ACL: &str =
+    "+zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zcard +zscore +hget +hgetall";
+
+/// The ACL line plus the read-write lock's commands, as docs/security.md
+/// states them: a read-write lock works under a user limited to them
+/// (reads and writes, a reader of another client waiting behind a write
+/// and granted the read by its release, a writer waiting behind a read,
+/// an upgradable read upgraded and downgraded, renewals).
+#[test]
+fn everything_works_under_a_user_limited_to_the_documented_acl() {
+    use std::thread;
+
+    use crate::support::{eventually, JoinWithin};
+
+    let page = include_str!("../../docs/security.md");
+    let flat: String = page.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains(RW_ACL), "docs/security.md lists {RW_ACL}");
+    let lock_acl = page
+        .lines()
+        .find_map(|line| line.strip_prefix("ACL SETUSER locker on >long-random-password "))
+        .expect("docs/security.md documents the ACL line");
+    let server = testkit::RedisServer::start();
+    let mut setuser = redis::cmd("ACL");
+    setuser.arg("SETUSER").arg("rw").arg("on").arg(">pw");
+    for rule in lock_acl.split_whitespace().chain(RW_ACL.split_whitespace()) {
+        setuser.arg(rule);
+    }
+    setuser.query::<()>(&mut server.connection()).unwrap();
+    let url = format!("redis://rw:pw@127.0.0.1:{}/", server.port());
+    let open = || {
+        Client::builder(url.as_str())
+            .default_lease(Duration::from_millis(300))
+            .max_park(Duration::from_millis(200))
+            .build()
+            .unwrap()
+    };
+    let (client, other) = (open(), open());
+    let rw = client.rw_lock("acl").unwrap();
+    rw.write().unwrap().unlock().unwrap();
+    rw.read().unwrap().unlock().unwrap();
+
+    // A reader of another client behind a write, past a park.
+    let write = rw.write().unwrap();
+    let reader = other.rw_lock("acl").unwrap();
+    let waiting = thread::spawn(move || {
+        reader
+            .try_read_for(Duration::from_secs(5))
+            .map(|g| g.map(|g| g.unlock()).is_some())
+    });
+    eventually(Duration::from_secs(3), "renewals past a park", || {
+        client.watchdog_stats().renewals >= 4
+    });
+    write.unlock().unwrap();
+    assert!(waiting.joined().unwrap());
+
+    // A writer of another client behind a read.
+    let read = rw.read().unwrap();
+    let writer = other.rw_lock("acl").unwrap();
+    let waiting = thread::spawn(move || {
+        writer
+            .try_write_for(Duration::from_secs(5))
+            .map(|g| g.map(|g| g.unlock()).is_some())
+    });
+    let mut admin = server.connection();
+    eventually(Duration::from_secs(3), "the writer's place", || {
+        redis::cmd("ZCARD")
+            .arg(rw_key("acl", "writers"))
+            .query::<u64>(&mut admin)
+            .unwrap()
+            == 1
+    });
+    read.unlock().unwrap();
+    assert!(waiting.joined().unwrap());
+
+    let upgradable = rw.upgradable_read().unwrap();
+    let write = upgradable.upgrade().unwrap();
+    write.unlock().unwrap();
+    let upgradable = rw.upgradable_read().unwrap();
+    upgradable.downgrade().unwrap().unlock().unwrap();
+    assert_eq!(client.watchdog_stats().losses, 0);
+}
