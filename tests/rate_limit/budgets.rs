@@ -255,7 +255,8 @@ fn the_acquire_script_reads_the_servers_clock_and_is_sent_no_client_time() {
                 argvs.push(words[3 + keys..].to_vec());
             }
             "time" if source == "lua" => time_reads += 1,
-            "multi" => break,
+            // The delete's first `DEL`, sent by the client.
+            "del" if source != "lua" => break,
             _ => {}
         }
     }

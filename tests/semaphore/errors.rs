@@ -328,9 +328,15 @@ fn everything_works_under_a_user_limited_to_the_documented_acl() {
         .lines()
         .find_map(|line| line.strip_prefix("ACL SETUSER locker on >long-random-password "))
         .expect("docs/security.md documents the ACL line");
+    // And what the operators' view of the holders needs besides.
+    assert!(
+        flat.contains("`Client::semaphore_holders` needs `+hgetall`"),
+        "docs/security.md names the holders' view's command"
+    );
     let rules: Vec<&str> = lock_acl
         .split_whitespace()
         .chain(SEMAPHORE_ACL.split_whitespace())
+        .chain(["+hgetall"])
         .collect();
     let server = RedisServer::start();
     let mut raw = server.connection();
@@ -348,6 +354,7 @@ fn everything_works_under_a_user_limited_to_the_documented_acl() {
     let sem = client.semaphore("acl").unwrap();
     assert_eq!(sem.try_set_permits(1).unwrap(), 1);
     let permit = sem.acquire().unwrap();
+    assert_eq!(client.semaphore_holders("acl").unwrap().len(), 1);
     // A waiter that gives up (parks, then leaves its place), and one that
     // is woken by the release, while the watchdog renews.
     assert!(sem

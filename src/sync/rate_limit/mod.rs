@@ -224,7 +224,10 @@ impl RateLimiter {
     /// client's bucket. Other clients' per-client buckets expire on their own
     /// once full. Returns whether there was a configuration to remove.
     /// Callers acquiring from it get [`Error::RateNotConfigured`] until
-    /// someone sets a rate again. One `MULTI`/`EXEC` of two `DEL`s.
+    /// someone sets a rate again. One round trip of two `DEL`s, the
+    /// configuration's first: a rate set between them starts with full
+    /// buckets, as a new one does. (Not a `MULTI`: an ACL user refused it
+    /// would get, from redis-rs, a panic in a debug build.)
     ///
     /// # Errors
     /// Redis failures.
@@ -234,7 +237,6 @@ impl RateLimiter {
                 .backend
                 .run(&self.keys.config, &self.keys.name, |c| {
                     redis::pipe()
-                        .atomic()
                         .del(&self.keys.config)
                         .del(&[&self.keys.overall, &self.keys.per_client])
                         .query(c)
