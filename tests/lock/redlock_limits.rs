@@ -383,3 +383,32 @@ fn a_lost_round_whose_grant_another_caller_found_wakes_a_waiter_on_undo() {
         "the undo woke whoever found the grant in its way"
     );
 }
+
+/// A quorum's masters need nothing beyond the lock's ACL line
+/// (docs/security.md), the second round that agrees on a token included.
+#[test]
+fn a_quorum_agrees_on_a_token_under_the_documented_acl() {
+    let lock_acl = include_str!("../../docs/security.md")
+        .lines()
+        .find_map(|line| line.strip_prefix("ACL SETUSER locker on >long-random-password "))
+        .expect("docs/security.md documents the ACL line");
+    let masters = start_masters();
+    for master in &masters {
+        let mut setuser = redis::cmd("ACL");
+        setuser.arg("SETUSER").arg("locker").arg("on").arg(">pw");
+        for rule in lock_acl.split_whitespace() {
+            setuser.arg(rule);
+        }
+        setuser.query::<()>(&mut master.connection()).unwrap();
+    }
+    let urls: Vec<String> = masters
+        .iter()
+        .map(|master| format!("redis://locker:pw@127.0.0.1:{}/", master.port()))
+        .collect();
+    let client = Client::builder(Topology::masters(&urls)).build().unwrap();
+    // A counter ahead on one master: the second round proposes a token.
+    set_counter(&masters[2], "acl", HIGH);
+    let guard = client.lock("acl").unwrap().lock().unwrap();
+    assert!(guard.fencing_token() > HIGH);
+    guard.unlock().unwrap();
+}

@@ -16,7 +16,9 @@
 -- Returns 1 when T was accepted here, 0 when the counter was already at or
 -- above T.
 local t = tonumber(ARGV[2])
-if redis.call('HGET', KEYS[1], 'flag') == ARGV[1] then
+-- HMGET, as every lock script reads the hash: the lock's ACL line has no
+-- HGET (docs/security.md).
+if redis.call('HMGET', KEYS[1], 'flag')[1] == ARGV[1] then
   redis.call('HSET', KEYS[1], 'fence', ARGV[2])
 end
 local stored = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
