@@ -506,3 +506,71 @@ fn on_a_cluster_a_refused_slot_check_is_one_warning_not_a_relink() {
     );
     assert_eq!(warned(), 1, "one warning for the node");
 }
+
+/// Under the documented ACL (no `PING`), a waiter parked on its client's
+/// hub through a long hold costs what it costs without one: the tracker's
+/// idle liveness check, refused, still shows the tracker is there, so it
+/// is neither dropped and opened again nor are its waiters sent to look
+/// again (they were, about once a second).
+#[test]
+fn a_refused_ping_keeps_the_parking_tracker_and_its_waiters_parked() {
+    let server = RedisServer::start();
+    add_user(&server, "locker", redbaton_acl());
+    let url = user_url(&server, "locker", PASSWORD);
+    let (holder, waiting) = (Client::open(&url).unwrap(), Client::open(&url).unwrap());
+    let guard = holder.lock("idle").unwrap().lock().unwrap();
+    let lock = waiting.lock("idle").unwrap();
+    let handle = thread::spawn(move || {
+        lock.try_lock_for(Duration::from_secs(20))
+            .map(|g| g.map(|g| g.unlock()).is_some())
+    });
+    let mut admin = server.connection();
+    let stats = |admin: &mut redis::Connection| {
+        let info: String = redis::cmd("INFO").arg("commandstats").query(admin).unwrap();
+        testkit::parse_commandstats(&info)
+    };
+    support::eventually(Duration::from_secs(5), "the waiter parked", || {
+        stats(&mut admin)
+            .get("client|tracking")
+            .copied()
+            .unwrap_or(0)
+            >= 1
+    });
+    let before = stats(&mut admin);
+    // A refused command counts as rejected, not as a call.
+    let refused_pings = |admin: &mut redis::Connection| -> u64 {
+        let info: String = redis::cmd("INFO").arg("commandstats").query(admin).unwrap();
+        info.lines()
+            .find_map(|line| line.trim().strip_prefix("cmdstat_ping:"))
+            .and_then(|fields| {
+                fields
+                    .split(',')
+                    .find_map(|field| field.strip_prefix("rejected_calls="))
+            })
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let pings = refused_pings(&mut admin);
+    let during = |admin: &mut redis::Connection, command: &str| {
+        stats(admin).get(command).copied().unwrap_or(0) - before.get(command).copied().unwrap_or(0)
+    };
+    // Three of the tracker's idle checks, or a first sign of what they
+    // used to bring.
+    support::eventually(
+        Duration::from_secs(10),
+        "three idle checks of the tracker",
+        || {
+            refused_pings(&mut admin) >= pings + 3
+                || during(&mut admin, "client|tracking") > 0
+                || during(&mut admin, "evalsha") > 0
+        },
+    );
+    assert_eq!(
+        during(&mut admin, "client|tracking"),
+        0,
+        "the tracker was opened again"
+    );
+    assert_eq!(during(&mut admin, "evalsha"), 0, "the waiter looked again");
+    guard.unlock().unwrap();
+    assert!(handle.joined().unwrap());
+}

@@ -1149,10 +1149,14 @@ impl Inner {
                     let alive: RedisResult<()> = redis::cmd("PING").exec(tracking.keep());
                     state = self.state.lock();
                     if let Err(err) = alive {
-                        conn = None;
                         let err = self.classify(err, "(parking)");
-                        if state.link == tracking_link {
-                            state.unlink(Some(&err));
+                        // A refusal is an answer: the tracker is there (an
+                        // ACL without `PING`, as the documented one).
+                        if !matches!(err, Error::PermissionDenied { .. }) {
+                            conn = None;
+                            if state.link == tracking_link {
+                                state.unlink(Some(&err));
+                            }
                         }
                     }
                 }

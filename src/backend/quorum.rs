@@ -401,9 +401,16 @@ fn probe(master: &Weak<Backend>, health: &Weak<Health>, observer: &Observer) {
         let (Some(master), Some(health)) = (master.upgrade(), health.upgrade()) else {
             return;
         };
-        let answered = master
-            .exchange("", "", |c| redis::cmd("PING").query::<()>(c))
-            .is_ok();
+        // A refusal is an answer too (an ACL without `PING`, as the
+        // documented one): the master is there.
+        let answered = matches!(
+            master.exchange("", "", |c| redis::cmd("PING").query::<()>(c)),
+            Ok(_)
+                | Err(Failed {
+                    error: Error::PermissionDenied { .. },
+                    ..
+                })
+        );
         if answered {
             health.probing.store(false, Ordering::Release);
             health.suspect.store(false, Ordering::Release);

@@ -412,3 +412,46 @@ fn a_quorum_agrees_on_a_token_under_the_documented_acl() {
     assert!(guard.fencing_token() > HIGH);
     guard.unlock().unwrap();
 }
+
+/// Under the documented ACL (no `PING`), a master left out of the rounds
+/// while it did not answer is used again once it does: the probe's `PING`,
+/// refused, is an answer (it was probed for ever, every round a master
+/// short).
+#[test]
+fn a_stopped_master_is_used_again_under_the_documented_acl() {
+    let lock_acl = include_str!("../../docs/security.md")
+        .lines()
+        .find_map(|line| line.strip_prefix("ACL SETUSER locker on >long-random-password "))
+        .expect("docs/security.md documents the ACL line");
+    let masters = start_masters();
+    for master in &masters {
+        let mut setuser = redis::cmd("ACL");
+        setuser.arg("SETUSER").arg("locker").arg("on").arg(">pw");
+        for rule in lock_acl.split_whitespace() {
+            setuser.arg(rule);
+        }
+        setuser.query::<()>(&mut master.connection()).unwrap();
+    }
+    let urls: Vec<String> = masters
+        .iter()
+        .map(|master| format!("redis://locker:pw@127.0.0.1:{}/", master.port()))
+        .collect();
+    let client = Client::builder(Topology::masters(&urls)).build().unwrap();
+    let lock = client.lock("probed").unwrap();
+    lock.lock().unwrap().unlock().unwrap();
+    masters[1].pause();
+    // The round that finds it stopped leaves it out of the next ones.
+    lock.lock().unwrap().unlock().unwrap();
+    masters[1].resume();
+    eventually(Duration::from_secs(10), "the resumed master", || {
+        let guard = lock.lock().unwrap();
+        let stored: Option<u64> = redis::cmd("HGET")
+            .arg(lock_key("probed"))
+            .arg("fence")
+            .query(&mut masters[1].connection())
+            .unwrap();
+        let used = stored == Some(guard.fencing_token());
+        guard.unlock().unwrap();
+        used
+    });
+}
