@@ -1543,24 +1543,12 @@ const FAIR_ACL: &str = "+hget +zadd +zrem +zrange +zrangebyscore +zscore";
 /// queue's length, the holder, renewals, `force_unlock`).
 #[test]
 fn everything_works_under_a_user_limited_to_the_documented_acl() {
-    let page = include_str!("../../docs/security.md");
-    let flat: String = page.split_whitespace().collect::<Vec<_>>().join(" ");
-    assert!(flat.contains(FAIR_ACL), "docs/security.md lists {FAIR_ACL}");
-    let lock_acl = page
-        .lines()
-        .find_map(|line| line.strip_prefix("ACL SETUSER locker on >long-random-password "))
-        .expect("docs/security.md documents the ACL line");
+    assert!(
+        support::security_page_says(FAIR_ACL),
+        "docs/security.md lists {FAIR_ACL}"
+    );
     let server = RedisServer::start();
-    let mut setuser = redis::cmd("ACL");
-    setuser.arg("SETUSER").arg("fair").arg("on").arg(">pw");
-    for rule in lock_acl
-        .split_whitespace()
-        .chain(FAIR_ACL.split_whitespace())
-    {
-        setuser.arg(rule);
-    }
-    setuser.query::<()>(&mut server.connection()).unwrap();
-    let url = format!("redis://fair:pw@127.0.0.1:{}/", server.port());
+    let url = support::documented_acl_user(&server, "fair", FAIR_ACL);
     let open = || {
         Client::builder(url.as_str())
             .default_lease(Duration::from_millis(300))

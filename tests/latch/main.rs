@@ -403,27 +403,12 @@ const LATCH_ACL: &str = "+decr +sadd";
 /// waiter of another client parked until the last count-down, the count).
 #[test]
 fn everything_works_under_a_user_limited_to_the_documented_acl() {
-    let page = include_str!("../../docs/security.md");
-    let flat: String = page.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
-        flat.contains(LATCH_ACL),
+        support::security_page_says(LATCH_ACL),
         "docs/security.md lists {LATCH_ACL}"
     );
-    let lock_acl = page
-        .lines()
-        .find_map(|line| line.strip_prefix("ACL SETUSER locker on >long-random-password "))
-        .expect("docs/security.md documents the ACL line");
     let server = RedisServer::start();
-    let mut setuser = redis::cmd("ACL");
-    setuser.arg("SETUSER").arg("latch").arg("on").arg(">pw");
-    for rule in lock_acl
-        .split_whitespace()
-        .chain(LATCH_ACL.split_whitespace())
-    {
-        setuser.arg(rule);
-    }
-    setuser.query::<()>(&mut server.connection()).unwrap();
-    let url = format!("redis://latch:pw@127.0.0.1:{}/", server.port());
+    let url = support::documented_acl_user(&server, "latch", LATCH_ACL);
     let (client, other) = (Client::open(&url).unwrap(), Client::open(&url).unwrap());
     let latch = client.count_down_latch("acl").unwrap();
     assert!(latch.try_set_count(2).unwrap());

@@ -384,28 +384,21 @@ fn a_lost_round_whose_grant_another_caller_found_wakes_a_waiter_on_undo() {
     );
 }
 
+/// A quorum on `masters` as a user each limits to the documented ACL line.
+fn acl_quorum(masters: &[RedisServer]) -> Client {
+    let urls: Vec<String> = masters
+        .iter()
+        .map(|master| crate::support::documented_acl_user(master, "locker", ""))
+        .collect();
+    Client::builder(Topology::masters(&urls)).build().unwrap()
+}
+
 /// A quorum's masters need nothing beyond the lock's ACL line
 /// (docs/security.md), the second round that agrees on a token included.
 #[test]
 fn a_quorum_agrees_on_a_token_under_the_documented_acl() {
-    let lock_acl = include_str!("../../docs/security.md")
-        .lines()
-        .find_map(|line| line.strip_prefix("ACL SETUSER locker on >long-random-password "))
-        .expect("docs/security.md documents the ACL line");
     let masters = start_masters();
-    for master in &masters {
-        let mut setuser = redis::cmd("ACL");
-        setuser.arg("SETUSER").arg("locker").arg("on").arg(">pw");
-        for rule in lock_acl.split_whitespace() {
-            setuser.arg(rule);
-        }
-        setuser.query::<()>(&mut master.connection()).unwrap();
-    }
-    let urls: Vec<String> = masters
-        .iter()
-        .map(|master| format!("redis://locker:pw@127.0.0.1:{}/", master.port()))
-        .collect();
-    let client = Client::builder(Topology::masters(&urls)).build().unwrap();
+    let client = acl_quorum(&masters);
     // A counter ahead on one master: the second round proposes a token.
     set_counter(&masters[2], "acl", HIGH);
     let guard = client.lock("acl").unwrap().lock().unwrap();
@@ -419,24 +412,8 @@ fn a_quorum_agrees_on_a_token_under_the_documented_acl() {
 /// short).
 #[test]
 fn a_stopped_master_is_used_again_under_the_documented_acl() {
-    let lock_acl = include_str!("../../docs/security.md")
-        .lines()
-        .find_map(|line| line.strip_prefix("ACL SETUSER locker on >long-random-password "))
-        .expect("docs/security.md documents the ACL line");
     let masters = start_masters();
-    for master in &masters {
-        let mut setuser = redis::cmd("ACL");
-        setuser.arg("SETUSER").arg("locker").arg("on").arg(">pw");
-        for rule in lock_acl.split_whitespace() {
-            setuser.arg(rule);
-        }
-        setuser.query::<()>(&mut master.connection()).unwrap();
-    }
-    let urls: Vec<String> = masters
-        .iter()
-        .map(|master| format!("redis://locker:pw@127.0.0.1:{}/", master.port()))
-        .collect();
-    let client = Client::builder(Topology::masters(&urls)).build().unwrap();
+    let client = acl_quorum(&masters);
     let lock = client.lock("probed").unwrap();
     lock.lock().unwrap().unlock().unwrap();
     masters[1].pause();

@@ -197,19 +197,8 @@ fn a_busy_server_is_ridden_out_until_the_deadline() {
 /// the permits left and deleting it work under a user limited to it.
 #[test]
 fn everything_works_under_a_user_limited_to_the_documented_acl() {
-    let page = include_str!("../../docs/security.md");
-    let lock_acl = page
-        .lines()
-        .find_map(|line| line.strip_prefix("ACL SETUSER locker on >long-random-password "))
-        .expect("docs/security.md documents the ACL line");
     let server = RedisServer::start();
-    let mut setuser = redis::cmd("ACL");
-    setuser.arg("SETUSER").arg("rate").arg("on").arg(">pw");
-    for rule in lock_acl.split_whitespace() {
-        setuser.arg(rule);
-    }
-    setuser.query::<()>(&mut server.connection()).unwrap();
-    let url = format!("redis://rate:pw@127.0.0.1:{}/", server.port());
+    let url = crate::support::documented_acl_user(&server, "rate", "");
     let client = Client::open(&url).unwrap();
     let limiter = client.rate_limiter("acl").unwrap();
     assert!(limiter

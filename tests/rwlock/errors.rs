@@ -198,21 +198,12 @@ fn everything_works_under_a_user_limited_to_the_documented_acl() {
 
     use crate::support::{eventually, JoinWithin};
 
-    let page = include_str!("../../docs/security.md");
-    let flat: String = page.split_whitespace().collect::<Vec<_>>().join(" ");
-    assert!(flat.contains(RW_ACL), "docs/security.md lists {RW_ACL}");
-    let lock_acl = page
-        .lines()
-        .find_map(|line| line.strip_prefix("ACL SETUSER locker on >long-random-password "))
-        .expect("docs/security.md documents the ACL line");
+    assert!(
+        crate::support::security_page_says(RW_ACL),
+        "docs/security.md lists {RW_ACL}"
+    );
     let server = testkit::RedisServer::start();
-    let mut setuser = redis::cmd("ACL");
-    setuser.arg("SETUSER").arg("rw").arg("on").arg(">pw");
-    for rule in lock_acl.split_whitespace().chain(RW_ACL.split_whitespace()) {
-        setuser.arg(rule);
-    }
-    setuser.query::<()>(&mut server.connection()).unwrap();
-    let url = format!("redis://rw:pw@127.0.0.1:{}/", server.port());
+    let url = crate::support::documented_acl_user(&server, "rw", RW_ACL);
     let open = || {
         Client::builder(url.as_str())
             .default_lease(Duration::from_millis(300))

@@ -318,35 +318,19 @@ const SEMAPHORE_ACL: &str =
 /// states them: every call works under a user limited to them.
 #[test]
 fn everything_works_under_a_user_limited_to_the_documented_acl() {
-    let page = include_str!("../../docs/security.md");
-    let flat: String = page.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
-        flat.contains(SEMAPHORE_ACL),
+        crate::support::security_page_says(SEMAPHORE_ACL),
         "docs/security.md lists {SEMAPHORE_ACL}"
     );
-    let lock_acl = page
-        .lines()
-        .find_map(|line| line.strip_prefix("ACL SETUSER locker on >long-random-password "))
-        .expect("docs/security.md documents the ACL line");
     // And what the operators' view of the holders needs besides.
     assert!(
-        flat.contains("`Client::semaphore_holders` needs `+hgetall`"),
+        crate::support::security_page_says("`Client::semaphore_holders` needs `+hgetall`"),
         "docs/security.md names the holders' view's command"
     );
-    let rules: Vec<&str> = lock_acl
-        .split_whitespace()
-        .chain(SEMAPHORE_ACL.split_whitespace())
-        .chain(["+hgetall"])
-        .collect();
     let server = RedisServer::start();
-    let mut raw = server.connection();
-    let mut setuser = redis::cmd("ACL");
-    setuser.arg("SETUSER").arg("sem").arg("on").arg(">pw");
-    for rule in rules {
-        setuser.arg(rule);
-    }
-    setuser.query::<()>(&mut raw).unwrap();
-    let client = redbaton::Client::builder(format!("redis://sem:pw@127.0.0.1:{}/", server.port()))
+    let url =
+        crate::support::documented_acl_user(&server, "sem", &format!("{SEMAPHORE_ACL} +hgetall"));
+    let client = redbaton::Client::builder(url)
         .default_lease(Duration::from_millis(300))
         .max_park(Duration::from_millis(200))
         .build()

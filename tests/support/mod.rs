@@ -307,6 +307,41 @@ pub fn telling_renewal_failures(
     (builder, failures)
 }
 
+/// The lock's ACL line as docs/security.md documents it, without its
+/// `ACL SETUSER <name> on ><password>` head.
+pub fn documented_acl() -> &'static str {
+    include_str!("../../docs/security.md")
+        .lines()
+        .find_map(|line| line.strip_prefix("ACL SETUSER locker on >long-random-password "))
+        .expect("docs/security.md documents the ACL line")
+}
+
+/// Whether docs/security.md states `words` (its text with whitespace
+/// folded, so that a table row or a wrapped sentence matches).
+pub fn security_page_says(words: &str) -> bool {
+    let flat: String = include_str!("../../docs/security.md")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    flat.contains(words)
+}
+
+/// Makes `user` (password `pw`) on `server`, limited to the documented
+/// ACL line plus the rules `extra` (a synchronizer's row of the page),
+/// and returns its URL.
+pub fn documented_acl_user(server: &RedisServer, user: &str, extra: &str) -> String {
+    let mut setuser = redis::cmd("ACL");
+    setuser.arg("SETUSER").arg(user).arg("on").arg(">pw");
+    for rule in documented_acl()
+        .split_whitespace()
+        .chain(extra.split_whitespace())
+    {
+        setuser.arg(rule);
+    }
+    setuser.query::<()>(&mut server.connection()).unwrap();
+    format!("redis://{user}:pw@127.0.0.1:{}/", server.port())
+}
+
 /// Polls `condition` every few ms until it holds; panics at `timeout`.
 /// `url` (of `server`, or of a proxy to it) as a user `server` refuses the
 /// grant channel to ([`testkit::ungranted_user`]): its client's waiters
