@@ -31,7 +31,7 @@ use redbaton::Client;
 mod floor;
 #[path = "turns.rs"]
 mod turns;
-use floor::FloorLock;
+use floor::{FencedFloorLock, FloorLock};
 
 const CONTENDED_RUN: Duration = Duration::from_secs(3);
 const WAITERS: usize = 20;
@@ -266,6 +266,35 @@ fn median(rounds: usize, mut f: impl FnMut()) -> Duration {
         .collect();
     times.sort_unstable();
     times[rounds / 2]
+}
+
+/// Median time of one call of each of `fs`, run in turns (a block of
+/// each, five times over) so that a busy moment of the machine weighs on
+/// all of them alike.
+fn interleaved_medians(rounds: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<Duration> {
+    const BLOCKS: usize = 5;
+    let mut times: Vec<Vec<Duration>> = vec![Vec::with_capacity(rounds); fs.len()];
+    for f in fs.iter_mut() {
+        for _ in 0..rounds / 10 {
+            f();
+        }
+    }
+    for _ in 0..BLOCKS {
+        for (f, times) in fs.iter_mut().zip(&mut times) {
+            for _ in 0..rounds / BLOCKS {
+                let start = Instant::now();
+                f();
+                times.push(start.elapsed());
+            }
+        }
+    }
+    times
+        .into_iter()
+        .map(|mut times| {
+            times.sort_unstable();
+            times[times.len() / 2]
+        })
+        .collect()
 }
 
 /// The lease of the killed holder in the crash-recovery runs.
@@ -513,9 +542,27 @@ fn main() {
 
     let client = Client::open(&url).expect("url");
     let lock = client.lock("bench:uncontended").expect("name");
-    let cycle = median(5_000, || {
-        lock.lock().expect("lock").unlock().expect("unlock")
-    });
+    // The floor of any Redis lock: SET NX PX, then a compare-and-delete
+    // script, on one connection; and the fenced floor: the same Redis calls
+    // as redbaton's cycle (a fresh fenced acquisition's five, an
+    // owner-checked delete's two), no other logic.
+    let floor = FloorLock::new("bench:bare");
+    let fenced = FencedFloorLock::new("bench:fenced");
+    let mut raw_fenced = redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection())
+        .expect("connect");
+    let [cycle, bare_cycle, fenced_cycle] = interleaved_medians(
+        5_000,
+        &mut [
+            &mut || lock.lock().expect("lock").unlock().expect("unlock"),
+            &mut || floor.cycle(&mut raw),
+            &mut || {
+                fenced.cycle(&mut raw_fenced);
+            },
+        ],
+    )[..] else {
+        unreachable!("three medians")
+    };
     // The same cycle with an event hook set (one that counts what it is
     // told), against the cycle without: what observing costs.
     let told = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -553,16 +600,16 @@ fn main() {
             .expect("free");
         redlock.unlock(&l);
     });
-    // The floor of any Redis lock: SET NX PX, then a compare-and-delete
-    // script, on one connection.
-    let floor = FloorLock::new("bench:bare");
-    let bare_cycle = median(5_000, || floor.cycle(&mut raw));
     println!(
-        "uncontended lock + unlock: redbaton {:.1} µs = {:.2} x RTT (target <= 2.2); bare SET NX + compare-and-delete {:.1} µs = {:.2} x RTT; redlock {:.1} µs = {:.2} x RTT",
+        "uncontended lock + unlock: redbaton {:.1} µs = {:.2} x RTT = {:.2} x the bare floor = {:.2} x the fenced floor; bare SET NX + compare-and-delete {:.1} µs = {:.2} x RTT; fenced floor {:.1} µs = {:.2} x RTT; redlock {:.1} µs = {:.2} x RTT",
         cycle.as_secs_f64() * 1e6,
         x(cycle),
+        cycle.as_secs_f64() / bare_cycle.as_secs_f64(),
+        cycle.as_secs_f64() / fenced_cycle.as_secs_f64(),
         bare_cycle.as_secs_f64() * 1e6,
         x(bare_cycle),
+        fenced_cycle.as_secs_f64() * 1e6,
+        x(fenced_cycle),
         peer_cycle.as_secs_f64() * 1e6,
         x(peer_cycle)
     );

@@ -21,33 +21,39 @@ pub(crate) mod semaphore;
 /// Declares every script once: its `static`, and its entry in the table
 /// that traces errors back to a file and line. A script may list helpers
 /// from `lib/` that are prepended to it (line numbers in Redis's errors
-/// count them too).
+/// count them too), and parts that come before those helpers (`first`):
+/// a script's usual path, which returns before the helpers it does not
+/// need are defined. Every call of a script runs its whole chunk, and each
+/// `local function` it reaches is a closure made anew, so a path that
+/// returns early makes none of those below it.
 macro_rules! scripts {
     ($(
         $(#[$doc:meta])*
-        $name:ident => $file:literal $(with [$($lib:literal),+])?;
+        $name:ident => $file:literal $(first [$($first:literal),+])? $(with [$($lib:literal),+])?;
     )+) => {
         $(
             $(#[$doc])*
-            pub(crate) static $name: LazyLock<Script> =
-                LazyLock::new(|| Script::new(scripts!(@source $file $(, $($lib),+)?)));
+            pub(crate) static $name: LazyLock<Script> = LazyLock::new(|| {
+                Script::new(scripts!(@source [$($($first),+)?] [$($($lib),+)?] $file))
+            });
         )+
 
         /// Every script with its file name and source as sent, for error
         /// messages.
         fn all() -> Vec<(&'static str, &'static LazyLock<Script>, &'static str)> {
-            vec![$(($file, &$name, scripts!(@source $file $(, $($lib),+)?))),+]
+            vec![$(($file, &$name, scripts!(@source [$($($first),+)?] [$($($lib),+)?] $file))),+]
         }
     };
-    (@source $file:literal $(, $lib:literal)*) => {
-        concat!($(include_str!($lib),)* include_str!($file))
+    (@source [$($first:literal),*] [$($lib:literal),*] $file:literal) => {
+        concat!($(include_str!($first),)* $(include_str!($lib),)* include_str!($file))
     };
 }
 
 scripts! {
     /// Take, re-enter, or report the holder's remaining lease.
     ACQUIRE => "lock/acquire.lua"
-        with ["lib/next_fence.lua", "lib/lease.lua", "lib/baton.lua", "lib/hand_over.lua"];
+        first ["lib/next_fence.lua", "lock/acquire_free.lua"]
+        with ["lib/lease.lua", "lib/baton.lua", "lib/hand_over.lua"];
     /// Take several locks of one slot at once, all or none (the multi-lock).
     ACQUIRE_MANY => "lock/acquire_many.lua"
         with ["lib/next_fence.lua", "lib/lease.lua", "lib/baton.lua", "lib/hand_over.lua"];
@@ -55,6 +61,7 @@ scripts! {
     HANDOFF => "lock/handoff.lua" with ["lib/next_fence.lua"];
     /// Undo one level; the last level deletes the lock and pushes the baton.
     RELEASE => "lock/release.lua"
+        first ["lock/release_free.lua"]
         with ["lib/lease.lua", "lib/baton.lua", "lib/hand_over.lua", "lib/next_fence.lua", "lib/grant_message.lua", "lib/grant.lua"];
     /// A Redlock quorum's releases of a multi-lock's names on one master,
     /// each as `RELEASE` does it.

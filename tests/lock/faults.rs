@@ -278,21 +278,16 @@ fn the_release_script_sent_twice_takes_off_one_level_only() {
     let mut raw = server.connection();
     // The same release (one guard of three) as a retry would send it.
     for _ in 0..2 {
-        let left: i64 = redis::cmd("EVAL")
-            .arg(concat!(
-                include_str!("../../src/scripts/lib/lease.lua"),
-                include_str!("../../src/scripts/lib/baton.lua"),
-                include_str!("../../src/scripts/lock/release.lua")
-            ))
-            .arg(2)
-            .arg(support::lock_key("twice"))
-            .arg(support::baton_key("twice"))
+        let left: i64 = crate::scripts::script("release")
+            .key(support::lock_key("twice"))
+            .key(support::baton_key("twice"))
             .arg(holder.owner.as_str())
             .arg(holder.fencing_token)
             .arg(2)
             .arg(30_000)
             .arg(5_000)
-            .query(&mut raw)
+            .arg(0)
+            .invoke(&mut raw)
             .unwrap();
         assert_eq!(left, 2);
     }

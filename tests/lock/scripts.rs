@@ -11,17 +11,20 @@ pub fn fence_key(name: &str) -> String {
     format!("redbaton:{{{}}}:fence", hash_tag(name))
 }
 
-/// The crate's lock script `file` with its `lib/` helpers, as it sends it.
+/// The crate's lock script `file` with its `lib/` helpers and the parts
+/// that come first, as it sends it (`scripts!` in src/scripts/mod.rs).
 pub fn script(name: &str) -> redis::Script {
     redis::Script::new(match name {
         "acquire" => concat!(
             include_str!("../../src/scripts/lib/next_fence.lua"),
+            include_str!("../../src/scripts/lock/acquire_free.lua"),
             include_str!("../../src/scripts/lib/lease.lua"),
             include_str!("../../src/scripts/lib/baton.lua"),
             include_str!("../../src/scripts/lib/hand_over.lua"),
             include_str!("../../src/scripts/lock/acquire.lua")
         ),
         "release" => concat!(
+            include_str!("../../src/scripts/lock/release_free.lua"),
             include_str!("../../src/scripts/lib/lease.lua"),
             include_str!("../../src/scripts/lib/baton.lua"),
             include_str!("../../src/scripts/lib/hand_over.lua"),

@@ -173,6 +173,32 @@ fn a_rung_caller_kept_out_leaves_the_token_for_the_kept_waiter() {
     assert_eq!(tokens(&mut raw, "rung"), 0, "b popped it");
 }
 
+#[test]
+fn a_rung_caller_that_takes_a_free_lock_pops_its_token() {
+    let server = RedisServer::start();
+    let mut raw = server.connection();
+    // A release nobody's window keeps (no waiter of another client found
+    // it in its way) leaves a token and no window.
+    let fence = take(&mut raw, "free", "a:1");
+    let _: () = redis::cmd("HSET")
+        .arg(lock_key("free"))
+        .arg("waited")
+        .arg(1)
+        .query(&mut raw)
+        .unwrap();
+    release(&mut raw, "free", "a:1", fence, false);
+    assert_eq!(tokens(&mut raw, "free"), 1, "the release's token");
+    assert_eq!(field(&mut raw, "free", "handover"), None, "no window");
+    // b, rung at the release's announcement, takes the lock with its token.
+    assert_eq!(attempt_popping(&mut raw, "free", "b:1", LONG, true)[0], 1);
+    assert_eq!(tokens(&mut raw, "free"), 0, "b popped its token");
+    assert_eq!(
+        field(&mut raw, "free", "waited").as_deref(),
+        Some("1"),
+        "b waited"
+    );
+}
+
 /// `id`'s attempt on `name` alone through the multi-lock's script (a
 /// waiter's, asking `asking` µs): its reply.
 fn attempt_many(raw: &mut redis::Connection, name: &str, id: &str, asking: i64) -> Vec<i64> {

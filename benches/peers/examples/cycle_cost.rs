@@ -1,12 +1,14 @@
 //! Where an uncontended `lock` + `unlock` spends its time, against the
-//! `SET NX PX` + compare-and-delete floor, on a private server: the wall
+//! `SET NX PX` + compare-and-delete floor and the fenced floor (the same
+//! Redis calls as redbaton's cycle, no other logic), on a private server: the wall
 //! time and the client thread's CPU time per cycle, and what the server
 //! spent per cycle (`INFO commandstats`: the scripts, and each Redis call
 //! inside them with its own time).
 //!
 //!     cargo run --release --manifest-path benches/peers/Cargo.toml --example cycle_cost
 //!
-//! `CYCLE_COST=redbaton` or `=floor` runs one side only (for `strace -c`);
+//! `CYCLE_COST=redbaton`, `=fenced` or `=floor` runs one side only (for
+//! `strace -c`, or a server under `valgrind --tool=callgrind`);
 //! `=semaphore` measures a semaphore's acquire + release of one permit
 //! instead, `=read` a read-write lock's read + unlock.
 
@@ -17,7 +19,7 @@ use std::time::Instant;
 mod cpu_time;
 #[path = "../floor.rs"]
 mod floor;
-use floor::FloorLock;
+use floor::{FencedFloorLock, FloorLock};
 
 const CYCLES: u32 = 20_000;
 const ROUNDS: usize = 3;
@@ -102,6 +104,8 @@ fn main() {
     let client = redbaton::Client::open(&url).expect("url");
     let lock = client.lock("bench:cycle-cost").expect("name");
     let floor = FloorLock::new("bench:cycle-cost:bare");
+    let fenced = FencedFloorLock::new("bench:cycle-cost:fenced");
+    let mut last_token = 0;
     // Warm up: scripts loaded, connections open, the thread's identity.
     for _ in 0..2_000 {
         lock.lock().expect("lock").unlock().expect("unlock");
@@ -133,12 +137,19 @@ fn main() {
         return;
     }
     for _ in 0..ROUNDS {
-        if only != "floor" {
+        if only.is_empty() || only == "redbaton" {
             measure("redbaton", &["evalsha"], &mut stats, || {
                 lock.lock().expect("lock").unlock().expect("unlock")
             });
         }
-        if only != "redbaton" {
+        if only.is_empty() || only == "fenced" {
+            measure("fenced", &["evalsha"], &mut stats, || {
+                let token = fenced.cycle(&mut raw);
+                assert!(token > last_token, "the fenced floor's tokens increase");
+                last_token = token;
+            });
+        }
+        if only.is_empty() || only == "floor" {
             measure("floor", &["set", "evalsha"], &mut stats, || {
                 floor.cycle(&mut raw)
             });

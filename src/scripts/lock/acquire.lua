@@ -82,10 +82,11 @@
 -- fails with WRONGTYPE when the lock key is not a hash, then the pop when
 -- the baton key is not a list, next_fence when the fence key is not an
 -- integer.
--- next_fence, extend_lease, may_take, tell_kept_waiter, mark_next,
--- take_window and mark_in_the_way come from lib/, prepended
--- when the script is built.
-local held = redis.call('HMGET', KEYS[1], 'flag', 'fence', 'handover', 'for', 'since', 'next', 'nsince', 'queued')
+-- The script as built begins with lib/next_fence.lua and
+-- lock/acquire_free.lua, which reads the lock (`held`) and takes a lock
+-- free outside a window; then extend_lease, may_take, tell_kept_waiter,
+-- mark_next, take_window and mark_in_the_way come from lib/, and this
+-- file, the other paths.
 local pops = ARGV[11] == '1'
 
 local asking = tonumber(ARGV[7])
@@ -116,20 +117,13 @@ if held[1] == ARGV[1] and held[2] == ARGV[3] then
   return {1, tonumber(held[2]), tonumber(ARGV[4])}
 end
 
+-- Free, in its window (acquire_free.lua took a lock free outside one).
 if held[1] == false or (held[1] == ARGV[1] and ARGV[10] ~= '1') then
   local fence, err, token = next_fence(KEYS[2], ARGV[5], ARGV[8], ARGV[9])
   if err then
     return err
   end
-  if not held[3] then
-    if asking > 0 then
-      redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6], 'waited', '1')
-    else
-      redis.call('HSET', KEYS[1], 'flag', ARGV[1], 'count', '1', 'fence', token, 'req', ARGV[6])
-    end
-  else
-    take_window(KEYS[1], ARGV[1], token, ARGV[6], asking, held[6], held[7])
-  end
+  take_window(KEYS[1], ARGV[1], token, ARGV[6], asking, held[6], held[7])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, fence, 1}
 end
