@@ -52,7 +52,7 @@ macro_rules! scripts {
 scripts! {
     /// Take, re-enter, or report the holder's remaining lease.
     ACQUIRE => "lock/acquire.lua"
-        first ["lib/next_fence.lua", "lock/acquire_free.lua"]
+        first ["lib/next_fence.lua", "lock/usual/acquire.lua"]
         with ["lib/lease.lua", "lib/baton.lua", "lib/hand_over.lua"];
     /// Take several locks of one slot at once, all or none (the multi-lock).
     ACQUIRE_MANY => "lock/acquire_many.lua"
@@ -61,11 +61,12 @@ scripts! {
     HANDOFF => "lock/handoff.lua" with ["lib/next_fence.lua"];
     /// Undo one level; the last level deletes the lock and pushes the baton.
     RELEASE => "lock/release.lua"
-        first ["lock/release_free.lua"]
+        first ["lock/usual/release.lua"]
         with ["lib/lease.lua", "lib/baton.lua", "lib/hand_over.lua", "lib/next_fence.lua", "lib/grant_message.lua", "lib/grant.lua"];
     /// A Redlock quorum's releases of a multi-lock's names on one master,
     /// each as `RELEASE` does it.
     RELEASE_MANY => "lock/release_many.lua"
+        first ["lock/usual/release_many.lua"]
         with ["lib/lease.lua", "lib/baton.lua", "lib/hand_over.lua"];
     /// Undo the ownership a request whose reply was lost may have created.
     RELEASE_REQUEST => "lock/release_request.lua" with ["lib/baton.lua"];

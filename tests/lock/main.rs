@@ -37,6 +37,7 @@ mod sentinel;
 #[cfg(feature = "sentinel")]
 mod sentinel_credentials;
 mod topologies;
+mod usual_paths;
 mod waiting;
 mod windows;
 

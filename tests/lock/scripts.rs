@@ -17,14 +17,14 @@ pub fn script(name: &str) -> redis::Script {
     redis::Script::new(match name {
         "acquire" => concat!(
             include_str!("../../src/scripts/lib/next_fence.lua"),
-            include_str!("../../src/scripts/lock/acquire_free.lua"),
+            include_str!("../../src/scripts/lock/usual/acquire.lua"),
             include_str!("../../src/scripts/lib/lease.lua"),
             include_str!("../../src/scripts/lib/baton.lua"),
             include_str!("../../src/scripts/lib/hand_over.lua"),
             include_str!("../../src/scripts/lock/acquire.lua")
         ),
         "release" => concat!(
-            include_str!("../../src/scripts/lock/release_free.lua"),
+            include_str!("../../src/scripts/lock/usual/release.lua"),
             include_str!("../../src/scripts/lib/lease.lua"),
             include_str!("../../src/scripts/lib/baton.lua"),
             include_str!("../../src/scripts/lib/hand_over.lua"),
@@ -32,6 +32,13 @@ pub fn script(name: &str) -> redis::Script {
             include_str!("../../src/scripts/lib/grant_message.lua"),
             include_str!("../../src/scripts/lib/grant.lua"),
             include_str!("../../src/scripts/lock/release.lua")
+        ),
+        "release_many" => concat!(
+            include_str!("../../src/scripts/lock/usual/release_many.lua"),
+            include_str!("../../src/scripts/lib/lease.lua"),
+            include_str!("../../src/scripts/lib/baton.lua"),
+            include_str!("../../src/scripts/lib/hand_over.lua"),
+            include_str!("../../src/scripts/lock/release_many.lua")
         ),
         "withdraw" => include_str!("../../src/scripts/lock/withdraw.lua"),
         "acquire_many" => concat!(

@@ -83,7 +83,7 @@
 -- the baton key is not a list, next_fence when the fence key is not an
 -- integer.
 -- The script as built begins with lib/next_fence.lua and
--- lock/acquire_free.lua, which reads the lock (`held`) and takes a lock
+-- lock/usual/acquire.lua, which reads the lock (`held`) and takes a lock
 -- free outside a window; then extend_lease, may_take, tell_kept_waiter,
 -- mark_next, take_window and mark_in_the_way come from lib/, and this
 -- file, the other paths.
@@ -117,7 +117,7 @@ if held[1] == ARGV[1] and held[2] == ARGV[3] then
   return {1, tonumber(held[2]), tonumber(ARGV[4])}
 end
 
--- Free, in its window (acquire_free.lua took a lock free outside one).
+-- Free, in its window (lock/usual/acquire.lua took a lock free outside one).
 if held[1] == false or (held[1] == ARGV[1] and ARGV[10] ~= '1') then
   local fence, err, token = next_fence(KEYS[2], ARGV[5], ARGV[8], ARGV[9])
   if err then

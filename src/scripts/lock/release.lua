@@ -31,7 +31,7 @@
 --
 -- The depth is set from ARGV, not decremented, so sending the same release
 -- twice leaves the same state: a release never takes off two levels.
--- The script as built begins with lock/release_free.lua, which reads the
+-- The script as built begins with lock/usual/release.lua, which reads the
 -- lock (`held`), checks the owner and frees an ownership nobody asked for;
 -- then extend_lease, baton_error, push_baton, hand_over, next_fence and
 -- grant come from lib/, and this file, the other paths.

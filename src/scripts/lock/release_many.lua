@@ -21,14 +21,19 @@
 -- an error reply inside the array would fail the whole reply, and with it
 -- the other names' answers.
 --
--- Keep in step with release.lua. extend_lease, baton_error, push_baton and
--- hand_over come from lib/.
+-- Keep in step with release.lua. The script as built begins with
+-- lock/usual/release_many.lua, which reads the first name's lock (`first`)
+-- and releases one name nobody asked for; then extend_lease, baton_error,
+-- push_baton and hand_over come from lib/, and this file, the other paths.
 local reply = {}
 for i = 1, #KEYS / 2 do
   local lock, baton = KEYS[2 * i - 1], KEYS[2 * i]
   local identity, fence = ARGV[4 * i - 1], ARGV[4 * i]
   local depth, lease = tonumber(ARGV[4 * i + 1]), ARGV[4 * i + 2]
-  local held = redis.call('HMGET', lock, 'flag', 'fence', 'waited', 'queued', 'since')
+  local held = first
+  if i > 1 then
+    held = redis.call('HMGET', lock, 'flag', 'fence', 'waited', 'queued', 'since')
+  end
   if held[1] ~= identity or held[2] ~= fence then
     reply[i] = -1
   elseif depth > 0 then
