@@ -161,3 +161,33 @@ fn renewal_never_brings_back_a_permit_whose_lease_ended() {
     assert_eq!(sem.available_permits().unwrap(), 1, "the permit returned");
     assert!(matches!(permit.release(), Err(Error::PermitsLost { .. })));
 }
+
+/// An acquisition and a release with nobody waiting are one script each,
+/// and neither looks at the baton: nobody is there to be woken.
+#[test]
+fn an_uncontended_acquire_and_release_leave_the_baton_alone() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let sem = client.semaphore("alone").unwrap();
+    sem.try_set_permits(2).unwrap();
+    // Scripts loaded, the connection open.
+    sem.acquire().unwrap().release().unwrap();
+    let before = server.command_calls();
+    sem.acquire().unwrap().release().unwrap();
+    let used = server.commands_since(&before);
+    assert_eq!(support::scripts_run(&used), 2, "{used:?}");
+    assert_eq!(used.get("llen"), None, "{used:?}");
+    // With a waiter's place, the release reads the baton to wake it.
+    let [_, _, _, waiters, ..] = sem_keys("alone");
+    redis::cmd("ZADD")
+        .arg(&waiters)
+        .arg(i64::MAX / 4)
+        .arg("1:another-waiter")
+        .query::<()>(&mut server.connection())
+        .unwrap();
+    let permit = sem.acquire().unwrap();
+    let before = server.command_calls();
+    permit.release().unwrap();
+    let used = server.commands_since(&before);
+    assert_eq!(used.get("llen"), Some(&1), "{used:?}");
+}

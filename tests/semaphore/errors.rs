@@ -178,6 +178,17 @@ fn a_damaged_key_is_a_wrong_type_error_and_is_left_alone() {
                 .unwrap();
             sem.try_set_permits(2).unwrap_or(0);
         }
+        if key.ends_with(":baton") {
+            // The baton is read only while somebody waits (a call with
+            // nobody to wake leaves it alone): a waiter's place.
+            let [_, _, _, waiters, ..] = sem_keys("damaged");
+            redis::cmd("ZADD")
+                .arg(&waiters)
+                .arg(i64::MAX / 4)
+                .arg("1:another-waiter")
+                .query::<()>(&mut raw)
+                .unwrap();
+        }
         let errors = [
             sem.try_acquire().unwrap_err(),
             sem.try_acquire_for(Duration::from_secs(1)).unwrap_err(),

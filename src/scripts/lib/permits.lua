@@ -212,12 +212,12 @@ end
 -- their first write, one of each key, in key order: the state's fields
 -- (stored), the first holders whose lease ended (expired, for purge), the
 -- permits `id` holds (held: a string, or false), the waiters' places with
--- their ends (waiters, for wake), the baton's tokens (tokens) and, while a
--- waiter holds newcomers back, the reserved baton's (reserved_tokens: only
--- wake pushes it, and only then; nil otherwise). Or nil and
--- the error reply for the first key that holds another type: every key is
--- read, so that error comes before anything changed, with no TYPE call
--- while all is well.
+-- their ends (waiters, for wake), while somebody waits the baton's tokens
+-- (tokens; nil otherwise) and, while a waiter holds newcomers back, the
+-- reserved baton's (reserved_tokens: only wake pushes it, and only then;
+-- nil otherwise). Or nil and the error reply for the first key that holds
+-- another type: every key the call may write is read, so that error comes
+-- before anything changed, with no TYPE call while all is well.
 local function sem_look(id, now)
   local look, err = {}, nil
   look.stored, err = sem_read(1, 'HMGET', 'total', 'used', 'passes', 'reserved', 'reserved_end')
@@ -236,9 +236,15 @@ local function sem_look(id, now)
   if err then
     return nil, err
   end
-  look.tokens, err = sem_read(5, 'LLEN')
-  if err then
-    return nil, err
+  -- The baton only when somebody waits: wake pushes tokens for live
+  -- waiters alone, so with none this call leaves the baton as it is (and
+  -- a key of another type there fails only the calls that would use it).
+  -- One Redis call less in every uncontended acquisition and release.
+  if #look.waiters > 0 then
+    look.tokens, err = sem_read(5, 'LLEN')
+    if err then
+      return nil, err
+    end
   end
   if look.stored[4] then
     look.reserved_tokens, err = sem_read(6, 'LLEN')
