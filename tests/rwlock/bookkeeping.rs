@@ -169,3 +169,42 @@ fn a_refused_try_read_leaves_no_read_baton_to_push() {
     assert_eq!(pushes(false), 0, "a try_read's refusal");
     assert_eq!(pushes(true), 1, "a waiting reader's refusal");
 }
+
+/// A read and its release with no writer waiting look at the writers
+/// once each (`first_place` in lib/rw.lua: the first place, and only when
+/// it has ended the others), not purge and count them; a place that has
+/// ended is still forgotten by the next read, which takes the lock.
+#[test]
+fn an_uncontended_read_looks_at_the_writers_once_and_forgets_an_ended_place() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.rw_lock("looked").unwrap();
+    // Scripts loaded, the connection open.
+    lock.read().unwrap().unlock().unwrap();
+    let before = server.command_calls();
+    lock.read().unwrap().unlock().unwrap();
+    let used = server.commands_since(&before);
+    assert_eq!(support::scripts_run(&used), 2, "{used:?}");
+    assert_eq!(used.get("zremrangebyscore"), None, "{used:?}");
+    assert_eq!(used.get("zrange"), Some(&4), "{used:?}");
+    // A waiting writer's place that ended a second ago (its writer gone).
+    let mut raw = server.connection();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut raw).unwrap();
+    let ended = secs * 1_000 + micros / 1_000 - 1_000;
+    redis::cmd("ZADD")
+        .arg(rw_key("looked", "writers"))
+        .arg(ended)
+        .arg("gone:1")
+        .query::<()>(&mut raw)
+        .unwrap();
+    let reader = lock
+        .try_read()
+        .unwrap()
+        .expect("an ended place keeps no reader out");
+    assert_eq!(
+        waiting_writers(&mut raw, "looked"),
+        0,
+        "the place forgotten"
+    );
+    reader.unlock().unwrap();
+}

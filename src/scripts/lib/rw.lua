@@ -5,9 +5,10 @@
 -- Readers live in a sorted set (identity -> end of its lease, server ms)
 -- with a hash beside it (identity -> "<depth>:<token>"); waiting writers in
 -- a sorted set (identity -> end of its place, server ms). Every script
--- purges what has ended before it looks, so a dead reader or a dead waiting
--- writer stops counting when its lease or place ends, without anyone's
--- release.
+-- purges what has ended before it looks (purge; a read and its release
+-- look at the writers through first_place), so a dead reader or a dead
+-- waiting writer stops counting when its lease or place ends, without
+-- anyone's release.
 
 -- Numbers are formatted with '%d', not '%.0f' or tostring: formatting a
 -- float costs a script more than a Redis call does. Every number formatted
@@ -25,7 +26,8 @@ local function now_ms()
 end
 
 -- purge(readers, depths, writers, now): forget readers whose lease has
--- ended (and their depth), and waiting writers whose place has ended.
+-- ended (and their depth), and waiting writers whose place has ended
+-- (`writers` nil: the caller looks at them with first_place instead).
 -- Reads the readers set first, so a damaged key fails before any write.
 local function purge(readers, depths, writers, now)
   local ended = redis.call('ZRANGEBYSCORE', readers, '-inf', now)
@@ -35,7 +37,24 @@ local function purge(readers, depths, writers, now)
   if #ended > 0 then
     redis.call('ZREMRANGEBYSCORE', readers, '-inf', now)
   end
-  redis.call('ZREMRANGEBYSCORE', writers, '-inf', now)
+  if writers then
+    redis.call('ZREMRANGEBYSCORE', writers, '-inf', now)
+  end
+end
+
+-- first_place(writers, now): the first waiting writer's place and its end
+-- (ZRANGE 0 0 WITHSCORES; empty when nobody waits), the places that have
+-- ended forgotten first. The set is ordered by the places' ends, so some
+-- have ended only if the first has: one call while none has, where
+-- purging every time and then looking made two (a read and its release,
+-- each uncontended, looked at the writers so).
+local function first_place(writers, now)
+  local first = redis.call('ZRANGE', writers, 0, 0, 'WITHSCORES')
+  if #first > 0 and tonumber(first[2]) <= now then
+    redis.call('ZREMRANGEBYSCORE', writers, '-inf', now)
+    first = redis.call('ZRANGE', writers, 0, 0, 'WITHSCORES')
+  end
+  return first
 end
 
 -- expire_with(zset, other, now): the sorted set (and `other`, when given)

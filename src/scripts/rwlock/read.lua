@@ -62,7 +62,7 @@ end
 local writer = redis.call('HMGET', KEYS[1], 'flag')[1]
 local up = redis.call('HMGET', KEYS[6], 'flag', 'upgrading')
 local now = now_ms()
-purge(KEYS[2], KEYS[3], KEYS[4], now)
+purge(KEYS[2], KEYS[3], nil, now)
 local id = ARGV[1]
 local _, token = read_hold(KEYS[3], id)
 
@@ -105,7 +105,7 @@ if writer and writer ~= id then
   return {0, redis.call('PTTL', KEYS[1])}
 end
 if not writer and up[1] ~= id then
-  local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+  local first = first_place(KEYS[4], now)
   if #first > 0 then
     return {0, math.max(tonumber(first[2]) - now, 0)}
   end

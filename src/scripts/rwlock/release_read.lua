@@ -42,7 +42,7 @@
 -- grant_writer (lib/) are prepended.
 local up = redis.call('HMGET', KEYS[6], 'flag', 'upgrading')
 local now = now_ms()
-purge(KEYS[2], KEYS[3], KEYS[4], now)
+purge(KEYS[2], KEYS[3], nil, now)
 local id = ARGV[1]
 local _, token = read_hold(KEYS[3], id)
 if token == nil or token ~= ARGV[2] then
@@ -65,7 +65,7 @@ end
 -- nothing changed, and a release that wakes nobody checks none. purge has
 -- run: every reader and waiting writer left is live.
 local batons = {}
-local writers = not up[1] and redis.call('ZCARD', KEYS[4]) > 0
+local writers = not up[1] and #first_place(KEYS[4], now) > 0
 local upgrade = up[2] and tonumber(up[2]) > now
 if writers or upgrade then
   -- The readers left once this one has gone.
