@@ -3,8 +3,6 @@
 //! compare-and-delete script), and the floor of a fenced one (the fewest
 //! Redis calls that keep redbaton's token guarantees, with no other work).
 
-#![allow(dead_code)] // each bench uses what it measures
-
 /// One key's bare lock.
 pub struct FloorLock {
     key: String,

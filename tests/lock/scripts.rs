@@ -121,3 +121,43 @@ pub fn release(raw: &mut redis::Connection, name: &str, id: &str, fence: i64, gr
     let freed: i64 = call.invoke(raw).unwrap();
     assert_eq!(freed, 0, "{id} frees {name}");
 }
+
+/// How long a waiter of these tests has been asking, in µs: since before
+/// any window they open.
+pub const LONG: i64 = 60_000_000;
+
+/// One attempt of `id` on `name`, asking as `asking` says (-1 a
+/// `try_lock`, else the µs it has been asking): `[1, fence, depth]`,
+/// `[0, pttl]`, or `[0, pttl, -1]` (kept out of a window).
+pub fn attempt(raw: &mut redis::Connection, name: &str, id: &str, asking: i64) -> Vec<i64> {
+    attempt_popping(raw, name, id, asking, false)
+}
+
+/// [`attempt`], of a waiter rung at its baton's change (`pops`): it pops
+/// the token itself.
+pub fn attempt_popping(
+    raw: &mut redis::Connection,
+    name: &str,
+    id: &str,
+    asking: i64,
+    pops: bool,
+) -> Vec<i64> {
+    script("acquire")
+        .key(lock_key(name))
+        .key(fence_key(name))
+        .key(baton_key(name))
+        .arg(id)
+        .arg(LEASE_MS)
+        .arg(0)
+        .arg(1)
+        .arg(FENCE_TTL_MS)
+        .arg(1)
+        .arg(asking)
+        .arg(0)
+        .arg(0)
+        .arg(0)
+        .arg(if pops { "1" } else { "0" })
+        .arg(BATON_TTL_MS)
+        .invoke(raw)
+        .unwrap()
+}

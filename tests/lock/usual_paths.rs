@@ -3,7 +3,9 @@
 //! each answers and writes what the whole script would, and leaves every
 //! other case to the paths behind it.
 
-use crate::scripts::{field, release, script, take, tokens, BATON_TTL_MS, LEASE_MS, WINDOW_MS};
+use crate::scripts::{
+    attempt, field, release, script, take, tokens, BATON_TTL_MS, LEASE_MS, LONG, WINDOW_MS,
+};
 use crate::support::{baton_key, lock_key};
 use testkit::RedisServer;
 
@@ -23,21 +25,7 @@ fn release_many(raw: &mut redis::Connection, names: &[(&str, &str, i64)]) -> Vec
 /// `id`'s attempt on a held `name` as a waiter of another client that has
 /// been asking for a minute: it marks the ownership `waited` and `queued`.
 fn wait_for(raw: &mut redis::Connection, name: &str, id: &str) {
-    let reply: Vec<i64> = script("acquire")
-        .key(lock_key(name))
-        .key(crate::scripts::fence_key(name))
-        .arg(id)
-        .arg(LEASE_MS)
-        .arg(0)
-        .arg(1)
-        .arg(crate::scripts::FENCE_TTL_MS)
-        .arg(2)
-        .arg(60_000_000)
-        .arg(0)
-        .arg(0)
-        .arg(0)
-        .invoke(raw)
-        .unwrap();
+    let reply = attempt(raw, name, id, LONG);
     assert_eq!(reply[0], 0, "{name} is held: {reply:?}");
 }
 

@@ -10,54 +10,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::scripts::{
-    fence_key, field, release, script, take, tokens, BATON_TTL_MS, FENCE_TTL_MS, LEASE_MS,
-    WINDOW_MS,
+    attempt, attempt_popping, fence_key, field, release, script, take, tokens, FENCE_TTL_MS,
+    LEASE_MS, LONG, WINDOW_MS,
 };
 use crate::support::{baton_key, eventually, lock_key, JoinWithin};
 use testkit::RedisServer;
 
-/// How long a waiter here has been asking, in µs: since before any window
-/// of these tests opened.
-const LONG: i64 = 60_000_000;
-
 /// How long the window is its waiter's alone (`KEPT_ONLY_US`).
 const KEPT_ONLY: Duration = Duration::from_millis(10);
-
-/// One attempt of `id` on `name`, asking as `asking` says (-1 a
-/// `try_lock`, else the µs it has been asking): `[1, fence, depth]`,
-/// `[0, pttl]`, or `[0, pttl, -1]` (kept out of a window).
-fn attempt(raw: &mut redis::Connection, name: &str, id: &str, asking: i64) -> Vec<i64> {
-    attempt_popping(raw, name, id, asking, false)
-}
-
-/// [`attempt`], of a waiter rung at its baton's change (`pops`): it pops
-/// the token itself.
-fn attempt_popping(
-    raw: &mut redis::Connection,
-    name: &str,
-    id: &str,
-    asking: i64,
-    pops: bool,
-) -> Vec<i64> {
-    script("acquire")
-        .key(lock_key(name))
-        .key(fence_key(name))
-        .key(baton_key(name))
-        .arg(id)
-        .arg(LEASE_MS)
-        .arg(0)
-        .arg(1)
-        .arg(FENCE_TTL_MS)
-        .arg(1)
-        .arg(asking)
-        .arg(0)
-        .arg(0)
-        .arg(0)
-        .arg(if pops { "1" } else { "0" })
-        .arg(BATON_TTL_MS)
-        .invoke(raw)
-        .unwrap()
-}
 
 /// Makes `name`'s window as young as if it had just opened: these tests
 /// check who is kept out of its first part, which a loaded machine could

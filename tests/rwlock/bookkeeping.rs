@@ -181,9 +181,7 @@ fn an_uncontended_read_looks_at_the_writers_once_and_forgets_an_ended_place() {
     let lock = client.rw_lock("looked").unwrap();
     // Scripts loaded, the connection open.
     lock.read().unwrap().unlock().unwrap();
-    let before = server.command_calls();
-    lock.read().unwrap().unlock().unwrap();
-    let used = server.commands_since(&before);
+    let used = support::commands_of(&server, || lock.read().unwrap().unlock().unwrap());
     assert_eq!(support::scripts_run(&used), 2, "{used:?}");
     assert_eq!(used.get("zremrangebyscore"), None, "{used:?}");
     assert_eq!(used.get("zrange"), Some(&4), "{used:?}");

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use redbaton::{Client, Error};
 use testkit::RedisServer;
 
-use crate::sem_keys;
 use crate::support::{self, JoinWithin};
+use crate::{place_a_waiter, sem_keys};
 
 /// Places among the waiters now.
 fn places(server: &RedisServer, name: &str) -> u64 {
@@ -172,22 +172,12 @@ fn an_uncontended_acquire_and_release_leave_the_baton_alone() {
     sem.try_set_permits(2).unwrap();
     // Scripts loaded, the connection open.
     sem.acquire().unwrap().release().unwrap();
-    let before = server.command_calls();
-    sem.acquire().unwrap().release().unwrap();
-    let used = server.commands_since(&before);
+    let used = support::commands_of(&server, || sem.acquire().unwrap().release().unwrap());
     assert_eq!(support::scripts_run(&used), 2, "{used:?}");
     assert_eq!(used.get("llen"), None, "{used:?}");
     // With a waiter's place, the release reads the baton to wake it.
-    let [_, _, _, waiters, ..] = sem_keys("alone");
-    redis::cmd("ZADD")
-        .arg(&waiters)
-        .arg(i64::MAX / 4)
-        .arg("1:another-waiter")
-        .query::<()>(&mut server.connection())
-        .unwrap();
+    place_a_waiter(&mut server.connection(), "alone");
     let permit = sem.acquire().unwrap();
-    let before = server.command_calls();
-    permit.release().unwrap();
-    let used = server.commands_since(&before);
+    let used = support::commands_of(&server, || permit.release().unwrap());
     assert_eq!(used.get("llen"), Some(&1), "{used:?}");
 }

@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use crate::across_topologies;
-use crate::sem_keys;
 use crate::support::client;
+use crate::{place_a_waiter, sem_keys};
 use redbaton::{Error, Semaphore, SemaphorePermit};
 use testkit::RedisServer;
 
@@ -181,13 +181,7 @@ fn a_damaged_key_is_a_wrong_type_error_and_is_left_alone() {
         if key.ends_with(":baton") {
             // The baton is read only while somebody waits (a call with
             // nobody to wake leaves it alone): a waiter's place.
-            let [_, _, _, waiters, ..] = sem_keys("damaged");
-            redis::cmd("ZADD")
-                .arg(&waiters)
-                .arg(i64::MAX / 4)
-                .arg("1:another-waiter")
-                .query::<()>(&mut raw)
-                .unwrap();
+            place_a_waiter(&mut raw, "damaged");
         }
         let errors = [
             sem.try_acquire().unwrap_err(),
@@ -241,12 +235,7 @@ fn a_wrong_typed_key_fails_acquire_and_release_before_any_write() {
         let held = sem.try_acquire().unwrap().expect("a free permit");
         // A live waiter for one permit, which either call would wake, and
         // a token for it already.
-        redis::cmd("ZADD")
-            .arg(&keys[3])
-            .arg(i64::MAX / 4)
-            .arg("1:another-waiter")
-            .query::<()>(&mut raw)
-            .unwrap();
+        place_a_waiter(&mut raw, "typed");
         redis::cmd("HSET")
             .arg(&keys[0])
             .arg("reserved")

@@ -39,3 +39,16 @@ pub(crate) fn sem_keys(name: &str) -> [String; 6] {
     ["state", "holders", "counts", "waiters", "baton", "rbaton"]
         .map(|part| format!("redbaton:{{{}}}:sem:{part}", support::hash_tag(name)))
 }
+
+/// Puts a live place among `name`'s waiters, as a waiter for one permit
+/// that never comes back would have left it (its place never ends): a
+/// release or an acquisition then has someone to wake.
+pub(crate) fn place_a_waiter(raw: &mut redis::Connection, name: &str) {
+    let [_, _, _, waiters, ..] = sem_keys(name);
+    redis::cmd("ZADD")
+        .arg(&waiters)
+        .arg(i64::MAX / 4)
+        .arg("1:another-waiter")
+        .query::<()>(raw)
+        .unwrap();
+}

@@ -385,6 +385,17 @@ pub fn parked(server: &RedisServer) -> u64 {
     field("clients", "blocked_clients:") + field("stats", "tracking_total_items:")
 }
 
+/// The commands `server` ran while `act` ran (nothing else may use the
+/// server meanwhile).
+pub fn commands_of(
+    server: &RedisServer,
+    act: impl FnOnce(),
+) -> std::collections::BTreeMap<String, u64> {
+    let before = server.command_calls();
+    act();
+    server.commands_since(&before)
+}
+
 /// The commands `server` ran for one hand-off to a waiter of another
 /// client: `wait` runs on a thread of its own (it asks, and its client
 /// parks it on `server`); once it is the one waiter parked there,

@@ -54,8 +54,8 @@
 -- that left none (`rplain`, the waiters a grant cannot reach) or a grant
 -- nobody heard. Every hold this script takes or finds its request's takes
 -- the caller's spec off: a grant never lands on a live hold.
--- now_ms, purge, expire_with, read_hold, ms_score (lib/rw.lua), baton_error
--- and push_baton (lib/baton.lua) are prepended.
+-- now_ms, purge, first_place, expire_with, read_hold, ms_score
+-- (lib/rw.lua), baton_error and push_baton (lib/baton.lua) are prepended.
 if ARGV[8] == '1' then
   redis.call('LPOP', KEYS[5])
 end

@@ -37,8 +37,8 @@
 --                was pushed; when the upgradable reader waits to upgrade
 --                and no other reader is left, an upgrade baton was pushed
 --
--- now_ms, purge, expire_with, read_hold, ms_score (lib/rw.lua),
--- baton_error, push_baton, next_fence, publish_grant, first_writer and
+-- now_ms, purge, first_place, expire_with, read_hold, ms_score
+-- (lib/rw.lua), baton_error, push_baton, next_fence, publish_grant, first_writer and
 -- grant_writer (lib/) are prepended.
 local up = redis.call('HMGET', KEYS[6], 'flag', 'upgrading')
 local now = now_ms()
@@ -63,7 +63,8 @@ end
 -- The batons this release pushes, decided before its first write: only
 -- those are checked (a TYPE each), so that a damaged one fails the call with
 -- nothing changed, and a release that wakes nobody checks none. purge has
--- run: every reader and waiting writer left is live.
+-- run, and first_place forgets ended writer places: every reader left is
+-- live, and `writers` counts only live places.
 local batons = {}
 local writers = not up[1] and #first_place(KEYS[4], now) > 0
 local upgrade = up[2] and tonumber(up[2]) > now
